@@ -1,0 +1,1 @@
+"""amlemu: a local emulator of Azure ML Compute (AmlCompute) clusters."""

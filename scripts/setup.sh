@@ -1,0 +1,94 @@
+#!/usr/bin/env bash
+# The one idempotent setup of amlemu, used by `make demo`, `make test` and CI.
+#
+#   1. Debian packages: Docker engine, Open MPI, build tools      (apt, as root; skipped when present)
+#   2. a running Docker engine                                     (starts dockerd when none answers)
+#   3. the project's venv with torch, horovod (built once, cached), the project itself
+#   4. the real MNIST data set, laid out as torchvision expects
+#
+# A second run on a ready machine checks each step and changes nothing.
+# Knobs: AMLEMU_VENV (default ./.venv), AMLEMU_CACHE (default ~/.cache/amlemu; horovod wheels and
+# data live there, outside the work tree), AMLEMU_SKIP_DOCKER=1 (no engine: process backend only).
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${AMLEMU_VENV:-$ROOT/.venv}
+CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
+PY=${PYTHON:-python3}
+DEB_PACKAGES=(docker.io openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make)
+
+step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }
+
+missing_debs() {
+  local pkg
+  for pkg in "${DEB_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || printf '%s ' "$pkg"
+  done
+}
+
+system_packages() {
+  command -v dpkg-query >/dev/null || die "no dpkg: install Docker, Open MPI (mpirun, mpicc), cmake and g++ by hand, then rerun"
+  local missing
+  missing=$(missing_debs)
+  [ -z "$missing" ] && { step "Debian packages present"; return; }
+  [ "$(id -u)" = 0 ] || die "missing Debian packages: ${missing}; run as root or: sudo apt-get install -y ${missing}"
+  command -v apt-get >/dev/null || die "missing Debian packages (${missing}) and no apt-get to install them"
+  step "installing Debian packages: ${missing}"
+  apt-get update -q
+  # shellcheck disable=SC2086 # the package list is meant to split
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ${missing}
+}
+
+docker_engine() {
+  if [ "${AMLEMU_SKIP_DOCKER:-0}" = 1 ]; then step "Docker engine skipped (AMLEMU_SKIP_DOCKER=1)"; return; fi
+  if timeout 10 docker info >/dev/null 2>&1; then step "Docker engine answers"; return; fi
+  [ "$(id -u)" = 0 ] || die "no Docker engine answers and only root can start one: start dockerd, or set AMLEMU_SKIP_DOCKER=1"
+  local log=/var/log/amlemu-dockerd.log
+  step "starting dockerd (log: $log)"
+  # setsid: the engine must outlive this script and the make that called it.
+  setsid dockerd >>"$log" 2>&1 </dev/null &
+  local i
+  for i in $(seq 60); do
+    timeout 5 docker info >/dev/null 2>&1 && { step "Docker engine up after ${i}s"; return; }
+    sleep 1
+  done
+  tail -n 15 "$log" >&2
+  die "dockerd did not answer within 60 s (log: $log); set AMLEMU_SKIP_DOCKER=1 to go on without Docker"
+}
+
+python_env() {
+  local stamp_file=$VENV/.amlemu-stamp stamp
+  stamp=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, emulator, fixtures' 2>/dev/null; then
+    step "venv up to date ($VENV)"; return
+  fi
+  [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
+  local pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+  step "installing torch and build tools"
+  "${pip[@]}" --upgrade pip setuptools wheel packaging cloudpickle psutil pyyaml
+  # The pins, read from pyproject.toml so they are written once.
+  local torch_pins
+  torch_pins=$(grep -oE '"(torch|torchvision)==[^"]+"' "$ROOT/pyproject.toml" | tr -d '"')
+  # shellcheck disable=SC2086
+  "${pip[@]}" $torch_pins
+  step "horovod wheel (built once per torch version, cached in $CACHE/horovod; ~5 min the first time)"
+  local wheel
+  wheel=$("$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE") || die "horovod build failed (see above)"
+  "${pip[@]}" --no-deps "$wheel"
+  step "installing amlemu and its dependencies"
+  "${pip[@]}" -e "$ROOT[dev]"
+  "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
+  echo "$stamp" >"$stamp_file"
+}
+
+mnist() {
+  step "real MNIST"
+  "$VENV/bin/python" -m fixtures.mnist prepare --cache "$CACHE"
+}
+
+system_packages
+docker_engine
+python_env
+mnist
+step "ready: venv $VENV, data $CACHE/data/mnist"

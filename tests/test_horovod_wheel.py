@@ -1,0 +1,63 @@
+"""The horovod build recipe: CMake patches, build environment and cache key (pure parts)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("horovod_wheel", REPO / "scripts" / "horovod_wheel.py")
+hw = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(hw)
+
+
+def test_raise_standard_bumps_lower_and_keeps_higher() -> None:
+    text = "if(X)\n    set(CMAKE_CXX_STANDARD 14)\nendif()\nset( CMAKE_CXX_STANDARD  23 )\n"
+    out = hw.raise_standard(text, "CMAKE_CXX_STANDARD", 20)
+    assert "set(CMAKE_CXX_STANDARD 20)" in out and "set(CMAKE_CXX_STANDARD 23)" in out
+    assert "14" not in out
+
+
+def test_raise_standard_fails_loudly_on_an_unexpected_sdist() -> None:
+    with pytest.raises(hw.BuildError, match="no set\\(CMAKE_CUDA_STANDARD"):
+        hw.raise_standard("project(x)\n", "CMAKE_CUDA_STANDARD", 17)
+
+
+def test_patches_cover_the_known_breakages() -> None:
+    patches = {(f, v): s for f, v, s in hw.STANDARD_PATCHES}
+    assert patches[("horovod/torch/CMakeLists.txt", "CMAKE_CXX_STANDARD")] == 20  # torch 2.14 headers
+    assert patches[("horovod/common/ops/cuda/CMakeLists.txt", "CMAKE_CUDA_STANDARD")] >= 17
+
+
+def test_build_env_selects_frameworks_and_cuda_only_when_asked() -> None:
+    cpu = hw.build_env({"PATH": "/bin"}, cuda_home=None, cc_list="90", jobs=2)
+    assert cpu["HOROVOD_WITH_PYTORCH"] == cpu["HOROVOD_WITH_MPI"] == cpu["HOROVOD_WITH_GLOO"] == "1"
+    assert cpu["HOROVOD_WITHOUT_TENSORFLOW"] == "1" and cpu["MAKEFLAGS"] == "-j2"
+    assert "HOROVOD_CUDA_HOME" not in cpu and cpu["PATH"] == "/bin"
+    gpu = hw.build_env({}, cuda_home="/opt/cuda", cc_list="80,90", jobs=4)
+    assert (gpu["CUDA_HOME"], gpu["HOROVOD_CUDA_HOME"], gpu["HOROVOD_BUILD_CUDA_CC_LIST"]) == (
+        "/opt/cuda", "/opt/cuda", "80,90")
+
+
+def test_cache_key_changes_with_what_the_binary_depends_on() -> None:
+    base = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", cc_list="80,90", python_tag="cpython-311")
+    key = hw.cache_key(**base)
+    assert key == "horovod0.28.1-torch2.14.1_cu130-cu130-cc80_90-cpython-311"
+    for change in ({"torch_version": "2.13.0"}, {"torch_cuda": None}, {"cc_list": "90"},
+                   {"python_tag": "cpython-312"}):
+        assert hw.cache_key(**{**base, **change}) != key
+
+
+def test_find_cuda_home(tmp_path: Path) -> None:
+    (tmp_path / "bin").mkdir()
+    assert hw.find_cuda_home({"CUDA_HOME": str(tmp_path)}) != str(tmp_path.resolve())  # no nvcc there
+    (tmp_path / "bin" / "nvcc").write_text("")
+    assert hw.find_cuda_home({"CUDA_HOME": str(tmp_path)}) == str(tmp_path.resolve())
+
+
+def test_build_runs_without_build_isolation() -> None:
+    argv = hw.pip_wheel_argv("/venv/bin/python", Path("/src"), Path("/out"))
+    assert argv[:4] == ["/venv/bin/python", "-m", "pip", "wheel"] and "--no-build-isolation" in argv
+    assert "--no-binary" in hw.pip_download_argv("py", Path("/d"))

@@ -1,0 +1,94 @@
+"""The trainer with 2 ranks, under mpirun and under horovodrun --gloo, as a node would run it."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import TRAINER_DIR
+from emulator.mpi import MpiLaunch, launch_env, mpirun_argv
+
+pytestmark = pytest.mark.slow
+
+FAST = ["--epochs", "2", "--max-steps", "15", "--log-interval", "5", "--test-batch-size", "250"]
+
+
+def _trainer(data: Path, *extra: str) -> list[str]:
+    return [sys.executable, str(TRAINER_DIR / "train.py"), "--data-dir", str(data), *extra]
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str], timeout: int = 600) -> subprocess.CompletedProcess:
+    done = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"exit {done.returncode}\n--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+    return done
+
+
+def _mpirun(cwd: Path, program: list[str], tracking: str) -> subprocess.CompletedProcess:
+    launch = MpiLaunch(program=program, nprocs=2, env={"MLFLOW_TRACKING_URI": tracking},
+                       as_root=os.geteuid() == 0)
+    return _run(mpirun_argv(launch), cwd, launch_env(launch))
+
+
+def _metrics(tracking: str) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    client = MlflowClient(tracking_uri=tracking)
+    runs = client.search_runs(experiment_ids=[e.experiment_id for e in client.search_experiments()])
+    assert len(runs) == 1, f"rank 0 alone logs, to one run; found {len(runs)}"
+    return {name: sorted((m.step, m.value) for m in client.get_metric_history(runs[0].info.run_id, name))
+            for name in runs[0].data.metrics}
+
+
+def _assert_trained(cwd: Path, summary_steps: int) -> dict:
+    outputs = cwd / "outputs"
+    summary = json.loads((outputs / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    assert len(summary["param_digests"]) == 2 and summary["params_in_sync"] is True
+    assert summary["param_digests"][0] == summary["param_digests"][1]
+    assert summary["global_step"] == summary_steps
+    assert {p.name for p in outputs.iterdir()} >= {"model.pt", "summary.json",
+                                                  "checkpoint-epoch1.pt", "checkpoint-epoch2.pt"}
+    return summary
+
+
+def test_two_ranks_under_mpirun(tmp_path: Path, mnist_subset: Path) -> None:
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    done = _mpirun(tmp_path, _trainer(mnist_subset, *FAST), tracking)
+    summary = _assert_trained(tmp_path, summary_steps=30)
+    assert 0.0 < summary["test_accuracy"] <= 1.0
+    assert "parameters identical on all 2 ranks: True" in done.stdout
+    metrics = _metrics(tracking)
+    assert [step for step, _ in metrics["test_accuracy"]] == [1, 2]
+    assert metrics["test_accuracy"][-1][1] == pytest.approx(summary["test_accuracy"])
+    assert [step for step, _ in metrics["train_loss"]] == [1, 6, 11, 16, 21, 26]
+
+
+def test_two_ranks_under_horovodrun_gloo(tmp_path: Path, mnist_subset: Path) -> None:
+    env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+    _run([horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", *_trainer(mnist_subset, *FAST)], tmp_path, env)
+    _assert_trained(tmp_path, summary_steps=30)
+
+
+def test_restarted_job_resumes_from_its_checkpoint(tmp_path: Path, mnist_subset: Path) -> None:
+    tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _mpirun(tmp_path, _trainer(mnist_subset, *FAST[2:], "--epochs", "1"), tracking)
+    first = json.loads((tmp_path / "outputs" / "summary.json").read_text())
+    assert first["resumed_from"] is None and first["global_step"] == 15
+    # The same job started again (as after a preemption), now asked for 2 epochs.
+    done = _mpirun(tmp_path, _trainer(mnist_subset, *FAST), tracking)
+    assert "resuming from checkpoint-epoch1.pt: epoch 1 done" in done.stdout
+    second = _assert_trained(tmp_path, summary_steps=30)
+    assert second["resumed_from"] == "checkpoint-epoch1.pt"
+    assert "epoch 1 [" not in done.stdout  # epoch 1 was not trained again
+
+
+def test_two_ranks_reach_95_percent_on_real_mnist(tmp_path: Path, mnist_root: Path) -> None:
+    """The full data set, the defaults, 2 epochs: the accuracy the README promises."""
+    _mpirun(tmp_path, _trainer(mnist_root, "--log-interval", "100"), f"sqlite:///{tmp_path / 'mlflow.db'}")
+    summary = _assert_trained(tmp_path, summary_steps=2 * 469)
+    assert summary["test_accuracy"] >= 0.95, summary
