@@ -57,6 +57,16 @@ docker_engine() {
   die "dockerd did not answer within 60 s (log: $log); set AMLEMU_SKIP_DOCKER=1 to go on without Docker"
 }
 
+# pip, minus the warning this machine kind's pip.conf prints for each package its local indexes lack.
+pip_install() {
+  local log status=0
+  log=$(mktemp)
+  "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@" >"$log" 2>&1 || status=$?
+  grep -v 'is ignored: it is neither a file nor a directory' "$log" || true
+  rm -f "$log"
+  return "$status"
+}
+
 python_env() {
   local stamp_file=$VENV/.amlemu-stamp stamp
   stamp=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
@@ -64,20 +74,19 @@ python_env() {
     step "venv up to date ($VENV)"; return
   fi
   [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
-  local pip=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
   step "installing torch and build tools"
-  "${pip[@]}" --upgrade pip setuptools wheel packaging cloudpickle psutil pyyaml
+  pip_install --upgrade pip setuptools wheel packaging cloudpickle psutil pyyaml
   # The pins, read from pyproject.toml so they are written once.
   local torch_pins
   torch_pins=$(grep -oE '"(torch|torchvision)==[^"]+"' "$ROOT/pyproject.toml" | tr -d '"')
   # shellcheck disable=SC2086
-  "${pip[@]}" $torch_pins
+  pip_install $torch_pins
   step "horovod wheel (built once per torch version, cached in $CACHE/horovod; ~5 min the first time)"
   local wheel
   wheel=$("$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE") || die "horovod build failed (see above)"
-  "${pip[@]}" --no-deps "$wheel"
+  pip_install --no-deps "$wheel"
   step "installing amlemu and its dependencies"
-  "${pip[@]}" -e "$ROOT[dev]"
+  pip_install -e "$ROOT[dev]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
   echo "$stamp" >"$stamp_file"
 }

@@ -10,9 +10,9 @@ import pytest
 from conftest import TRAINER_DIR
 
 
-def test_defaults_match_the_sample(trainer_module) -> None:
+def test_defaults(trainer_module) -> None:
     args = trainer_module.parse_args(["--data-dir", "/data"])
-    assert (args.epochs, args.batch_size, args.lr, args.momentum) == (2, 64, 0.01, 0.5)
+    assert (args.epochs, args.batch_size, args.lr, args.momentum) == (2, 64, 0.01, 0.9)
     assert args.output_dir == Path("outputs") and args.max_steps is None and not args.no_cuda
 
 

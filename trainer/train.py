@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--test-batch-size", type=_positive_int, default=1000)
     p.add_argument("--lr", type=_positive_float, default=0.01,
                    help="learning rate for one rank; scaled by the number of ranks (default %(default)s)")
-    p.add_argument("--momentum", type=float, default=0.5)
+    p.add_argument("--momentum", type=float, default=0.9,
+                   help="SGD momentum (default %(default)s; the Azure sample's 0.5 reached only ~0.96 in 2 epochs)")
     p.add_argument("--max-steps", type=_positive_int, default=None,
                    help="stop each epoch after this many steps (fast tests); default: the whole epoch")
     p.add_argument("--seed", type=int, default=42)
