@@ -37,7 +37,7 @@ system_packages() {
   step "installing Debian packages: ${missing}"
   apt-get update -q
   # shellcheck disable=SC2086 # the package list is meant to split
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends ${missing}
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q ${missing}
 }
 
 docker_engine() {
