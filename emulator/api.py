@@ -1,0 +1,325 @@
+"""The Python API, in the spirit of the Azure ML SDK: an emulated workspace with computes and runs.
+
+    emu = Emulator()                                   # AMLEMU_HOME or ~/.amlemu
+    emu.create_compute(ClusterSpec("cpu-cluster", "STANDARD_D2_V2", max_nodes=2))
+    run = emu.submit("trainer/job.yml")
+    run.wait(show_output=True)
+    run.metrics()["test_accuracy"]
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+import psutil
+
+from . import cluster as autoscale
+from .backends import get_backend, resolve_backend
+from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
+from .errors import CapacityError, StateError
+from .home import Home, new_run_id
+from .jobspec_io import job_from_record, job_to_record
+from .jobyaml import load_job
+from .specs import ClusterSpec, JobSpec, RunStatus
+from .store import Cluster, RunRecord, Store
+
+SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "outputs", "logs", "mlruns",
+                                         "mlflow.db", ".venv")
+
+
+class Run:
+    """A handle on one run; every property reads the shared store, so it is always current."""
+
+    def __init__(self, emulator: Emulator, run_id: str) -> None:
+        self._emu, self.id = emulator, run_id
+
+    def __repr__(self) -> str:
+        return f"Run({self.id!r}, status={self.status.value})"
+
+    @property
+    def record(self) -> RunRecord:
+        return self._emu.store.run(self.id)
+
+    @property
+    def status(self) -> RunStatus:
+        return self.record.status
+
+    @property
+    def job(self) -> JobSpec:
+        return job_from_record(self.record.job)
+
+    @property
+    def dir(self) -> Path:
+        return self._emu.home.run_dir(self.id)
+
+    @property
+    def outputs(self) -> Path:
+        return self.dir / "outputs"
+
+    def events(self) -> list[tuple[float, RunStatus, str]]:
+        return self._emu.store.events(self.id)
+
+    def log_path(self, process: int = 0) -> Path:
+        return self.dir / "user_logs" / f"std_log_process_{process}.txt"
+
+    def logs(self, process: int = 0) -> str:
+        path = self.log_path(process)
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def wait(self, timeout: float | None = None, show_output: bool = False, out: TextIO | None = None) -> RunStatus:
+        """Block until the run ends; with show_output, stream rank 0's log and print a summary."""
+        out = out or sys.stdout
+        deadline = None if timeout is None else time.monotonic() + timeout
+        offset = 0
+        while True:
+            self._emu.reconcile()
+            status = self.status
+            if show_output:
+                text = self.logs(0)
+                out.write(text[offset:])
+                out.flush()
+                offset = len(text)
+            if status.is_terminal:
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.id} still {status.value} after {timeout} s")
+            time.sleep(0.1)
+        if show_output:
+            out.write(self.summary() + "\n")
+        return status
+
+    def summary(self) -> str:
+        record = self.record
+        events = self.events()
+        took = events[-1][0] - events[0][0] if events else 0.0
+        lines = ["", "Execution Summary", "=================", f"RunId: {self.id}",
+                 f"Status: {record.status.value} (in {took:.1f} s)"]
+        if record.error:
+            lines.append(f"Error: {record.error}")
+        lines.append(f"Outputs: {self.outputs}")
+        return "\n".join(lines)
+
+    def metrics(self) -> dict[str, Any]:
+        """The metrics the job logged with MLflow: the last value of each, as run.get_metrics() gives."""
+        return {name: values[-1][1] for name, values in self.metric_history().items()}
+
+    def metric_history(self) -> dict[str, list[tuple[int, float]]]:
+        db = self.dir / "mlflow.db"
+        if not db.exists():
+            return {}
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import, only when asked
+
+        client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+        history: dict[str, list[tuple[int, float]]] = {}
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        for mlrun in client.search_runs(experiment_ids=experiments):
+            for name in mlrun.data.metrics:
+                points = client.get_metric_history(mlrun.info.run_id, name)
+                history.setdefault(name, []).extend((m.step, m.value) for m in points)
+        return {name: sorted(points) for name, points in history.items()}
+
+    def download(self, dest: str | Path) -> Path:
+        """Copy outputs, logs and the run's own logs to `dest` (as `az ml job download` does)."""
+        dest = Path(dest) / self.id
+        for sub in ("outputs", "logs", "user_logs", "system_logs"):
+            if (self.dir / sub).exists():
+                shutil.copytree(self.dir / sub, dest / sub, dirs_exist_ok=True)
+        return dest
+
+    def cancel(self) -> RunStatus:
+        status = self.status
+        if status.is_terminal:
+            return status
+        self._emu.store.set_status(self.id, RunStatus.CANCEL_REQUESTED, "cancel requested")
+        return RunStatus.CANCEL_REQUESTED
+
+
+class Emulator:
+    def __init__(self, home: str | Path | None = None, backend: str | None = None) -> None:
+        self.home = Home.at(home)
+        self.store = Store(self.home.db)
+        self.default_backend = backend or os.environ.get("AMLEMU_BACKEND", "auto")
+
+    # --- workspace ---------------------------------------------------------------------------
+    def workspace(self) -> dict[str, str]:
+        return self.store.workspace()
+
+    def write_config(self, path: str | Path) -> Path:
+        """config.json of the shape Workspace.from_config() / MLClient.from_config() read."""
+        ws = self.workspace()
+        path = Path(path)
+        path.write_text(json.dumps({"subscription_id": ws["subscription_id"],
+                                    "resource_group": ws["resource_group"],
+                                    "workspace_name": ws["workspace_name"]}, indent=2) + "\n")
+        return path
+
+    # --- computes ----------------------------------------------------------------------------
+    def plan_compute(self, spec: ClusterSpec, backend: str | None = None) -> dict[str, Any]:
+        name, why = resolve_backend(backend or self.default_backend)
+        be = get_backend(name, self.home)
+        requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
+        limits = autoscale.node_request(self.home, spec, 0)
+        from .skus import node_limits  # noqa: PLC0415
+
+        notice = node_limits(spec.size, host_cpus=os.cpu_count() or 1,
+                             host_memory_bytes=psutil.virtual_memory().total).notice
+        return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": name,
+                "backend_note": why, "node_limits": {"cpus": limits.cpus, "memory_bytes": limits.memory_bytes},
+                "notice": notice, "nodes_now": [be.plan_node(r) for r in requests]}
+
+    def create_compute(self, spec: ClusterSpec, backend: str | None = None) -> Cluster:
+        plan = self.plan_compute(spec, backend)
+        created = self.store.add_cluster(spec, plan["backend"])
+        be = get_backend(plan["backend"], self.home)
+        be.create_cluster(spec.name)
+        if spec.min_nodes:
+            now = time.time()
+            from .store import Node  # noqa: PLC0415
+
+            nodes = [Node(spec.name, i, f"{spec.name}-node-{i}", "creating", None, None, now, None)
+                     for i in range(spec.min_nodes)]
+            with self.store.transaction() as db:
+                for node in nodes:
+                    self.store.set_node(db, node)
+            autoscale.create_nodes(self.store, be, [autoscale.node_request(self.home, spec, n.idx) for n in nodes])
+            with self.store.transaction() as db:
+                for node in self.store.nodes(spec.name, db):
+                    self.store.set_node(db, replace(node, state="idle"))
+        return created
+
+    def computes(self) -> list[Cluster]:
+        return self.store.clusters()
+
+    def compute(self, name: str) -> Cluster:
+        return self.store.cluster(name)
+
+    def delete_compute(self, name: str) -> None:
+        cluster = self.store.cluster(name)
+        active = [r.id for r in self.store.runs(cluster=name) if not r.status.is_terminal]
+        if active:
+            raise StateError(f"compute '{name}' has active job(s) {', '.join(active)}; cancel them first")
+        backend = get_backend(cluster.backend, self.home)
+        for node in self.store.nodes(name):
+            backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
+        backend.remove_cluster(name)
+        self.store.delete_cluster(name)
+        shutil.rmtree(self.home.root / "nodes" / name, ignore_errors=True)
+
+    # --- jobs --------------------------------------------------------------------------------
+    def _job(self, job: JobSpec | str | Path) -> JobSpec:
+        return job if isinstance(job, JobSpec) else load_job(job)
+
+    def _check_fits(self, job: JobSpec) -> Cluster:
+        cluster = self.store.cluster(job.compute)
+        if job.instance_count > cluster.spec.max_nodes:
+            raise CapacityError(f"resources.instance_count: {job.instance_count} nodes exceed max_nodes "
+                                f"{cluster.spec.max_nodes} of compute '{job.compute}'; lower instance_count "
+                                f"or raise the cluster's max_nodes")
+        return cluster
+
+    def plan_job(self, job: JobSpec | str | Path, run_id: str = "<run id>") -> dict[str, Any]:
+        """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
+        job = self._job(job)
+        cluster = self._check_fits(job)
+        backend = get_backend(cluster.backend, self.home)
+        slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
+                 for i in range(job.instance_count)]
+        agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
+        return {
+            "run_id": run_id, "compute": job.compute, "backend": cluster.backend,
+            "nodes": [backend.plan_node(autoscale.node_request(self.home, cluster.spec, i, job.environment))
+                      for i in range(job.instance_count)],
+            "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0),
+            "env": run_env(job, run_id, self.workspace(), slots),
+            "node_env": {s.name: node_env(job, s) for s in slots},
+            "ranks": [r.__dict__ for r in rank_layout(job, slots)],
+        }
+
+    def submit(self, job: JobSpec | str | Path) -> Run:
+        job = self._job(job)
+        self._check_fits(job)
+        self.reconcile()
+        run_id = new_run_id()
+        run_dir = self.home.run_dir(run_id)
+        # The snapshot: later edits of the source do not change a queued or running job.
+        shutil.copytree(job.code, run_dir / "snapshot", ignore=SNAPSHOT_IGNORE)
+        (run_dir / "system_logs").mkdir(parents=True)
+        self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
+        self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
+        with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "emulator.supervisor", str(self.home.root), run_id],
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.store.update_run(run_id, supervisor_pid=proc.pid)
+        return Run(self, run_id)
+
+    def run(self, run_id: str) -> Run:
+        self.store.run(run_id)
+        return Run(self, run_id)
+
+    def runs(self, experiment: str | None = None) -> list[Run]:
+        return [Run(self, r.id) for r in self.store.runs(experiment=experiment)]
+
+    # --- housekeeping ------------------------------------------------------------------------
+    def reconcile(self) -> list[str]:
+        """Runs whose supervisor died (killed, machine restarted) are failed and their nodes freed."""
+        fixed = []
+        for record in self.store.runs():
+            if record.status.is_terminal or record.supervisor_pid is None or _alive(record.supervisor_pid):
+                continue
+            if record.launch_pid and _alive(record.launch_pid):
+                try:
+                    os.killpg(record.launch_pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            cluster = self.store.cluster(record.cluster)
+            backend = get_backend(cluster.backend, self.home)
+            for name in record.nodes:
+                index = int(name.rsplit("-", 1)[1])
+                backend.stop_processes(autoscale.node_request(self.home, cluster.spec, index))
+            autoscale.release(self.store, record.cluster, record.id)
+            reason = "the emulator process supervising this run died; the run was stopped"
+            self.store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
+            fixed.append(record.id)
+        return fixed
+
+    def cleanup(self, all_homes: bool = False) -> list[str]:
+        """Stop every run, remove every node, network and record of this home (`amlemu cleanup`)."""
+        gone = []
+        for record in self.store.runs():
+            for pid in (record.supervisor_pid, record.launch_pid):
+                if pid and _alive(pid):
+                    try:
+                        os.killpg(pid, signal.SIGKILL)
+                        gone.append(f"process group {pid}")
+                    except ProcessLookupError:
+                        pass
+        for name in ("docker", "process"):
+            ok, _ = resolve_backend_quiet(name)
+            if ok:
+                gone += get_backend(name, self.home).reap(all_homes)
+        self.store.reset()
+        for sub in ("nodes", "runs"):
+            shutil.rmtree(self.home.root / sub, ignore_errors=True)
+        return gone
+
+
+def resolve_backend_quiet(name: str) -> tuple[bool, str]:
+    from .backends import backend_class  # noqa: PLC0415
+
+    return backend_class(name).available()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,95 @@
+"""The small interface every node backend implements, and the data a node is created from."""
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from ..home import Home
+
+LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
+
+
+@dataclass(frozen=True)
+class NodeRequest:
+    """One node to create: pure data, what `compute create --dry-run` shows."""
+
+    home_id: str
+    cluster: str
+    index: int
+    cpus: float
+    memory_bytes: int
+    node_dir: Path  # the node's local disk on the host
+    runs_dir: Path  # the workspace's run records on the host
+    gpus: tuple[str, ...] = ()
+    image: str | None = None  # the job's image, when the engine has it
+
+    @property
+    def name(self) -> str:
+        """The node's hostname, unique within its cluster."""
+        return f"{self.cluster}-node-{self.index}"
+
+    @property
+    def labels(self) -> dict[str, str]:
+        return {LABEL: "1", f"{LABEL}.home": self.home_id, f"{LABEL}.cluster": self.cluster,
+                f"{LABEL}.node": self.name, f"{LABEL}.index": str(self.index)}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as the backend sees it now, rebuilt from labels (docker) or the disk (process)."""
+
+    cluster: str
+    name: str
+    index: int
+    running: bool
+    address: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+class NodeBackend(abc.ABC):
+    name: ClassVar[str]
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+
+    @classmethod
+    @abc.abstractmethod
+    def available(cls) -> tuple[bool, str]:
+        """(usable here, why not / what it uses)."""
+
+    @abc.abstractmethod
+    def plan_node(self, request: NodeRequest) -> dict[str, Any]:
+        """Dry run: exactly what create_node would create, as data."""
+
+    @abc.abstractmethod
+    def create_node(self, request: NodeRequest) -> str:
+        """Create the node and return the address other nodes reach it at."""
+
+    @abc.abstractmethod
+    def remove_node(self, request: NodeRequest) -> None:
+        """Remove the node and everything it holds; removing a missing node is not an error."""
+
+    @abc.abstractmethod
+    def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
+        """What the launch agent needs to run a command on this node."""
+
+    @abc.abstractmethod
+    def stop_processes(self, request: NodeRequest) -> int:
+        """Kill every job process still on the node (never the node itself); return how many."""
+
+    @abc.abstractmethod
+    def list_nodes(self) -> list[NodeInfo]:
+        """The nodes of this home that exist now."""
+
+    def create_cluster(self, cluster: str) -> None:
+        """Create what the cluster's nodes share (a network); nothing by default."""
+
+    @abc.abstractmethod
+    def remove_cluster(self, cluster: str) -> None:
+        """Remove what the cluster holds besides its nodes (a network)."""
+
+    @abc.abstractmethod
+    def reap(self, all_homes: bool = False) -> list[str]:
+        """Remove every node and network of this home (of every home with all_homes); say what went."""

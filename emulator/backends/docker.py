@@ -1,0 +1,245 @@
+"""Docker backend: each node is a container on its cluster's own bridge network.
+
+No registry is reachable where this runs, so when the job names no image the engine already has,
+nodes use an offline "host mirror" image: an empty root file system (imported once) that sees this
+machine's /usr, Python and virtual environment read-only. Containers are unprivileged, never see
+the Docker socket, and carry labels from which state is rebuilt and leftovers are reaped.
+"""
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tarfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from ..errors import BackendError
+from .base import LABEL, NodeBackend, NodeInfo, NodeRequest
+
+MIRROR_IMAGE = "amlemu/node-host-mirror:1"
+SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
+
+
+def _client():  # type: ignore[no-untyped-def]
+    import docker  # noqa: PLC0415 - the SDK is needed only where this backend is used
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
+                           f"(`make setup` does) or use --backend process") from None
+    return client
+
+
+def mirror_rootfs() -> bytes:
+    """The mirror image's file system: mount points, usrmerge links, and a passwd for root."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        def add(name: str, *, kind: bytes = tarfile.DIRTYPE, target: str = "", data: bytes = b"",
+                mode: int = 0o755) -> None:
+            info = tarfile.TarInfo(name)
+            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
+            tar.addfile(info, io.BytesIO(data) if data else None)
+        for d in ("proc", "sys", "dev", "etc", "root", "mnt", "run", "usr", "var", "var/tmp", "opt"):
+            add(d)
+        add("tmp", mode=0o1777)
+        for link in ("bin", "sbin", "lib", "lib64"):
+            add(link, kind=tarfile.SYMTYPE, target=f"usr/{link}")
+        add("etc/passwd", kind=tarfile.REGTYPE, data=b"root:x:0:0:root:/root:/bin/bash\n", mode=0o644)
+        add("etc/group", kind=tarfile.REGTYPE, data=b"root:x:0:\n", mode=0o644)
+    return buf.getvalue()
+
+
+def _mirror_mounts() -> dict[str, dict[str, str]]:
+    """This machine's software, read-only, at the same paths (so every path in the venv holds)."""
+    paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl",
+             str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
+    return {p: {"bind": p, "mode": "ro"} for p in dict.fromkeys(paths) if Path(p).exists()}
+
+
+class DockerBackend(NodeBackend):
+    name = "docker"
+
+    def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(home)
+        self._docker = None
+        self._lock = threading.Lock()  # nodes are created in parallel; image and network once
+
+    @property
+    def client(self):  # type: ignore[no-untyped-def]
+        if self._docker is None:
+            self._docker = _client()
+        return self._docker
+
+    @classmethod
+    def available(cls) -> tuple[bool, str]:
+        try:
+            version = _client().version().get("Version", "?")
+        except BackendError as exc:
+            return False, str(exc)
+        return True, f"Docker engine {version}"
+
+    # --- names -------------------------------------------------------------------------------
+    def container_name(self, request: NodeRequest) -> str:
+        return f"amlemu-{self.home.id}-{request.name}"
+
+    def network_name(self, cluster: str) -> str:
+        return f"amlemu-{self.home.id}-{cluster}"
+
+    def _has_image(self, image: str) -> bool:
+        import docker  # noqa: PLC0415
+
+        try:
+            self.client.images.get(image)
+            return True
+        except docker.errors.ImageNotFound:
+            return False
+
+    # --- the dry run -------------------------------------------------------------------------
+    def plan_node(self, request: NodeRequest) -> dict[str, Any]:
+        use_job_image = bool(request.image) and self._has_image(request.image)
+        volumes = {} if use_job_image else _mirror_mounts()
+        volumes[str(request.node_dir)] = {"bind": "/mnt/azureml", "mode": "rw"}
+        volumes[str(request.runs_dir)] = {"bind": "/mnt/amlemu/runs", "mode": "rw"}
+        agent = Path(sys.prefix, "bin", "amlemu-agent")
+        if use_job_image:
+            # Open MPI daemons check that the launch agent's path exists on their node.
+            volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
+        env = {"HOME": "/root", "LANG": "C.UTF-8",
+               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        if not use_job_image:
+            env["PATH"] = f"{Path(sys.prefix, 'bin')}:/usr/local/bin:/usr/bin:/bin"
+        return {
+            "backend": self.name,
+            "image": request.image if use_job_image else MIRROR_IMAGE,
+            "image_note": None if use_job_image or not request.image else
+            f"image {request.image} is not in the engine (no registry here): nodes use {MIRROR_IMAGE}",
+            "name": self.container_name(request),
+            "hostname": request.name,
+            "network": self.network_name(request.cluster),
+            "aliases": [request.name],
+            "labels": request.labels,
+            # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
+            "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
+            "init": use_job_image,
+            "environment": env,
+            "volumes": volumes,
+            "nano_cpus": int(request.cpus * 1e9),
+            "mem_limit": request.memory_bytes,
+            "shm_size": SHM_SIZE,
+            "gpus": list(request.gpus),
+        }
+
+    # --- execution ---------------------------------------------------------------------------
+    def _ensure_image(self, image: str) -> None:
+        if image == MIRROR_IMAGE and not self._has_image(image):
+            repository, tag = image.split(":")
+            self.client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
+                                                   changes=[f"LABEL {LABEL}=1"])
+
+    def _ensure_network(self, name: str, cluster: str) -> None:
+        if not self.client.networks.list(names=[name]):
+            self.client.networks.create(name, driver="bridge", check_duplicate=True,
+                                        labels={LABEL: "1", f"{LABEL}.home": self.home.id,
+                                                f"{LABEL}.cluster": cluster})
+
+    def create_node(self, request: NodeRequest) -> str:
+        import docker  # noqa: PLC0415
+
+        plan = self.plan_node(request)
+        request.node_dir.mkdir(parents=True, exist_ok=True)
+        request.runs_dir.mkdir(parents=True, exist_ok=True)
+        with self._lock:
+            self._ensure_image(plan["image"])
+            self._ensure_network(plan["network"], request.cluster)
+        api = self.client.api
+        device_requests = [docker.types.DeviceRequest(device_ids=plan["gpus"], capabilities=[["gpu"]])] \
+            if plan["gpus"] else None
+        host_config = api.create_host_config(
+            binds=plan["volumes"], nano_cpus=plan["nano_cpus"], mem_limit=plan["mem_limit"],
+            shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests)
+        networking = api.create_networking_config(
+            {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})
+        try:
+            created = api.create_container(
+                plan["image"], command=plan["command"], name=plan["name"], hostname=plan["hostname"],
+                labels=plan["labels"], environment=plan["environment"], host_config=host_config,
+                networking_config=networking, detach=True)
+            api.start(created["Id"])
+        except docker.errors.APIError as exc:
+            self.remove_node(request)
+            raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
+        attrs = api.inspect_container(created["Id"])
+        return attrs["NetworkSettings"]["Networks"][plan["network"]]["IPAddress"]
+
+    def remove_node(self, request: NodeRequest) -> None:
+        import docker  # noqa: PLC0415
+
+        try:
+            self.client.containers.get(self.container_name(request)).remove(force=True)
+        except docker.errors.NotFound:
+            pass
+
+    def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
+        return {"container": self.container_name(request)}
+
+    def stop_processes(self, request: NodeRequest) -> int:
+        """Kill, by host pid, every process in the container except its init and idle sleep."""
+        import docker  # noqa: PLC0415
+
+        try:
+            container = self.client.containers.get(self.container_name(request))
+        except docker.errors.NotFound:
+            return 0
+        if container.status != "running":
+            return 0
+        main = container.attrs["State"]["Pid"]
+        keep = {main}
+        try:
+            keep |= {c.pid for c in psutil.Process(main).children() if c.cmdline()[-2:] == ["/bin/sleep", "infinity"]
+                     or c.cmdline()[-2:] == ["sleep", "infinity"]}
+        except psutil.NoSuchProcess:
+            return 0
+        titles = container.top(ps_args="-eo pid").get("Processes") or []
+        victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
+        for pid in victims:
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+        return len(victims)
+
+    def list_nodes(self) -> list[NodeInfo]:
+        found = []
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}.home={self.home.id}"}):
+            labels = c.labels
+            networks = c.attrs["NetworkSettings"]["Networks"]
+            address = next(iter(networks.values()))["IPAddress"] if networks else None
+            found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
+                                  index=int(labels[f"{LABEL}.index"]), running=c.status == "running",
+                                  address=address, detail={"container": c.name, "status": c.status}))
+        return sorted(found, key=lambda n: (n.cluster, n.index))
+
+    def create_cluster(self, cluster: str) -> None:
+        with self._lock:
+            self._ensure_network(self.network_name(cluster), cluster)
+
+    def remove_cluster(self, cluster: str) -> None:
+        for network in self.client.networks.list(names=[self.network_name(cluster)]):
+            network.remove()
+
+    def reap(self, all_homes: bool = False) -> list[str]:
+        label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
+        gone = []
+        for c in self.client.containers.list(all=True, filters={"label": label}):
+            c.remove(force=True)
+            gone.append(f"container {c.name}")
+        for n in self.client.networks.list(filters={"label": label}):
+            n.remove()
+            gone.append(f"network {n.name}")
+        return gone

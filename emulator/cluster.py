@@ -1,0 +1,115 @@
+"""Autoscaling as AmlCompute does it: nodes appear when a job needs them, min_nodes stay up, a node
+idle longer than the scale-down time goes away, and a job that does not fit yet waits, in order.
+
+The decisions happen inside one SQLite transaction each, so concurrent runs never share a node.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, replace
+
+import psutil
+
+from .backends import NodeBackend, NodeRequest
+from .home import Home
+from .skus import node_limits
+from .specs import ClusterSpec, RunStatus
+from .store import Node, Store
+
+
+@dataclass(frozen=True)
+class Allocation:
+    nodes: list[Node]  # in launch order: node 0 is the head
+    new: list[Node]  # those that must be created first
+
+
+def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None) -> NodeRequest:
+    limits = node_limits(spec.size, host_cpus=os.cpu_count() or 1,
+                         host_memory_bytes=psutil.virtual_memory().total)
+    return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
+                       memory_bytes=limits.memory_bytes, node_dir=home.node_dir(spec.name, f"{spec.name}-node-{index}"),
+                       runs_dir=home.root / "runs", image=image)
+
+
+def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:
+    """Claim `count` nodes for the run if the cluster can give them now; else None (stay Queued).
+    Runs are served in submission order: only the oldest queued run of the cluster may claim."""
+    now = time.time()
+    with store.transaction() as db:
+        oldest = db.execute("SELECT id FROM runs WHERE cluster = ? AND status = ? ORDER BY seq LIMIT 1",
+                            (spec.name, RunStatus.QUEUED.value)).fetchone()
+        if oldest is None or oldest["id"] != run_id:
+            return None
+        nodes = store.nodes(spec.name, db)
+        idle = [n for n in nodes if n.state == "idle"]
+        if len(idle) + spec.max_nodes - len(nodes) < count:
+            return None
+        taken = [replace(n, state="busy", run_id=run_id, idle_since=None) for n in idle[:count]]
+        used = {n.idx for n in nodes}
+        free_indices = [i for i in range(spec.max_nodes) if i not in used]
+        new = [Node(spec.name, i, f"{spec.name}-node-{i}", "creating", run_id, None, now, None)
+               for i in free_indices[:count - len(taken)]]
+        for node in taken + new:
+            store.set_node(db, node)
+        store.set_status(run_id, RunStatus.PREPARING, f"nodes: {', '.join(n.name for n in taken + new)}",
+                         db=db, nodes=[n.name for n in taken + new])
+    return Allocation(sorted(taken + new, key=lambda n: n.idx), new)
+
+
+def create_nodes(store: Store, backend: NodeBackend, requests: list[NodeRequest]) -> dict[str, str]:
+    """Create nodes in parallel (node start-up is mostly waiting on the engine); record addresses."""
+    with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
+        addresses = dict(zip([r.name for r in requests], pool.map(backend.create_node, requests)))
+    with store.transaction() as db:
+        for node in store.nodes(requests[0].cluster, db) if requests else []:
+            if node.name in addresses:
+                store.set_node(db, replace(node, address=addresses[node.name],
+                                           state="busy" if node.state == "creating" else node.state))
+    return addresses
+
+
+def release(store: Store, cluster: str, run_id: str, dead: set[str] = frozenset()) -> list[Node]:
+    """The run's nodes become idle (scale-down clock starts); dead ones are forgotten. Returns the dead."""
+    now = time.time()
+    gone = []
+    with store.transaction() as db:
+        for node in store.nodes(cluster, db):
+            if node.run_id != run_id:
+                continue
+            if node.name in dead or node.state == "creating":
+                store.delete_node(db, cluster, node.idx)
+                gone.append(node)
+            else:
+                store.set_node(db, replace(node, state="idle", run_id=None, idle_since=now))
+    return gone
+
+
+def expired_nodes(nodes: list[Node], spec: ClusterSpec, now: float) -> list[Node]:
+    """Idle nodes past the scale-down time, oldest first, never going below min_nodes. Pure."""
+    removable = max(0, len(nodes) - spec.min_nodes)
+    idle = sorted((n for n in nodes if n.state == "idle" and n.idle_since is not None
+                   and now - n.idle_since >= spec.idle_seconds_before_scaledown), key=lambda n: n.idle_since)
+    return idle[:removable]
+
+
+def scale_down(store: Store, spec: ClusterSpec, remove: Callable[[Node], None]) -> list[Node]:
+    now = time.time()
+    with store.transaction() as db:
+        victims = expired_nodes(store.nodes(spec.name, db), spec, now)
+        for node in victims:
+            store.delete_node(db, spec.name, node.idx)
+    for node in victims:
+        remove(node)
+    return victims
+
+
+def next_expiry(store: Store, spec: ClusterSpec) -> float | None:
+    """When the next idle node above min_nodes will expire (None: nothing to scale down)."""
+    nodes = store.nodes(spec.name)
+    idle = [n.idle_since for n in nodes if n.state == "idle" and n.idle_since is not None]
+    if len(nodes) <= spec.min_nodes or not idle:
+        return None
+    return min(idle) + spec.idle_seconds_before_scaledown

@@ -1,0 +1,119 @@
+"""The AmlCompute node contract, as pure functions: paths on a node, the environment every process
+sees, the placement of ranks, and the launch command the platform builds (users never write mpirun).
+
+Both backends give every node the same view: its local disk at /mnt/azureml and the workspace's
+run records at /mnt/amlemu/runs, so a path resolved once (a working directory, an input) is valid on
+every node, as on AmlCompute.
+"""
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+from .mpi import MpiLaunch, mpirun_argv
+from .specs import DistributionType, JobSpec
+
+NODE_ROOT = "/mnt/azureml"
+RUNS_ROOT = "/mnt/amlemu/runs"
+MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    """A node as a launch sees it: its hostname and the address the other nodes reach it at."""
+
+    index: int
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    node: str
+    local_rank: int
+
+
+def node_workdir(run_id: str) -> str:
+    return f"{NODE_ROOT}/cr/j/{run_id}/exe/wd"
+
+
+def node_run_record(run_id: str) -> str:
+    return f"{RUNS_ROOT}/{run_id}"
+
+
+def tracking_uri(run_record_dir: str) -> str:
+    return f"sqlite:///{run_record_dir}/mlflow.db"
+
+
+def rank_layout(job: JobSpec, nodes: list[NodeSlot]) -> list[Rank]:
+    """Ranks fill node 0 first, then node 1 (mpirun --map-by slot with P slots per host)."""
+    per_node = job.process_count // job.instance_count
+    return [Rank(n * per_node + local, node.name, local) for n, node in enumerate(nodes) for local in range(per_node)]
+
+
+def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[NodeSlot]) -> dict[str, str]:
+    """What every process of the run sees, whatever its node."""
+    head = nodes[0]
+    env = {
+        "AZUREML_RUN_ID": run_id,
+        "AZUREML_ARM_SUBSCRIPTION": workspace["subscription_id"],
+        "AZUREML_ARM_RESOURCEGROUP": workspace["resource_group"],
+        "AZUREML_ARM_WORKSPACE_NAME": workspace["workspace_name"],
+        "AZUREML_ARM_PROJECT_NAME": job.experiment_name,
+        "AZUREML_EXPERIMENT_NAME": job.experiment_name,
+        "AZUREML_OUTPUT_DIRECTORY": "outputs",
+        "AZUREML_CR_EXECUTION_WORKING_DIR_PATH": node_workdir(run_id),
+        "AZUREML_NODE_COUNT": str(job.instance_count),
+        "MLFLOW_TRACKING_URI": tracking_uri(node_run_record(run_id)),
+        "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
+    }
+    if job.instance_count > 1:
+        env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
+    else:
+        env["AZ_BATCHAI_MPI_MASTER_NODE"] = head.address
+    if job.distribution.type is DistributionType.PYTORCH:
+        env.update(MASTER_ADDR=head.address, MASTER_PORT=str(MASTER_PORT), WORLD_SIZE=str(job.process_count))
+    env.update(job.environment_variables)  # the job's own variables win, as on AmlCompute
+    return env
+
+
+def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:
+    """What differs per node; the launch agent sets it on the node's processes."""
+    env = {"AZ_BATCHAI_TASK_INDEX": str(node.index), "AZ_BATCH_NODE_ID": node.name}
+    if job.distribution.type is DistributionType.PYTORCH:
+        env["NODE_RANK"] = str(node.index)
+    return env
+
+
+# bash runs the job's command, as AmlCompute does. For PyTorch distribution the platform gives
+# each process RANK and LOCAL_RANK; mpirun places the processes, this maps its numbering over.
+_PYTORCH_RANKS = 'export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"'
+
+
+def process_argv(job: JobSpec) -> list[str]:
+    if job.distribution.type is DistributionType.PYTORCH:
+        return ["/bin/bash", "-c", _PYTORCH_RANKS, "amlemu-rank", job.command]
+    return ["/bin/bash", "-c", job.command]
+
+
+def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool) -> list[str]:
+    """The command the platform runs on the host to start the job on its nodes. The agent gives each
+    node's processes run_env + node_env (ranks inherit them from the node's MPI daemon)."""
+    if len(nodes) != job.instance_count:
+        raise ValueError(f"{job.instance_count} nodes needed, {len(nodes)} given")
+    if job.distribution.type is DistributionType.NONE:
+        # One process, no MPI: the agent runs it on the node (the command travels as ssh's would).
+        return [agent, nodes[0].name, f"cd {shlex.quote(node_workdir(run_id))} && exec {shlex.join(process_argv(job))}"]
+    per_node = job.process_count // job.instance_count
+    launch = MpiLaunch(program=process_argv(job), nprocs=job.process_count,
+                       hosts=[(node.name, per_node) for node in nodes], as_root=as_root,
+                       tag_output=True)
+    argv = mpirun_argv(launch)
+    at = argv.index("-np")
+    platform = ["--mca", "plm_rsh_agent", agent,
+                # mpirun starts every node's daemon itself through the agent (no sshd on nodes),
+                # and keeps them attached so killing the launch kills the whole job.
+                "--mca", "plm_rsh_no_tree_spawn", "1", "--leave-session-attached",
+                "--map-by", "slot", "-wdir", node_workdir(run_id)]
+    return argv[:at] + platform + argv[at:]

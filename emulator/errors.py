@@ -1,0 +1,31 @@
+"""The emulator's errors: one small hierarchy, each message one line that names the field and the fix."""
+from __future__ import annotations
+
+
+class AmlEmuError(Exception):
+    """Base class: the CLI prints these as one line, without a traceback."""
+
+
+class ConfigError(AmlEmuError):
+    """Bad input in a cluster or job definition."""
+
+    def __init__(self, field: str, problem: str, fix: str | None = None) -> None:
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}" + (f"; {fix}" if fix else ""))
+
+
+class NotFoundError(AmlEmuError):
+    def __init__(self, kind: str, name: str, hint: str = "") -> None:
+        super().__init__(f"{kind} '{name}' not found" + (f"; {hint}" if hint else ""))
+
+
+class CapacityError(AmlEmuError):
+    """A job that can never fit its cluster (more nodes than max_nodes)."""
+
+
+class StateError(AmlEmuError):
+    """An operation that the object's current state does not allow (e.g. an invalid transition)."""
+
+
+class BackendError(AmlEmuError):
+    """A node backend could not do what was asked (engine missing, container failed to start)."""

@@ -1,0 +1,56 @@
+"""The emulator home: one emulated workspace on disk (AMLEMU_HOME), and where each thing lives in it."""
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+_ADJECTIVES = ("amiable", "brave", "calm", "eager", "gentle", "happy", "jolly", "keen", "lively", "nice",
+               "polite", "quirky", "sharp", "sincere", "tender", "upbeat", "witty", "zen", "bold", "frank")
+_NOUNS = ("apple", "basket", "candle", "cloud", "garden", "kettle", "lamp", "lemon", "needle", "onion",
+          "pencil", "pillow", "river", "rocket", "spoon", "tiger", "tomato", "violin", "wagon", "yam")
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("AMLEMU_HOME", Path.home() / ".amlemu")).expanduser()
+
+
+def new_run_id() -> str:
+    """Azure ML v2 job names look like `sincere_basket_4x7k2m9q1z`."""
+    alphabet = "abcdefghijklmnopqrstuvwxyz0123456789"
+    suffix = "".join(secrets.choice(alphabet) for _ in range(10))
+    return f"{secrets.choice(_ADJECTIVES)}_{secrets.choice(_NOUNS)}_{suffix}"
+
+
+@dataclass(frozen=True)
+class Home:
+    root: Path
+
+    @classmethod
+    def at(cls, root: str | Path | None = None) -> Home:
+        home = cls(Path(root).expanduser().resolve() if root else default_home().resolve())
+        home.root.mkdir(parents=True, exist_ok=True)
+        return home
+
+    @property
+    def id(self) -> str:
+        """Short and stable per home: it prefixes every Docker name, so homes never collide."""
+        return hashlib.sha256(str(self.root).encode()).hexdigest()[:8]
+
+    @property
+    def db(self) -> Path:
+        return self.root / "amlemu.db"
+
+    def run_dir(self, run_id: str) -> Path:
+        """The run's record: snapshot, logs, outputs, MLflow store (the workspace's side)."""
+        return self.root / "runs" / run_id
+
+    def node_dir(self, cluster: str, node: str) -> Path:
+        """A node's local disk; it appears as /mnt/azureml inside the node."""
+        return self.root / "nodes" / cluster / node
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.root / "bin"

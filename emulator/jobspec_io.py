@@ -1,0 +1,26 @@
+"""JobSpec <-> the JSON kept in a run's record (the job exactly as it was submitted)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .specs import Distribution, DistributionType, JobSpec
+
+
+def job_to_record(job: JobSpec) -> dict[str, Any]:
+    return {
+        "command": job.command, "code": str(job.code), "compute": job.compute,
+        "experiment_name": job.experiment_name, "instance_count": job.instance_count,
+        "distribution": {"type": job.distribution.type.value,
+                         "process_count_per_instance": job.distribution.process_count_per_instance},
+        "environment": job.environment, "environment_variables": dict(job.environment_variables),
+        "inputs": dict(job.inputs), "display_name": job.display_name,
+        "max_run_duration_seconds": job.max_run_duration_seconds,
+    }
+
+
+def job_from_record(data: dict[str, Any]) -> JobSpec:
+    dist = data["distribution"]
+    return JobSpec(**{**data, "code": Path(data["code"]),
+                      "distribution": Distribution(DistributionType(dist["type"]),
+                                                   dist["process_count_per_instance"])})

@@ -1,0 +1,160 @@
+"""Azure ML CLI v2 command-job YAML -> JobSpec, with errors that name the field.
+
+The same file goes to `az ml job create -f job.yml`; fields the emulator does not use but Azure
+accepts are accepted, fields Azure would reject are rejected here too.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError
+from .specs import Distribution, DistributionType, JobSpec
+
+KNOWN_FIELDS = {
+    "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",
+    "code", "command", "environment", "compute", "distribution", "resources", "environment_variables",
+    "inputs", "outputs", "limits", "services", "identity", "queue_settings",
+}
+DISTRIBUTION_FIELDS = {"type", "process_count_per_instance"}
+RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
+BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
+
+
+def load_job(path: str | Path) -> JobSpec:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise ConfigError("-f", f"{path} does not exist", "give the path of a job YAML file") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise ConfigError(str(path), f"YAML syntax error{where}: {problem}") from None
+    return job_from_dict(data, base_dir=path.parent)
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(field, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_fields(data: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}", "unknown field", f"known fields: {', '.join(sorted(known))}")
+
+
+def _int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"must be an integer, got {value!r}")
+    return value
+
+
+def resolve_bindings(command: str, inputs: dict[str, Any]) -> str:
+    """Replace ${{inputs.x}} with the input's value; any other binding is an error naming it."""
+    def substitute(match: re.Match[str]) -> str:
+        ref = match.group(1)
+        kind, _, name = ref.partition(".")
+        if kind == "inputs" and name in inputs:
+            return str(inputs[name])
+        raise ConfigError("command", f"${{{{{ref}}}}} refers to nothing",
+                          f"define it under inputs (known: {', '.join(sorted(inputs)) or 'none'})")
+    return BINDING_RE.sub(substitute, command)
+
+
+def script_of(command: str) -> str | None:
+    """The script a `python [opts] script.py ...` command runs, to check that it exists."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if not words or not Path(words[0]).name.startswith("python"):
+        return None
+    for word in words[1:]:
+        if word in ("-m", "-c"):
+            return None
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
+    if not isinstance(data, dict):
+        raise ConfigError("job", "the YAML must be a mapping of job fields")
+    _check_fields(data, KNOWN_FIELDS, "")
+    if data.get("type", "command") != "command":
+        raise ConfigError("type", f"'{data['type']}' jobs are not supported", "use type: command")
+    command = data.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ConfigError("command", "missing", "give the command that starts the job")
+
+    code = data.get("code")
+    if code is None:
+        raise ConfigError("code", "missing", "point code at the folder that holds the job's source")
+    code_dir = (base_dir / str(code)).resolve()
+    if not code_dir.is_dir():
+        raise ConfigError("code", f"{code_dir} is not a folder", "point code at the job's source folder")
+
+    compute = data.get("compute")
+    if not isinstance(compute, str) or not compute.strip():
+        raise ConfigError("compute", "missing", "set compute: azureml:<cluster name>")
+    compute = compute.removeprefix("azureml:")
+
+    inputs = {}
+    for name, value in _mapping(data.get("inputs"), "inputs").items():
+        if isinstance(value, dict):
+            raise ConfigError(f"inputs.{name}", "data inputs (uri_folder, uri_file) are not supported yet",
+                              "pass a literal value, or a path in the command")
+        inputs[name] = value
+    resolved = resolve_bindings(command, inputs)
+    script = script_of(resolved)
+    if script and not (code_dir / script).is_file():
+        raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
+                          "fix the script path (it is relative to code)")
+
+    dist_data = _mapping(data.get("distribution"), "distribution")
+    _check_fields(dist_data, DISTRIBUTION_FIELDS, "distribution.")
+    dist_type = str(dist_data.get("type", "none")).lower()
+    try:
+        kind = DistributionType(dist_type)
+    except ValueError:
+        raise ConfigError("distribution.type", f"'{dist_type}' is not supported",
+                          "use mpi or pytorch (tensorflow and ray are not emulated)") from None
+    per_node = _int(dist_data.get("process_count_per_instance", 1), "distribution.process_count_per_instance")
+    distribution = Distribution(kind, per_node)
+
+    resources = _mapping(data.get("resources"), "resources")
+    _check_fields(resources, RESOURCE_FIELDS, "resources.")
+    instance_count = _int(resources.get("instance_count", 1), "resources.instance_count")
+
+    env_vars = _mapping(data.get("environment_variables"), "environment_variables")
+    limits = _mapping(data.get("limits"), "limits")
+    timeout = limits.get("timeout")
+    environment = data.get("environment")
+    if isinstance(environment, dict):
+        environment = environment.get("image") or environment.get("name")
+
+    return JobSpec(
+        command=resolved,
+        code=code_dir,
+        compute=compute,
+        experiment_name=str(data.get("experiment_name") or code_dir.name),
+        instance_count=instance_count,
+        distribution=distribution,
+        environment=str(environment) if environment else None,
+        environment_variables={str(k): str(v) for k, v in env_vars.items()},
+        inputs=inputs,
+        display_name=data.get("display_name"),
+        max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
+    )

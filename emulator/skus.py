@@ -1,0 +1,81 @@
+"""Azure VM sizes that AmlCompute clusters use, and how a node of that size is scaled to this machine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class VmSize:
+    name: str  # canonical Azure spelling
+    vcpus: int
+    memory_gib: float
+    gpus: int = 0
+    gpu_model: str = ""
+
+
+# From Azure's published size tables.
+VM_SIZES: dict[str, VmSize] = {
+    s.name.upper(): s
+    for s in (
+        VmSize("Standard_D2_v2", 2, 7),
+        VmSize("Standard_D3_v2", 4, 14),
+        VmSize("Standard_D4_v2", 8, 28),
+        VmSize("Standard_DS2_v2", 2, 7),
+        VmSize("Standard_DS3_v2", 4, 14),
+        VmSize("Standard_DS12_v2", 4, 28),
+        VmSize("Standard_F4s_v2", 4, 8),
+        VmSize("Standard_F8s_v2", 8, 16),
+        VmSize("Standard_E4s_v3", 4, 32),
+        VmSize("Standard_NC6", 6, 56, 1, "K80"),
+        VmSize("Standard_NC12", 12, 112, 2, "K80"),
+        VmSize("Standard_NC24", 24, 224, 4, "K80"),
+        VmSize("Standard_NC6s_v3", 6, 112, 1, "V100"),
+        VmSize("Standard_NC12s_v3", 12, 224, 2, "V100"),
+        VmSize("Standard_NC24s_v3", 24, 448, 4, "V100"),
+        VmSize("Standard_NC4as_T4_v3", 4, 28, 1, "T4"),
+        VmSize("Standard_NC24ads_A100_v4", 24, 220, 1, "A100"),
+        VmSize("Standard_ND40rs_v2", 40, 672, 8, "V100"),
+        VmSize("Standard_ND96asr_v4", 96, 900, 8, "A100"),
+        VmSize("Standard_NC40ads_H100_v5", 40, 320, 1, "H100"),
+        VmSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100"),
+    )
+}
+
+
+def lookup(name: str) -> VmSize:
+    """Case-insensitive, as Azure is; unknown sizes are refused with the known ones."""
+    try:
+        return VM_SIZES[name.strip().upper()]
+    except KeyError:
+        known = ", ".join(sorted(s.name for s in VM_SIZES.values()))
+        raise ConfigError("vm_size", f"unknown size '{name}'", f"use one of: {known}") from None
+
+
+@dataclass(frozen=True)
+class NodeLimits:
+    """What one emulated node may use here, and the notice when that is less than the real size."""
+
+    cpus: float
+    memory_bytes: int
+    gpus: int
+    notice: str | None = None
+
+
+def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gpus: int = 0) -> NodeLimits:
+    """A node gets its size's CPUs and memory, capped at what this machine has (never refused)."""
+    cpus = float(min(size.vcpus, host_cpus))
+    memory = min(int(size.memory_gib * GIB), int(host_memory_bytes * 0.9))
+    gpus = min(size.gpus, host_gpus)
+    scaled = []
+    if cpus < size.vcpus:
+        scaled.append(f"{size.vcpus} vCPUs -> {cpus:g}")
+    if memory < size.memory_gib * GIB:
+        scaled.append(f"{size.memory_gib:g} GiB -> {memory / GIB:.1f} GiB")
+    if gpus < size.gpus:
+        scaled.append(f"{size.gpus} {size.gpu_model} GPUs -> {gpus}")
+    notice = f"{size.name} scaled to this machine: {', '.join(scaled)}" if scaled else None
+    return NodeLimits(cpus=cpus, memory_bytes=memory, gpus=gpus, notice=notice)

@@ -1,0 +1,157 @@
+"""Pure data: clusters, jobs and the run lifecycle. No I/O here; validation raises ConfigError."""
+from __future__ import annotations
+
+import enum
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import skus
+from .errors import ConfigError, StateError
+
+NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,23}$")  # AmlCompute: 2-24 chars, letter first
+
+
+class Priority(str, enum.Enum):
+    DEDICATED = "dedicated"
+    LOW_PRIORITY = "lowpriority"
+
+    @classmethod
+    def parse(cls, value: str) -> Priority:
+        # v1 says dedicated/lowpriority, v2's tier says dedicated/low_priority.
+        normalized = value.strip().lower().replace("_", "").replace("-", "")
+        for member in cls:
+            if member.value == normalized:
+                return member
+        raise ConfigError("vm_priority", f"'{value}' is not a priority", "use dedicated or lowpriority")
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """The fields of AmlCompute.provisioning_configuration (v1) / the AmlCompute entity (v2)."""
+
+    name: str
+    vm_size: str = "Standard_D2_v2"
+    vm_priority: Priority = Priority.DEDICATED
+    min_nodes: int = 0
+    max_nodes: int = 4
+    idle_seconds_before_scaledown: int = 120
+
+    def __post_init__(self) -> None:
+        if not NAME_RE.match(self.name):
+            raise ConfigError("name", f"'{self.name}' is not a valid compute name",
+                              "use 2-24 letters, digits or hyphens, starting with a letter")
+        object.__setattr__(self, "vm_size", skus.lookup(self.vm_size).name)
+        if not isinstance(self.vm_priority, Priority):
+            object.__setattr__(self, "vm_priority", Priority.parse(str(self.vm_priority)))
+        for name in ("min_nodes", "max_nodes", "idle_seconds_before_scaledown"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
+        if self.max_nodes < 1:
+            raise ConfigError("max_nodes", "must be at least 1")
+        if self.max_nodes < self.min_nodes:
+            raise ConfigError("max_nodes", f"{self.max_nodes} is below min_nodes {self.min_nodes}",
+                              "raise max_nodes or lower min_nodes")
+
+    @property
+    def size(self) -> skus.VmSize:
+        return skus.lookup(self.vm_size)
+
+
+class RunStatus(str, enum.Enum):
+    """Azure ML's run statuses, in lifecycle order."""
+
+    NOT_STARTED = "NotStarted"
+    QUEUED = "Queued"
+    PREPARING = "Preparing"
+    RUNNING = "Running"
+    FINALIZING = "Finalizing"
+    CANCEL_REQUESTED = "CancelRequested"
+    COMPLETED = "Completed"
+    FAILED = "Failed"
+    CANCELED = "Canceled"
+    NOT_RESPONDING = "NotResponding"
+
+    @property
+    def is_terminal(self) -> bool:
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
+
+    def can_become(self, target: RunStatus) -> bool:
+        return target in _TRANSITIONS[self]
+
+    def check_transition(self, target: RunStatus) -> None:
+        if not self.can_become(target):
+            raise StateError(f"a run cannot go from {self.value} to {target.value}")
+
+
+_ACTIVE = (RunStatus.NOT_STARTED, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
+           RunStatus.FINALIZING)
+_TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
+    RunStatus.NOT_STARTED: frozenset({RunStatus.QUEUED}),
+    RunStatus.QUEUED: frozenset({RunStatus.PREPARING}),
+    RunStatus.PREPARING: frozenset({RunStatus.RUNNING}),
+    RunStatus.RUNNING: frozenset({RunStatus.FINALIZING}),
+    RunStatus.FINALIZING: frozenset({RunStatus.COMPLETED, RunStatus.FAILED}),
+    RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
+    RunStatus.NOT_RESPONDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),
+    RunStatus.COMPLETED: frozenset(),
+    RunStatus.FAILED: frozenset(),
+    RunStatus.CANCELED: frozenset(),
+}
+for _status in _ACTIVE:
+    # Any active run can be canceled, can fail (gang failure, timeout, a lost node) or stop answering.
+    _TRANSITIONS[_status] = _TRANSITIONS[_status] | {RunStatus.CANCEL_REQUESTED, RunStatus.FAILED,
+                                                     RunStatus.NOT_RESPONDING}
+
+
+class DistributionType(str, enum.Enum):
+    NONE = "none"
+    MPI = "mpi"
+    PYTORCH = "pytorch"
+
+
+@dataclass(frozen=True)
+class Distribution:
+    type: DistributionType = DistributionType.NONE
+    process_count_per_instance: int = 1
+
+    def __post_init__(self) -> None:
+        if self.process_count_per_instance < 1:
+            raise ConfigError("distribution.process_count_per_instance",
+                              f"must be at least 1, got {self.process_count_per_instance}")
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A command job as the CLI v2 YAML describes it (datastore inputs come with datastores)."""
+
+    command: str
+    code: Path
+    compute: str
+    experiment_name: str
+    instance_count: int = 1
+    distribution: Distribution = field(default_factory=Distribution)
+    environment: str | None = None
+    environment_variables: dict[str, str] = field(default_factory=dict)
+    inputs: dict[str, str | int | float | bool] = field(default_factory=dict)
+    display_name: str | None = None
+    max_run_duration_seconds: int | None = None
+
+    def __post_init__(self) -> None:
+        if not self.command.strip():
+            raise ConfigError("command", "is empty", "give the command that starts the job")
+        if self.instance_count < 1:
+            raise ConfigError("resources.instance_count", f"must be at least 1, got {self.instance_count}")
+        if self.distribution.type is DistributionType.NONE and self.instance_count > 1:
+            raise ConfigError("distribution", f"instance_count {self.instance_count} needs a distribution",
+                              "add distribution: {type: mpi} or {type: pytorch}")
+        if self.max_run_duration_seconds is not None and self.max_run_duration_seconds < 1:
+            raise ConfigError("limits.timeout", f"must be a positive number of seconds, "
+                              f"got {self.max_run_duration_seconds}")
+
+    @property
+    def process_count(self) -> int:
+        per_node = 1 if self.distribution.type is DistributionType.NONE else \
+            self.distribution.process_count_per_instance
+        return self.instance_count * per_node

@@ -1,0 +1,226 @@
+"""All emulator state in one SQLite database, shared by the CLI, the Python API and run supervisors.
+
+Writers take `BEGIN IMMEDIATE` transactions, so node allocation across concurrent supervisors is
+serialised by SQLite itself; WAL lets readers (`amlemu job list`) go on meanwhile.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import NotFoundError, StateError
+from .specs import ClusterSpec, Priority, RunStatus
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS workspace (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, backend TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    cluster TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,
+    run_id TEXT, idle_since REAL, created_at REAL NOT NULL, address TEXT,
+    PRIMARY KEY (cluster, idx));
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, seq INTEGER NOT NULL, experiment TEXT NOT NULL, cluster TEXT NOT NULL,
+    status TEXT NOT NULL, job TEXT NOT NULL, created_at REAL NOT NULL, error TEXT,
+    supervisor_pid INTEGER, launch_pid INTEGER, nodes TEXT NOT NULL DEFAULT '[]', exit_code INTEGER);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
+"""
+
+WORKSPACE_DEFAULTS = {
+    "workspace_name": "amlemu-ws",
+    "subscription_id": "00000000-0000-0000-0000-000000000000",
+    "resource_group": "amlemu-rg",
+    "location": "local",
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    spec: ClusterSpec
+    backend: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Node:
+    cluster: str
+    idx: int
+    name: str
+    state: str  # creating | idle | busy
+    run_id: str | None
+    idle_since: float | None
+    created_at: float
+    address: str | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    seq: int
+    experiment: str
+    cluster: str
+    status: RunStatus
+    job: dict[str, Any]
+    created_at: float
+    error: str | None = None
+    supervisor_pid: int | None = None
+    launch_pid: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+
+
+def _cluster_to_json(spec: ClusterSpec) -> str:
+    return json.dumps({**spec.__dict__, "vm_priority": spec.vm_priority.value})
+
+
+def _cluster_from_json(text: str) -> ClusterSpec:
+    data = json.loads(text)
+    data["vm_priority"] = Priority(data["vm_priority"])
+    return ClusterSpec(**data)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def reset(self) -> None:
+        """Forget everything (tests; `amlemu cleanup` after it removed what the state names)."""
+        with self.transaction() as db:
+            for table in ("workspace", "clusters", "nodes", "runs", "events"):
+                db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
+
+    # --- workspace ---------------------------------------------------------------------------
+    def workspace(self) -> dict[str, str]:
+        stored = {r["key"]: r["value"] for r in self._db.execute("SELECT key, value FROM workspace")}
+        return {**WORKSPACE_DEFAULTS, **stored}
+
+    def set_workspace(self, **values: str) -> dict[str, str]:
+        unknown = set(values) - set(WORKSPACE_DEFAULTS)
+        if unknown:
+            raise StateError(f"unknown workspace field(s): {', '.join(sorted(unknown))}")
+        with self.transaction() as db:
+            for key, value in values.items():
+                db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
+        return self.workspace()
+
+    # --- clusters ----------------------------------------------------------------------------
+    def add_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM clusters WHERE name = ?", (spec.name,)).fetchone():
+                raise StateError(f"compute '{spec.name}' already exists; delete it first or pick another name")
+            db.execute("INSERT INTO clusters VALUES (?, ?, ?, ?)",
+                       (spec.name, _cluster_to_json(spec), backend, time.time()))
+        return self.cluster(spec.name)
+
+    def cluster(self, name: str) -> Cluster:
+        row = self._db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFoundError("compute", name, "create it with `amlemu compute create`")
+        return Cluster(_cluster_from_json(row["spec"]), row["backend"], row["created_at"])
+
+    def clusters(self) -> list[Cluster]:
+        rows = self._db.execute("SELECT name FROM clusters ORDER BY name").fetchall()
+        return [self.cluster(r["name"]) for r in rows]
+
+    def delete_cluster(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))
+            db.execute("DELETE FROM clusters WHERE name = ?", (name,))
+
+    # --- nodes -------------------------------------------------------------------------------
+    def nodes(self, cluster: str, db: sqlite3.Connection | None = None) -> list[Node]:
+        rows = (db or self._db).execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY idx", (cluster,))
+        return [Node(**dict(r)) for r in rows.fetchall()]
+
+    def set_node(self, db: sqlite3.Connection, node: Node) -> None:
+        db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (node.cluster, node.idx, node.name, node.state, node.run_id, node.idle_since,
+                    node.created_at, node.address))
+
+    def delete_node(self, db: sqlite3.Connection, cluster: str, idx: int) -> None:
+        db.execute("DELETE FROM nodes WHERE cluster = ? AND idx = ?", (cluster, idx))
+
+    # --- runs --------------------------------------------------------------------------------
+    def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any]) -> RunRecord:
+        with self.transaction() as db:
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
+            now = time.time()
+            db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, seq, experiment, cluster, RunStatus.NOT_STARTED.value, json.dumps(job), now))
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, now, RunStatus.NOT_STARTED.value, ""))
+        return self.run(run_id)
+
+    def run(self, run_id: str, db: sqlite3.Connection | None = None) -> RunRecord:
+        row = (db or self._db).execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("job", run_id, "list jobs with `amlemu job list`")
+        data = dict(row)
+        data["status"] = RunStatus(data["status"])
+        data["job"] = json.loads(data["job"])
+        data["nodes"] = json.loads(data["nodes"])
+        return RunRecord(**data)
+
+    def runs(self, experiment: str | None = None, cluster: str | None = None) -> list[RunRecord]:
+        query, args = "SELECT id FROM runs WHERE 1=1", []
+        if experiment:
+            query, args = query + " AND experiment = ?", [*args, experiment]
+        if cluster:
+            query, args = query + " AND cluster = ?", [*args, cluster]
+        return [self.run(r["id"]) for r in self._db.execute(query + " ORDER BY seq", args).fetchall()]
+
+    def set_status(self, run_id: str, status: RunStatus, detail: str = "",
+                   db: sqlite3.Connection | None = None, **fields: Any) -> RunRecord:
+        """Validated transition, recorded with its time; a no-op when already in `status`."""
+        if db is None:
+            with self.transaction() as tx:
+                return self.set_status(run_id, status, detail, db=tx, **fields)
+        current = self.run(run_id, db).status
+        if current is not status:
+            current.check_transition(status)
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, time.time(), status.value, detail))
+        self._update(db, run_id, status=status.value, **fields)
+        return self.run(run_id, db)
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self.transaction() as db:
+            self._update(db, run_id, **fields)
+
+    @staticmethod
+    def _update(db: sqlite3.Connection, run_id: str, **fields: Any) -> None:
+        if "nodes" in fields:
+            fields["nodes"] = json.dumps(fields["nodes"])
+        if fields:
+            columns = ", ".join(f"{name} = ?" for name in fields)
+            db.execute(f"UPDATE runs SET {columns} WHERE id = ?", (*fields.values(), run_id))  # noqa: S608
+
+    def events(self, run_id: str) -> list[tuple[float, RunStatus, str]]:
+        rows = self._db.execute("SELECT ts, status, detail FROM events WHERE run_id = ? ORDER BY ts, rowid",
+                                (run_id,))
+        return [(r["ts"], RunStatus(r["status"]), r["detail"]) for r in rows.fetchall()]

@@ -1,0 +1,284 @@
+"""One process per run, detached from whoever submitted it: it waits for nodes (Queued), prepares
+them (Preparing), launches the job the way AmlCompute does (Running), collects outputs and logs
+(Finalizing), sets the final status, and then stays to scale idle nodes down.
+
+    python -m emulator.supervisor <home> <run id>
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from . import cluster as autoscale
+from .backends import NodeRequest, get_backend
+from .contract import NodeSlot, launch_argv, node_env, node_workdir, rank_layout, run_env
+from .errors import AmlEmuError
+from .home import Home
+from .jobspec_io import job_from_record
+from .specs import DistributionType, JobSpec, RunStatus
+from .store import Store
+
+POLL = 0.1
+KILL_GRACE = 2.0
+TAG_RE = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
+MPI_EXIT_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+MPI_SIGNAL_RE = re.compile(r"rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+class RunLogs:
+    """AML v2 layout: user_logs/std_log_process_<N>.txt per process, system_logs/ for the platform."""
+
+    def __init__(self, run_dir: Path, processes: int) -> None:
+        self.user = run_dir / "user_logs"
+        self.system = run_dir / "system_logs"
+        self.user.mkdir(parents=True, exist_ok=True)
+        self.system.mkdir(parents=True, exist_ok=True)
+        self._files = {n: open(self.user / f"std_log_process_{n}.txt", "a", buffering=1) for n in range(processes)}
+        self._mpi = open(self.system / "mpi_log.txt", "a", buffering=1)
+        self._platform = open(self.system / "lifecycle.txt", "a", buffering=1)
+
+    def platform(self, line: str) -> None:
+        self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+    def pump(self, stream, tagged: bool) -> None:  # type: ignore[no-untyped-def]
+        for line in stream:
+            match = TAG_RE.match(line) if tagged else None
+            if match:
+                self._files.get(int(match.group(1)), self._mpi).write(match.group(3))
+            elif tagged:
+                self._mpi.write(line)
+            else:
+                self._files[0].write(line)
+
+    def close(self) -> None:
+        for fh in [*self._files.values(), self._mpi, self._platform]:
+            fh.close()
+
+
+def tail(path: Path, lines: int = 10) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, lost: list[str]) -> str:
+    """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log."""
+    if lost:
+        return f"node {', '.join(lost)} was lost (its container or processes stopped) while the job ran"
+    match = MPI_EXIT_RE.search(mpi_log)
+    signal_match = MPI_SIGNAL_RE.search(mpi_log)
+    if match or signal_match:
+        rank = int((match or signal_match).group(1))
+        what = f"exit code {match.group(2)}" if match else f"signal {signal_match.group(3)}"
+        node = next((r.node for r in layout if r.rank == rank), "?")
+        log = user_logs / f"std_log_process_{rank}.txt"
+        return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
+                f"Last lines of {log.name}:\n{tail(log)}")
+    log = user_logs / "std_log_process_0.txt"
+    return f"the job exited with code {exit_code}. Last lines of {log.name}:\n{tail(log)}"
+
+
+class Supervisor:
+    def __init__(self, home: Home, run_id: str) -> None:
+        self.home, self.run_id = home, run_id
+        self.store = Store(home.db)
+        record = self.store.run(run_id)
+        self.job: JobSpec = job_from_record(record.job)
+        self.cluster = self.store.cluster(record.cluster)
+        self.backend = get_backend(self.cluster.backend, home)
+        self.run_dir = home.run_dir(run_id)
+        self.logs = RunLogs(self.run_dir, self.job.process_count)
+        self.requests: list[NodeRequest] = []
+
+    # --- helpers -----------------------------------------------------------------------------
+    def status(self) -> RunStatus:
+        return self.store.run(self.run_id).status
+
+    def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
+        self.store.set_status(self.run_id, status, detail, **fields)
+        self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
+
+    def canceled(self) -> bool:
+        return self.status() is RunStatus.CANCEL_REQUESTED
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            allocation = self.wait_for_nodes()
+            if allocation is None:
+                return
+            slots = self.prepare(allocation)
+            if slots is None:
+                return
+            self.execute(slots)
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the run must end in a terminal state
+            self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
+            self.fail_or_cancel(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
+            self.cleanup_nodes(dead=set())
+        finally:
+            self.logs.close()
+        self.linger()
+
+    def wait_for_nodes(self) -> autoscale.Allocation | None:
+        self.logs.platform(f"waiting for {self.job.instance_count} node(s) of {self.cluster.spec.name}")
+        while True:
+            if self.canceled():
+                self.set(RunStatus.CANCELED, "canceled while queued")
+                return None
+            allocation = autoscale.try_allocate(self.store, self.cluster.spec, self.run_id, self.job.instance_count)
+            if allocation:
+                return allocation
+            time.sleep(POLL)
+
+    def prepare(self, allocation: autoscale.Allocation) -> list[NodeSlot] | None:
+        spec = self.cluster.spec
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.environment) for n in allocation.nodes]
+        new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
+        if new:
+            self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
+            autoscale.create_nodes(self.store, self.backend, new)
+        addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
+        snapshot = self.run_dir / "snapshot"
+        for request in self.requests:
+            wd = request.node_dir / "cr" / "j" / self.run_id / "exe" / "wd"
+            shutil.copytree(snapshot, wd, dirs_exist_ok=True)
+            for sub in ("outputs", "logs"):
+                (wd / sub).mkdir(exist_ok=True)
+        slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
+        workspace = self.store.workspace()
+        plan = {
+            "backend": self.backend.name,
+            "as_root": os.geteuid() == 0,
+            "runs_dir": str(self.home.root / "runs"),
+            "env": run_env(self.job, self.run_id, workspace, slots),
+            "hosts": {r.name: {**self.backend.agent_entry(r), "env": node_env(self.job, slot)}
+                      for r, slot in zip(self.requests, slots)},
+        }
+        plan_file = self.run_dir / "agent-plan.json"
+        plan_file.touch(mode=0o600)
+        plan_file.write_text(json.dumps(plan))  # job variables may hold secrets: owner-only file
+        if self.canceled():
+            self.set(RunStatus.CANCELED, "canceled while preparing")
+            self.cleanup_nodes(dead=set())
+            return None
+        return slots
+
+    def execute(self, slots: list[NodeSlot]) -> None:
+        agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
+        argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0)
+        (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
+        env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
+        env.pop("MLFLOW_TRACKING_URI", None)  # a variable of the submitter's shell must not leak in
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, errors="replace")
+        self.set(RunStatus.RUNNING, f"launched {self.job.process_count} process(es) on {len(slots)} node(s)",
+                 launch_pid=proc.pid)
+        tagged = self.job.distribution.type is not DistributionType.NONE
+        pump = threading.Thread(target=self.logs.pump, args=(proc.stdout, tagged), daemon=True)
+        pump.start()
+        started, outcome = time.monotonic(), None
+        limit = self.job.max_run_duration_seconds
+        while proc.poll() is None:
+            if self.canceled():
+                outcome = "canceled"
+            elif limit and time.monotonic() - started > limit:
+                outcome = "timeout"
+            if outcome:
+                self.stop(proc)
+                break
+            time.sleep(POLL)
+        exit_code = proc.wait()
+        pump.join(timeout=5)
+        lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
+        self.finalize(outcome, exit_code, lost)
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """SIGTERM the launch (mpirun passes it to every rank), SIGKILL what is left after a grace."""
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for request in self.requests:
+            self.backend.stop_processes(request)
+
+    def node_states(self) -> list[bool]:
+        alive = {n.name: n.running for n in self.backend.list_nodes() if n.cluster == self.cluster.spec.name}
+        return [alive.get(r.name, False) for r in self.requests]
+
+    def finalize(self, outcome: str | None, exit_code: int, lost: list[str]) -> None:
+        if outcome != "canceled":
+            self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
+        self.collect()
+        self.cleanup_nodes(dead=set(lost))
+        if outcome == "canceled":
+            self.set(RunStatus.CANCELED, "canceled by request; every process was stopped", exit_code=exit_code)
+        elif outcome == "timeout":
+            self.set(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
+                     f"{self.job.max_run_duration_seconds}) and was stopped", exit_code=exit_code,
+                     error=f"exceeded max_run_duration_seconds={self.job.max_run_duration_seconds}")
+        elif exit_code == 0 and not lost:
+            self.set(RunStatus.COMPLETED, exit_code=0)
+        else:
+            layout = rank_layout(self.job, [NodeSlot(i, r.name, "") for i, r in enumerate(self.requests)])
+            mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
+            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost)
+            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
+
+    def fail_or_cancel(self, reason: str) -> None:
+        status = RunStatus.CANCELED if self.canceled() else RunStatus.FAILED
+        if not self.status().is_terminal:
+            self.set(status, reason, error=reason)
+
+    def collect(self) -> None:
+        """./outputs and ./logs of every node into the run's record (also after a failure)."""
+        for request in self.requests:
+            wd = request.node_dir / "cr" / "j" / self.run_id / "exe" / "wd"
+            for sub in ("outputs", "logs"):
+                if (wd / sub).is_dir():
+                    shutil.copytree(wd / sub, self.run_dir / sub, dirs_exist_ok=True)
+
+    def cleanup_nodes(self, dead: set[str]) -> None:
+        """Stop the run's processes, drop its files from the nodes; lost or half-made nodes go."""
+        for request in self.requests:
+            self.backend.stop_processes(request)
+            shutil.rmtree(request.node_dir / "cr" / "j" / self.run_id, ignore_errors=True)
+        for node in autoscale.release(self.store, self.cluster.spec.name, self.run_id, dead):
+            self.logs.platform(f"removing node {node.name}")
+            self.backend.remove_node(autoscale.node_request(self.home, self.cluster.spec, node.idx))
+
+    def linger(self) -> None:
+        """Stay while this cluster has idle nodes to scale down; the last supervisor out removes them."""
+        spec = self.cluster.spec
+        while (expiry := autoscale.next_expiry(self.store, spec)) is not None:
+            time.sleep(max(POLL, min(expiry - time.time(), 5.0)))
+            try:
+                self.store.cluster(spec.name)
+            except AmlEmuError:
+                return  # the cluster was deleted meanwhile
+            autoscale.scale_down(self.store, spec, lambda n: self.backend.remove_node(
+                autoscale.node_request(self.home, spec, n.idx)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    home_root, run_id = (sys.argv[1:] if argv is None else argv)[:2]
+    Supervisor(Home.at(home_root), run_id).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
