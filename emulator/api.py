@@ -105,6 +105,7 @@ class Run:
         if record.error:
             lines.append(f"Error: {record.error}")
         lines.append(f"Outputs: {self.outputs}")
+        lines.append(f"Logs: {self.dir / 'user_logs'}")
         return "\n".join(lines)
 
     def metrics(self) -> dict[str, Any]:
@@ -166,14 +167,10 @@ class Emulator:
         name, why = resolve_backend(backend or self.default_backend)
         be = get_backend(name, self.home)
         requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
-        limits = autoscale.node_request(self.home, spec, 0)
-        from .skus import node_limits  # noqa: PLC0415
-
-        notice = node_limits(spec.size, host_cpus=os.cpu_count() or 1,
-                             host_memory_bytes=psutil.virtual_memory().total).notice
+        limits = autoscale.limits_here(spec)
         return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": name,
                 "backend_note": why, "node_limits": {"cpus": limits.cpus, "memory_bytes": limits.memory_bytes},
-                "notice": notice, "nodes_now": [be.plan_node(r) for r in requests]}
+                "notice": limits.notice, "nodes_now": [be.plan_node(r) for r in requests]}
 
     def create_compute(self, spec: ClusterSpec, backend: str | None = None) -> Cluster:
         plan = self.plan_compute(spec, backend)
@@ -214,8 +211,8 @@ class Emulator:
         shutil.rmtree(self.home.root / "nodes" / name, ignore_errors=True)
 
     # --- jobs --------------------------------------------------------------------------------
-    def _job(self, job: JobSpec | str | Path) -> JobSpec:
-        return job if isinstance(job, JobSpec) else load_job(job)
+    def _job(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> JobSpec:
+        return job if isinstance(job, JobSpec) else load_job(job, overrides)
 
     def _check_fits(self, job: JobSpec) -> Cluster:
         cluster = self.store.cluster(job.compute)
@@ -225,9 +222,10 @@ class Emulator:
                                 f"or raise the cluster's max_nodes")
         return cluster
 
-    def plan_job(self, job: JobSpec | str | Path, run_id: str = "<run id>") -> dict[str, Any]:
+    def plan_job(self, job: JobSpec | str | Path, run_id: str = "<run id>",
+                 overrides: list[str] | None = None) -> dict[str, Any]:
         """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
-        job = self._job(job)
+        job = self._job(job, overrides)
         cluster = self._check_fits(job)
         backend = get_backend(cluster.backend, self.home)
         slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
@@ -235,16 +233,17 @@ class Emulator:
         agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
         return {
             "run_id": run_id, "compute": job.compute, "backend": cluster.backend,
-            "nodes": [backend.plan_node(autoscale.node_request(self.home, cluster.spec, i, job.environment))
+            "nodes": [backend.plan_node(autoscale.node_request(self.home, cluster.spec, i, job.image))
                       for i in range(job.instance_count)],
             "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0),
-            "env": run_env(job, run_id, self.workspace(), slots),
+            "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpus),
             "node_env": {s.name: node_env(job, s) for s in slots},
             "ranks": [r.__dict__ for r in rank_layout(job, slots)],
         }
 
-    def submit(self, job: JobSpec | str | Path) -> Run:
-        job = self._job(job)
+    def submit(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> Run:
+        """Snapshot the code, queue the run, and hand it to its own supervisor process."""
+        job = self._job(job, overrides)
         self._check_fits(job)
         self.reconcile()
         run_id = new_run_id()

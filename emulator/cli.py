@@ -1,2 +1,341 @@
-def main():
-    raise SystemExit("cli: not yet")
+"""`amlemu`: the command line, with verbs shaped after `az ml` (compute, job, workspace)."""
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from .api import Emulator, Run
+from .errors import AmlEmuError, ConfigError
+from .specs import ClusterSpec, Priority
+
+console = Console()
+err_console = Console(stderr=True)
+
+COMPUTE_FIELDS = {"$schema", "name", "type", "size", "min_instances", "max_instances",
+                  "idle_time_before_scale_down", "tier", "description", "location", "identity"}
+
+
+def compute_from_dict(data: dict[str, Any]) -> ClusterSpec:
+    """The `az ml compute create -f` YAML (v2 names) -> ClusterSpec."""
+    unknown = sorted(set(data) - COMPUTE_FIELDS)
+    if unknown:
+        raise ConfigError(unknown[0], "unknown field", f"known fields: {', '.join(sorted(COMPUTE_FIELDS))}")
+    if str(data.get("type", "amlcompute")).lower() != "amlcompute":
+        raise ConfigError("type", f"'{data['type']}' is not emulated", "use type: amlcompute")
+    if "name" not in data:
+        raise ConfigError("name", "missing", "give the compute a name")
+    return ClusterSpec(
+        name=str(data["name"]), vm_size=str(data.get("size", "Standard_D2_v2")),
+        vm_priority=Priority.parse(str(data.get("tier", "dedicated"))),
+        min_nodes=data.get("min_instances", 0), max_nodes=data.get("max_instances", 4),
+        idle_seconds_before_scaledown=data.get("idle_time_before_scale_down", 120))
+
+
+def handle_errors(fn):  # type: ignore[no-untyped-def]
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+        try:
+            return fn(*args, **kwargs)
+        except AmlEmuError as exc:
+            err_console.print(f"amlemu: error: {exc}", markup=False, highlight=False)
+            sys.exit(1)
+    return wrapper
+
+
+def emit(data: Any, output: str, human) -> None:  # type: ignore[no-untyped-def]
+    if output == "json":
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        human(data)
+
+
+output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
+                             show_default=True, help="json for scripts")
+
+
+@click.group()
+@click.option("--home", envvar="AMLEMU_HOME", type=click.Path(path_type=Path), default=None,
+              help="emulator home (the emulated workspace); default $AMLEMU_HOME or ~/.amlemu")
+@click.pass_context
+def cli(ctx: click.Context, home: Path | None) -> None:
+    """amlemu: an Azure ML Compute cluster on this machine."""
+    ctx.obj = functools.partial(Emulator, home)
+
+
+def _emu(ctx: click.Context, backend: str | None = None) -> Emulator:
+    return ctx.obj(backend=backend)
+
+
+# --- workspace -----------------------------------------------------------------------------------
+@cli.group()
+def workspace() -> None:
+    """The emulated workspace (placeholders for subscription, resource group, name)."""
+
+
+@workspace.command("show")
+@output_option
+@click.pass_context
+@handle_errors
+def workspace_show(ctx: click.Context, output: str) -> None:
+    emu = _emu(ctx)
+    data = {**emu.workspace(), "home": str(emu.home.root)}
+    emit(data, output, lambda d: [console.print(f"{k}: {v}", highlight=False) for k, v in d.items()])
+
+
+@workspace.command("set")
+@click.option("--name", "workspace_name")
+@click.option("--subscription-id")
+@click.option("--resource-group")
+@click.option("--location")
+@click.pass_context
+@handle_errors
+def workspace_set(ctx: click.Context, **values: str | None) -> None:
+    ws = _emu(ctx).store.set_workspace(**{k: v for k, v in values.items() if v})
+    console.print(f"workspace {ws['workspace_name']} updated", highlight=False)
+
+
+@workspace.command("config")
+@click.option("--path", type=click.Path(path_type=Path), default=Path("config.json"), show_default=True)
+@click.pass_context
+@handle_errors
+def workspace_config(ctx: click.Context, path: Path) -> None:
+    """Write config.json for Workspace.from_config() / MLClient.from_config()."""
+    console.print(f"wrote {_emu(ctx).write_config(path)}", highlight=False)
+
+
+# --- compute -------------------------------------------------------------------------------------
+@cli.group()
+def compute() -> None:
+    """AmlCompute clusters."""
+
+
+@compute.command("create")
+@click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="compute YAML (az ml schema)")
+@click.option("--name")
+@click.option("--size", default="Standard_D2_v2", show_default=True, help="Azure VM size")
+@click.option("--min-instances", type=int, default=0, show_default=True)
+@click.option("--max-instances", type=int, default=4, show_default=True)
+@click.option("--idle-time-before-scale-down", type=int, default=120, show_default=True, help="seconds")
+@click.option("--tier", default="dedicated", show_default=True, help="dedicated | low_priority")
+@click.option("--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
+              help="how nodes are made (default $AMLEMU_BACKEND or auto)")
+@click.option("--dry-run", is_flag=True, help="print what would be created, create nothing")
+@output_option
+@click.pass_context
+@handle_errors
+def compute_create(ctx: click.Context, file: Path | None, name: str | None, size: str, min_instances: int,
+                   max_instances: int, idle_time_before_scale_down: int, tier: str, backend: str | None,
+                   dry_run: bool, output: str) -> None:
+    if file:
+        spec = compute_from_dict(yaml.safe_load(file.read_text()) or {})
+    else:
+        if not name:
+            raise ConfigError("--name", "missing", "give --name or -f compute.yml")
+        spec = compute_from_dict({"name": name, "size": size, "min_instances": min_instances,
+                                  "max_instances": max_instances, "tier": tier,
+                                  "idle_time_before_scale_down": idle_time_before_scale_down})
+    emu = _emu(ctx, backend)
+    plan = emu.plan_compute(spec)
+    if plan["notice"]:
+        err_console.print(f"notice: {plan['notice']}", highlight=False)
+    err_console.print(plan["backend_note"], highlight=False)
+    if dry_run:
+        click.echo(json.dumps(plan, indent=2, default=str))
+        return
+    with err_console.status(f"creating {spec.name} ({spec.min_nodes} node(s) now)"):
+        emu.create_compute(spec)
+    _show_compute(emu, spec.name, output)
+
+
+@compute.command("list")
+@output_option
+@click.pass_context
+@handle_errors
+def compute_list(ctx: click.Context, output: str) -> None:
+    emu = _emu(ctx)
+    rows = [_compute_data(emu, c.spec.name) for c in emu.computes()]
+
+    def human(data: list[dict[str, Any]]) -> None:
+        table = Table("name", "size", "tier", "nodes (busy/idle)", "min", "max", "backend")
+        for d in data:
+            table.add_row(d["name"], d["vm_size"], d["vm_priority"], f"{d['busy']}/{d['idle']}",
+                          str(d["min_nodes"]), str(d["max_nodes"]), d["backend"])
+        console.print(table)
+    emit(rows, output, human)
+
+
+def _compute_data(emu: Emulator, name: str) -> dict[str, Any]:
+    cluster = emu.compute(name)
+    nodes = emu.store.nodes(name)
+    return {**cluster.spec.__dict__, "vm_priority": cluster.spec.vm_priority.value, "backend": cluster.backend,
+            "busy": sum(n.state == "busy" for n in nodes), "idle": sum(n.state == "idle" for n in nodes),
+            "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address} for n in nodes]}
+
+
+@compute.command("show")
+@click.argument("name")
+@output_option
+@click.pass_context
+@handle_errors
+def compute_show(ctx: click.Context, name: str, output: str) -> None:
+    _show_compute(_emu(ctx), name, output)
+
+
+def _show_compute(emu: Emulator, name: str, output: str) -> None:
+    def human(d: dict[str, Any]) -> None:
+        console.print(f"{d['name']}: {d['vm_size']}, {d['vm_priority']}, {d['min_nodes']}-{d['max_nodes']} "
+                      f"nodes, scale down after {d['idle_seconds_before_scaledown']} s idle ({d['backend']})",
+                      highlight=False)
+        for n in d["nodes"]:
+            console.print(f"  {n['name']}  {n['state']}  {n['address'] or ''}  {n['run'] or ''}", highlight=False)
+    emit(_compute_data(emu, name), output, human)
+
+
+@compute.command("delete")
+@click.argument("name")
+@click.pass_context
+@handle_errors
+def compute_delete(ctx: click.Context, name: str) -> None:
+    _emu(ctx).delete_compute(name)
+    console.print(f"deleted compute {name}", highlight=False)
+
+
+# --- jobs ----------------------------------------------------------------------------------------
+@cli.group()
+def job() -> None:
+    """Jobs (runs) on the emulated clusters."""
+
+
+def _run_data(run: Run) -> dict[str, Any]:
+    record = run.record
+    return {"name": run.id, "experiment": record.experiment, "compute": record.cluster,
+            "status": record.status.value, "error": record.error, "outputs": str(run.outputs),
+            "logs": str(run.dir / "user_logs"),
+            "history": [{"time": ts, "status": st.value, "detail": d} for ts, st, d in run.events()]}
+
+
+@job.command("create")
+@click.option("-f", "--file", "file", type=click.Path(path_type=Path), required=True, help="job YAML (CLI v2)")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="override a field of the YAML, as az ml does (e.g. inputs.data.path=./data)")
+@click.option("--stream", is_flag=True, help="stream rank 0's log until the job ends")
+@click.option("--dry-run", is_flag=True, help="print the nodes, launch command and environment; run nothing")
+@output_option
+@click.pass_context
+@handle_errors
+def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], stream: bool, dry_run: bool,
+               output: str) -> None:
+    emu = _emu(ctx)
+    if dry_run:
+        click.echo(json.dumps(emu.plan_job(file, overrides=list(overrides)), indent=2, default=str))
+        return
+    run = emu.submit(file, overrides=list(overrides))
+    if stream:
+        status = run.wait(show_output=True)
+        _print_metrics(run)
+        sys.exit(0 if status.value == "Completed" else 1)
+    emit(_run_data(run), output, lambda d: console.print(
+        f"submitted {d['name']} to {d['compute']} (status {d['status']}); "
+        f"follow it with: amlemu job stream {d['name']}", highlight=False))
+
+
+def _print_metrics(run: Run) -> None:
+    metrics = run.metrics()
+    if metrics:
+        console.print("Metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())), highlight=False)
+
+
+@job.command("list")
+@click.option("--experiment", default=None, help="only this experiment's jobs")
+@output_option
+@click.pass_context
+@handle_errors
+def job_list(ctx: click.Context, experiment: str | None, output: str) -> None:
+    emu = _emu(ctx)
+    emu.reconcile()
+    rows = [_run_data(r) for r in emu.runs(experiment)]
+
+    def human(data: list[dict[str, Any]]) -> None:
+        table = Table("name", "experiment", "compute", "status")
+        for d in data:
+            table.add_row(d["name"], d["experiment"], d["compute"], d["status"])
+        console.print(table)
+    emit([{k: v for k, v in r.items() if k != "history"} for r in rows], output, human)
+
+
+@job.command("show")
+@click.argument("name")
+@output_option
+@click.pass_context
+@handle_errors
+def job_show(ctx: click.Context, name: str, output: str) -> None:
+    emu = _emu(ctx)
+    emu.reconcile()
+    run = emu.run(name)
+    data = {**_run_data(run), "metrics": run.metrics()}
+
+    def human(d: dict[str, Any]) -> None:
+        console.print(f"{d['name']} ({d['experiment']}) on {d['compute']}: {d['status']}", highlight=False)
+        if d["error"]:
+            console.print(f"error: {d['error']}", highlight=False, markup=False)
+        first = d["history"][0]["time"] if d["history"] else 0
+        for h in d["history"]:
+            console.print(f"  +{h['time'] - first:7.2f}s  {h['status']:<16} {h['detail'].splitlines()[0] if h['detail'] else ''}",
+                          highlight=False, markup=False)
+        for k, v in sorted(d["metrics"].items()):
+            console.print(f"  {k} = {v:.6g}", highlight=False)
+        console.print(f"outputs: {d['outputs']}\nlogs: {d['logs']}", highlight=False)
+    emit(data, output, human)
+
+
+@job.command("stream")
+@click.argument("name")
+@click.pass_context
+@handle_errors
+def job_stream(ctx: click.Context, name: str) -> None:
+    run = _emu(ctx).run(name)
+    status = run.wait(show_output=True)
+    _print_metrics(run)
+    sys.exit(0 if status.value == "Completed" else 1)
+
+
+@job.command("cancel")
+@click.argument("name")
+@click.pass_context
+@handle_errors
+def job_cancel(ctx: click.Context, name: str) -> None:
+    run = _emu(ctx).run(name)
+    run.cancel()
+    status = run.wait(timeout=30)
+    console.print(f"{name}: {status.value}", highlight=False)
+
+
+@job.command("download")
+@click.argument("name")
+@click.option("--download-path", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@click.pass_context
+@handle_errors
+def job_download(ctx: click.Context, name: str, download_path: Path) -> None:
+    console.print(f"downloaded to {_emu(ctx).run(name).download(download_path)}", highlight=False)
+
+
+@cli.command()
+@click.option("--all", "all_homes", is_flag=True, help="also what other emulator homes left behind")
+@click.pass_context
+@handle_errors
+def cleanup(ctx: click.Context, all_homes: bool) -> None:
+    """Stop every job and remove every node, network and record the emulator created."""
+    gone = _emu(ctx).cleanup(all_homes=all_homes)
+    console.print(f"removed {len(gone)} item(s)" + "".join(f"\n  {g}" for g in gone), highlight=False)
+
+
+def main() -> None:
+    cli(prog_name="amlemu")

@@ -26,9 +26,13 @@ class Allocation:
     new: list[Node]  # those that must be created first
 
 
+def limits_here(spec: ClusterSpec):  # type: ignore[no-untyped-def]
+    return node_limits(spec.size, host_cpus=os.cpu_count() or 1, host_memory_bytes=psutil.virtual_memory().total,
+                       nodes=spec.max_nodes)
+
+
 def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None) -> NodeRequest:
-    limits = node_limits(spec.size, host_cpus=os.cpu_count() or 1,
-                         host_memory_bytes=psutil.virtual_memory().total)
+    limits = limits_here(spec)
     return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
                        memory_bytes=limits.memory_bytes, node_dir=home.node_dir(spec.name, f"{spec.name}-node-{index}"),
                        runs_dir=home.root / "runs", image=image)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
+from .jobyaml import substitute_bindings
 from .mpi import MpiLaunch, mpirun_argv
-from .specs import DistributionType, JobSpec
+from .specs import DataInput, DistributionType, JobSpec
 
 NODE_ROOT = "/mnt/azureml"
 RUNS_ROOT = "/mnt/amlemu/runs"
@@ -38,6 +39,24 @@ def node_workdir(run_id: str) -> str:
     return f"{NODE_ROOT}/cr/j/{run_id}/exe/wd"
 
 
+def input_dir(run_id: str, name: str) -> str:
+    """Where AmlCompute materialises a data input on the node."""
+    return f"{NODE_ROOT}/cr/j/{run_id}/cap/data-capability/wd/INPUT_{name}"
+
+
+def input_path(run_id: str, name: str, data: DataInput) -> str:
+    """What ${{inputs.<name>}} resolves to on the node (a uri_file's path is the file's)."""
+    folder = input_dir(run_id, name)
+    return f"{folder}/{data.path.rsplit('/', 1)[-1]}" if data.type == "uri_file" else folder
+
+
+def resolve_command(job: JobSpec, run_id: str) -> str:
+    """The command with ${{inputs.x}} replaced: literals by their value, data by its node path."""
+    values = {name: input_path(run_id, name, v) if isinstance(v, DataInput) else str(v)
+              for name, v in job.inputs.items()}
+    return substitute_bindings(job.command, values)
+
+
 def node_run_record(run_id: str) -> str:
     return f"{RUNS_ROOT}/{run_id}"
 
@@ -52,8 +71,14 @@ def rank_layout(job: JobSpec, nodes: list[NodeSlot]) -> list[Rank]:
     return [Rank(n * per_node + local, node.name, local) for n, node in enumerate(nodes) for local in range(per_node)]
 
 
-def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[NodeSlot]) -> dict[str, str]:
-    """What every process of the run sees, whatever its node."""
+def threads_per_process(job: JobSpec, node_cpus: float) -> int:
+    return max(1, int(node_cpus) // (job.process_count // job.instance_count))
+
+
+def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[NodeSlot],
+            node_cpus: float) -> dict[str, str]:
+    """What every process of the run sees, whatever its node. Unlike real nodes, emulated nodes
+    share this machine's cores: OMP_NUM_THREADS tells each process its share (the job may override)."""
     head = nodes[0]
     env = {
         "AZUREML_RUN_ID": run_id,
@@ -67,6 +92,7 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
         "AZUREML_NODE_COUNT": str(job.instance_count),
         "MLFLOW_TRACKING_URI": tracking_uri(node_run_record(run_id)),
         "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
+        "OMP_NUM_THREADS": str(threads_per_process(job, node_cpus)),
     }
     if job.instance_count > 1:
         env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
@@ -91,10 +117,11 @@ def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:
 _PYTORCH_RANKS = 'export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"'
 
 
-def process_argv(job: JobSpec) -> list[str]:
+def process_argv(job: JobSpec, run_id: str) -> list[str]:
+    command = resolve_command(job, run_id)
     if job.distribution.type is DistributionType.PYTORCH:
-        return ["/bin/bash", "-c", _PYTORCH_RANKS, "amlemu-rank", job.command]
-    return ["/bin/bash", "-c", job.command]
+        return ["/bin/bash", "-c", _PYTORCH_RANKS, "amlemu-rank", command]
+    return ["/bin/bash", "-c", command]
 
 
 def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool) -> list[str]:
@@ -104,9 +131,9 @@ def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str,
         raise ValueError(f"{job.instance_count} nodes needed, {len(nodes)} given")
     if job.distribution.type is DistributionType.NONE:
         # One process, no MPI: the agent runs it on the node (the command travels as ssh's would).
-        return [agent, nodes[0].name, f"cd {shlex.quote(node_workdir(run_id))} && exec {shlex.join(process_argv(job))}"]
+        return [agent, nodes[0].name, f"cd {shlex.quote(node_workdir(run_id))} && exec {shlex.join(process_argv(job, run_id))}"]
     per_node = job.process_count // job.instance_count
-    launch = MpiLaunch(program=process_argv(job), nprocs=job.process_count,
+    launch = MpiLaunch(program=process_argv(job, run_id), nprocs=job.process_count,
                        hosts=[(node.name, per_node) for node in nodes], as_root=as_root,
                        tag_output=True)
     argv = mpirun_argv(launch)

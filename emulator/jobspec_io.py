@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .specs import Distribution, DistributionType, JobSpec
+from .specs import DataInput, Distribution, DistributionType, InputMode, JobSpec
 
 
 def job_to_record(job: JobSpec) -> dict[str, Any]:
@@ -14,13 +14,17 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "distribution": {"type": job.distribution.type.value,
                          "process_count_per_instance": job.distribution.process_count_per_instance},
         "environment": job.environment, "environment_variables": dict(job.environment_variables),
-        "inputs": dict(job.inputs), "display_name": job.display_name,
+        "inputs": {k: {"type": v.type, "path": v.path, "mode": v.mode.value} if isinstance(v, DataInput) else v
+                   for k, v in job.inputs.items()},
+        "display_name": job.display_name,
         "max_run_duration_seconds": job.max_run_duration_seconds,
     }
 
 
 def job_from_record(data: dict[str, Any]) -> JobSpec:
     dist = data["distribution"]
-    return JobSpec(**{**data, "code": Path(data["code"]),
+    inputs = {k: DataInput(v["type"], v["path"], InputMode(v["mode"])) if isinstance(v, dict) else v
+              for k, v in data["inputs"].items()}
+    return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs,
                       "distribution": Distribution(DistributionType(dist["type"]),
                                                    dist["process_count_per_instance"])})

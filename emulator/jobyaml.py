@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .specs import Distribution, DistributionType, JobSpec
+from .specs import DataInput, Distribution, DistributionType, InputMode, JobSpec
 
 KNOWN_FIELDS = {
     "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",
@@ -23,9 +23,27 @@ KNOWN_FIELDS = {
 DISTRIBUTION_FIELDS = {"type", "process_count_per_instance"}
 RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
 BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
+INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
 
 
-def load_job(path: str | Path) -> JobSpec:
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`az ml job create --set a.b.c=value`: set (or add) a nested field before validation."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", f"'{item}' is not key=value", "write e.g. --set inputs.data.path=./data")
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}", f"{part} holds a value, not fields")
+            node = child
+        node[last] = yaml.safe_load(raw) if raw else ""
+    return data
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     path = Path(path)
     try:
         text = path.read_text()
@@ -38,6 +56,8 @@ def load_job(path: str | Path) -> JobSpec:
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
         raise ConfigError(str(path), f"YAML syntax error{where}: {problem}") from None
+    if overrides:
+        data = apply_overrides(data if isinstance(data, dict) else {}, overrides)
     return job_from_dict(data, base_dir=path.parent)
 
 
@@ -61,16 +81,40 @@ def _int(value: Any, field: str) -> int:
     return value
 
 
-def resolve_bindings(command: str, inputs: dict[str, Any]) -> str:
-    """Replace ${{inputs.x}} with the input's value; any other binding is an error naming it."""
-    def substitute(match: re.Match[str]) -> str:
+def check_bindings(command: str, inputs: dict[str, Any]) -> None:
+    """Every ${{...}} in the command must name a defined input."""
+    for match in BINDING_RE.finditer(command):
         ref = match.group(1)
         kind, _, name = ref.partition(".")
-        if kind == "inputs" and name in inputs:
-            return str(inputs[name])
-        raise ConfigError("command", f"${{{{{ref}}}}} refers to nothing",
-                          f"define it under inputs (known: {', '.join(sorted(inputs)) or 'none'})")
-    return BINDING_RE.sub(substitute, command)
+        if kind != "inputs" or name not in inputs:
+            raise ConfigError("command", f"${{{{{ref}}}}} refers to nothing",
+                              f"define it under inputs (known: {', '.join(sorted(inputs)) or 'none'})")
+
+
+def substitute_bindings(command: str, values: dict[str, str]) -> str:
+    return BINDING_RE.sub(lambda m: values[m.group(1).partition(".")[2]], command)
+
+
+def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
+    field = f"inputs.{name}"
+    _check_fields(value, INPUT_FIELDS, f"{field}.")
+    path = value.get("path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{field}.path", "missing", "give a local path or an azureml:// URI")
+    if path.startswith(("azureml:", "https:", "wasbs:", "abfss:")):
+        raise ConfigError(f"{field}.path", f"{path}: datastore and cloud URIs are not emulated yet",
+                          f"use a local folder, e.g. --set {field}.path=<folder>")
+    local = (base_dir / Path(path).expanduser()).resolve()
+    kind = str(value.get("type", "uri_folder"))
+    if not (local.is_dir() if kind == "uri_folder" else local.is_file()):
+        raise ConfigError(f"{field}.path", f"{local} is not an existing {'folder' if kind == 'uri_folder' else 'file'}")
+    mode = str(value.get("mode", "ro_mount"))
+    try:
+        input_mode = InputMode(mode)
+    except ValueError:
+        raise ConfigError(f"{field}.mode", f"'{mode}' is not emulated for inputs",
+                          f"use one of: {', '.join(m.value for m in InputMode)}") from None
+    return DataInput(kind, str(local), input_mode)
 
 
 def script_of(command: str) -> str | None:
@@ -111,14 +155,11 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         raise ConfigError("compute", "missing", "set compute: azureml:<cluster name>")
     compute = compute.removeprefix("azureml:")
 
-    inputs = {}
+    inputs: dict[str, Any] = {}
     for name, value in _mapping(data.get("inputs"), "inputs").items():
-        if isinstance(value, dict):
-            raise ConfigError(f"inputs.{name}", "data inputs (uri_folder, uri_file) are not supported yet",
-                              "pass a literal value, or a path in the command")
-        inputs[name] = value
-    resolved = resolve_bindings(command, inputs)
-    script = script_of(resolved)
+        inputs[name] = _data_input(name, value, base_dir) if isinstance(value, dict) else value
+    check_bindings(command, inputs)
+    script = script_of(substitute_bindings(command, {n: "INPUT" for n in inputs}))
     if script and not (code_dir / script).is_file():
         raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
                           "fix the script path (it is relative to code)")
@@ -146,7 +187,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         environment = environment.get("image") or environment.get("name")
 
     return JobSpec(
-        command=resolved,
+        command=command,
         code=code_dir,
         compute=compute,
         experiment_name=str(data.get("experiment_name") or code_dir.name),

@@ -65,9 +65,11 @@ class NodeLimits:
     notice: str | None = None
 
 
-def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gpus: int = 0) -> NodeLimits:
-    """A node gets its size's CPUs and memory, capped at what this machine has (never refused)."""
-    cpus = float(min(size.vcpus, host_cpus))
+def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gpus: int = 0,
+                nodes: int = 1) -> NodeLimits:
+    """A node gets its size's CPUs, memory and GPUs, capped at what this machine has (never refused).
+    The cluster's `nodes` share this machine's cores, so each gets at most its share of them."""
+    cpus = round(min(float(size.vcpus), host_cpus / max(1, nodes)), 2)
     memory = min(int(size.memory_gib * GIB), int(host_memory_bytes * 0.9))
     gpus = min(size.gpus, host_gpus)
     scaled = []
@@ -77,5 +79,5 @@ def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gp
         scaled.append(f"{size.memory_gib:g} GiB -> {memory / GIB:.1f} GiB")
     if gpus < size.gpus:
         scaled.append(f"{size.gpus} {size.gpu_model} GPUs -> {gpus}")
-    notice = f"{size.name} scaled to this machine: {', '.join(scaled)}" if scaled else None
+    notice = f"{size.name} scaled to this machine: {', '.join(scaled)} per node" if scaled else None
     return NodeLimits(cpus=cpus, memory_bytes=memory, gpus=gpus, notice=notice)

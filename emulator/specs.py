@@ -122,6 +122,24 @@ class Distribution:
                               f"must be at least 1, got {self.process_count_per_instance}")
 
 
+class InputMode(str, enum.Enum):
+    RO_MOUNT = "ro_mount"
+    DOWNLOAD = "download"
+
+
+@dataclass(frozen=True)
+class DataInput:
+    """A uri_folder / uri_file input from a local path (datastore URIs come with datastores)."""
+
+    type: str  # uri_folder | uri_file
+    path: str  # absolute local path
+    mode: InputMode = InputMode.RO_MOUNT
+
+    def __post_init__(self) -> None:
+        if self.type not in ("uri_folder", "uri_file"):
+            raise ConfigError("inputs.type", f"'{self.type}' is not supported", "use uri_folder or uri_file")
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A command job as the CLI v2 YAML describes it (datastore inputs come with datastores)."""
@@ -134,7 +152,7 @@ class JobSpec:
     distribution: Distribution = field(default_factory=Distribution)
     environment: str | None = None
     environment_variables: dict[str, str] = field(default_factory=dict)
-    inputs: dict[str, str | int | float | bool] = field(default_factory=dict)
+    inputs: dict[str, str | int | float | bool | DataInput] = field(default_factory=dict)
     display_name: str | None = None
     max_run_duration_seconds: int | None = None
 
@@ -149,6 +167,13 @@ class JobSpec:
         if self.max_run_duration_seconds is not None and self.max_run_duration_seconds < 1:
             raise ConfigError("limits.timeout", f"must be a positive number of seconds, "
                               f"got {self.max_run_duration_seconds}")
+
+    @property
+    def image(self) -> str | None:
+        """A Docker image reference, when the environment is one (not an `azureml:` registered env)."""
+        if not self.environment or self.environment.startswith("azureml:"):
+            return None
+        return self.environment
 
     @property
     def process_count(self) -> int:

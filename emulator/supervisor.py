@@ -23,12 +23,12 @@ from .contract import NodeSlot, launch_argv, node_env, node_workdir, rank_layout
 from .errors import AmlEmuError
 from .home import Home
 from .jobspec_io import job_from_record
-from .specs import DistributionType, JobSpec, RunStatus
+from .specs import DataInput, DistributionType, JobSpec, RunStatus
 from .store import Store
 
 POLL = 0.1
 KILL_GRACE = 2.0
-TAG_RE = re.compile(r"^\[\d+,(\d+)\]<(stdout|stderr)>:(.*)$", re.S)
+TAG_SPLIT_RE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
 MPI_EXIT_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
 MPI_SIGNAL_RE = re.compile(r"rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
@@ -49,14 +49,23 @@ class RunLogs:
         self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
     def pump(self, stream, tagged: bool) -> None:  # type: ignore[no-untyped-def]
+        """Split mpirun's --tag-output stream into per-rank files. Open MPI tags each chunk a rank
+        writes, not each line, so a line can hold several tags, and text before the first tag
+        continues the previous chunk unless that chunk ended its line (then it is mpirun's own)."""
+        current, open_chunk = None, False
         for line in stream:
-            match = TAG_RE.match(line) if tagged else None
-            if match:
-                self._files.get(int(match.group(1)), self._mpi).write(match.group(3))
-            elif tagged:
-                self._mpi.write(line)
-            else:
+            if not tagged:
                 self._files[0].write(line)
+                continue
+            parts = TAG_SPLIT_RE.split(line)
+            if parts[0]:
+                target = self._files.get(current, self._mpi) if open_chunk else self._mpi
+                target.write(parts[0])
+                open_chunk = open_chunk and not parts[0].endswith("\n")
+            for i in range(1, len(parts), 3):
+                current, text = int(parts[i]), parts[i + 2]
+                self._files.get(current, self._mpi).write(text)
+                open_chunk = not text.endswith("\n")
 
     def close(self) -> None:
         for fh in [*self._files.values(), self._mpi, self._platform]:
@@ -141,7 +150,7 @@ class Supervisor:
 
     def prepare(self, allocation: autoscale.Allocation) -> list[NodeSlot] | None:
         spec = self.cluster.spec
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.environment) for n in allocation.nodes]
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image) for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
@@ -149,17 +158,18 @@ class Supervisor:
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
         snapshot = self.run_dir / "snapshot"
         for request in self.requests:
-            wd = request.node_dir / "cr" / "j" / self.run_id / "exe" / "wd"
-            shutil.copytree(snapshot, wd, dirs_exist_ok=True)
+            job_dir = request.node_dir / "cr" / "j" / self.run_id
+            shutil.copytree(snapshot, job_dir / "exe" / "wd", dirs_exist_ok=True)
             for sub in ("outputs", "logs"):
-                (wd / sub).mkdir(exist_ok=True)
+                (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
+            self.materialize_inputs(job_dir)
         slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
         workspace = self.store.workspace()
         plan = {
             "backend": self.backend.name,
             "as_root": os.geteuid() == 0,
             "runs_dir": str(self.home.root / "runs"),
-            "env": run_env(self.job, self.run_id, workspace, slots),
+            "env": run_env(self.job, self.run_id, workspace, slots, node_cpus=self.requests[0].cpus),
             "hosts": {r.name: {**self.backend.agent_entry(r), "env": node_env(self.job, slot)}
                       for r, slot in zip(self.requests, slots)},
         }
@@ -171,6 +181,19 @@ class Supervisor:
             self.cleanup_nodes(dead=set())
             return None
         return slots
+
+    def materialize_inputs(self, job_dir: Path) -> None:
+        """Local data inputs are copied onto each node before the job starts, as `download` does.
+        (Datastore mounts with the blobfuse cache replace this for azureml:// inputs.)"""
+        for name, data in self.job.inputs.items():
+            if not isinstance(data, DataInput):
+                continue
+            target = job_dir / "cap" / "data-capability" / "wd" / f"INPUT_{name}"
+            if data.type == "uri_folder":
+                shutil.copytree(data.path, target, dirs_exist_ok=True)
+            else:
+                target.mkdir(parents=True, exist_ok=True)
+                shutil.copy2(data.path, target)
 
     def execute(self, slots: list[NodeSlot]) -> None:
         agent = str(Path(sys.prefix, "bin", "amlemu-agent"))

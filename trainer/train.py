@@ -157,7 +157,9 @@ def train(args: argparse.Namespace, data_root: Path) -> dict[str, Any]:
         torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
         torch.cuda.manual_seed(args.seed)
     # Ranks on one node share its cores; oversubscribed intra-op threads slow everyone down.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // hvd.local_size()))
+    # OMP_NUM_THREADS, when the platform or the user sets it, says how many this rank may use.
+    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1) // hvd.local_size()
+    torch.set_num_threads(max(1, threads))
     device = torch.device("cuda" if use_cuda else "cpu")
 
     transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
