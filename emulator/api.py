@@ -235,7 +235,8 @@ class Emulator:
             "run_id": run_id, "compute": job.compute, "backend": cluster.backend,
             "nodes": [backend.plan_node(autoscale.node_request(self.home, cluster.spec, i, job.image))
                       for i in range(job.instance_count)],
-            "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0),
+            "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0,
+                                  mpi_options=backend.mpi_options),
             "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpus),
             "node_env": {s.name: node_env(job, s) for s in slots},
             "ranks": [r.__dict__ for r in rank_layout(job, slots)],

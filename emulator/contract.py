@@ -124,7 +124,8 @@ def process_argv(job: JobSpec, run_id: str) -> list[str]:
     return ["/bin/bash", "-c", command]
 
 
-def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool) -> list[str]:
+def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool,
+                mpi_options: tuple[str, ...] = ()) -> list[str]:
     """The command the platform runs on the host to start the job on its nodes. The agent gives each
     node's processes run_env + node_env (ranks inherit them from the node's MPI daemon)."""
     if len(nodes) != job.instance_count:
@@ -142,5 +143,5 @@ def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str,
                 # mpirun starts every node's daemon itself through the agent (no sshd on nodes),
                 # and keeps them attached so killing the launch kills the whole job.
                 "--mca", "plm_rsh_no_tree_spawn", "1", "--leave-session-attached",
-                "--map-by", "slot", "-wdir", node_workdir(run_id)]
+                "--map-by", "slot", "-wdir", node_workdir(run_id), *mpi_options]
     return argv[:at] + platform + argv[at:]

@@ -170,8 +170,7 @@ class Supervisor:
             "as_root": os.geteuid() == 0,
             "runs_dir": str(self.home.root / "runs"),
             "env": run_env(self.job, self.run_id, workspace, slots, node_cpus=self.requests[0].cpus),
-            "hosts": {r.name: {**self.backend.agent_entry(r), "env": node_env(self.job, slot)}
-                      for r, slot in zip(self.requests, slots)},
+            "hosts": {r.name: self._host_entry(r, slot) for r, slot in zip(self.requests, slots)},
         }
         plan_file = self.run_dir / "agent-plan.json"
         plan_file.touch(mode=0o600)
@@ -181,6 +180,10 @@ class Supervisor:
             self.cleanup_nodes(dead=set())
             return None
         return slots
+
+    def _host_entry(self, request: NodeRequest, slot: NodeSlot) -> dict:  # type: ignore[type-arg]
+        entry = self.backend.agent_entry(request)
+        return {**entry, "env": {**entry.get("env", {}), **node_env(self.job, slot)}}
 
     def materialize_inputs(self, job_dir: Path) -> None:
         """Local data inputs are copied onto each node before the job starts, as `download` does.
@@ -197,7 +200,8 @@ class Supervisor:
 
     def execute(self, slots: list[NodeSlot]) -> None:
         agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
-        argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0)
+        argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0,
+                           mpi_options=self.backend.mpi_options)
         (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
         env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
         env.pop("MLFLOW_TRACKING_URI", None)  # a variable of the submitter's shell must not leak in

@@ -34,3 +34,94 @@ def trainer_module():
         yield train
     finally:
         sys.path.remove(str(TRAINER_DIR))
+
+
+# --- the emulated cluster -------------------------------------------------------------------------
+import os  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+
+import psutil  # noqa: E402
+
+from emulator.api import Emulator  # noqa: E402
+from emulator.backends import backend_class  # noqa: E402
+from emulator.specs import ClusterSpec  # noqa: E402
+
+
+@pytest.fixture(params=["docker", "process"])
+def backend(request: pytest.FixtureRequest) -> str:
+    """Every cluster test runs on both backends. A missing engine fails the docker half: it never skips."""
+    ok, why = backend_class(request.param).available()
+    assert ok, f"backend {request.param} is not usable here: {why}"
+    return request.param
+
+
+@pytest.fixture
+def emu(tmp_path: Path, backend: str):
+    """An emulator with its own home; afterwards nothing it made may remain."""
+    emulator = Emulator(home=tmp_path / "home", backend=backend)
+    yield emulator
+    emulator.cleanup()
+    if backend == "docker":
+        import docker  # noqa: PLC0415
+
+        client = docker.from_env()
+        label = {"label": f"amlemu.home={emulator.home.id}"}
+        assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
+        assert client.networks.list(filters=label) == [], "the test left networks behind"
+    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+                 if any(str(emulator.home.root) in part for part in (p.info["cmdline"] or []))]
+    assert leftovers == [], f"the test left processes behind: {leftovers}"
+
+
+class JobFactory:
+    """Writes a job (its code folder and CLI v2 YAML) the way a user keeps one in a repository."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def __call__(self, script: str, *, nodes: int = 1, per_node: int = 1, distribution: str = "mpi",
+                 compute: str = "c1", extra: str = "", name: str | None = None) -> Path:
+        name = name or f"job_{uuid.uuid4().hex[:8]}"
+        folder = self.root / name
+        (folder / "src").mkdir(parents=True)
+        (folder / "src" / f"{name}.py").write_text(textwrap.dedent(script))
+        lines = [f"code: src", f"command: python {name}.py", f"compute: azureml:{compute}",
+                 f"experiment_name: {name}", "resources:", f"  instance_count: {nodes}"]
+        if distribution != "none":
+            lines += ["distribution:", f"  type: {distribution}", f"  process_count_per_instance: {per_node}"]
+        (folder / "job.yml").write_text("\n".join(lines) + "\n" + textwrap.dedent(extra))
+        return folder / "job.yml"
+
+
+@pytest.fixture
+def make_job(tmp_path: Path) -> JobFactory:
+    return JobFactory(tmp_path / "jobs")
+
+
+@pytest.fixture
+def cluster(emu: Emulator):
+    """A 2-node dedicated cluster named c1 that scales down as soon as a node is idle."""
+    def create(max_nodes: int = 2, **kwargs) -> ClusterSpec:
+        spec = ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=max_nodes,
+                           **{"idle_seconds_before_scaledown": 0, **kwargs})
+        emu.create_compute(spec)
+        return spec
+    return create
+
+
+def wait_until(predicate, timeout: float, what: str):  # type: ignore[no-untyped-def]
+    """Poll a condition with a deadline (no fixed sleeps); fail naming what did not happen."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"within {timeout} s: {what}")
+
+
+def job_processes(marker: str) -> list[int]:
+    """Processes (on this machine or in any container: both are in /proc) running a job's script."""
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in (p.info["cmdline"] or []))]

@@ -50,6 +50,7 @@ class NodeInfo:
 
 class NodeBackend(abc.ABC):
     name: ClassVar[str]
+    mpi_options: ClassVar[tuple[str, ...]] = ()  # what mpirun needs to reach this backend's nodes
 
     def __init__(self, home: Home) -> None:
         self.home = home

@@ -19,6 +19,9 @@ PIDS_FILE = ".amlemu-pids"  # in the node folder: (pid, start time) of each agen
 
 class ProcessBackend(NodeBackend):
     name = "process"
+    # Process nodes share this machine's network: ranks must talk over loopback, which Open MPI's
+    # TCP transport leaves out by default (over the other interfaces the first collective hangs).
+    mpi_options = ("--mca", "btl_tcp_if_include", "lo")
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -42,7 +45,10 @@ class ProcessBackend(NodeBackend):
         shutil.rmtree(request.node_dir, ignore_errors=True)
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
-        return {"node_dir": str(request.node_dir)}
+        # A process node runs this machine's software, with the emulator's environment first on
+        # PATH (as the mirror image of a docker node has it).
+        path = f"{Path(sys.prefix, 'bin')}:{os.environ.get('PATH', '/usr/bin:/bin')}"
+        return {"node_dir": str(request.node_dir), "env": {"PATH": path}}
 
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(request.node_dir)

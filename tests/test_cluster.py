@@ -1,0 +1,200 @@
+"""The emulated cluster, end to end, on both backends (one conformance suite, backend as a fixture)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import job_processes, wait_until
+from emulator.api import Emulator
+from emulator.errors import CapacityError
+from emulator.specs import RunStatus
+
+pytestmark = pytest.mark.slow
+
+REPORT = """
+import json, os, socket
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", "solo")
+keys = [k for k in os.environ if k.startswith(("AZ", "OMPI_COMM_WORLD", "MASTER_", "WORLD_SIZE", "RANK",
+                                               "LOCAL_RANK", "NODE_RANK", "MLFLOW", "OMP_NUM"))]
+os.makedirs("outputs", exist_ok=True)
+with open(f"outputs/rank-{rank}.json", "w") as fh:
+    json.dump({"host": socket.gethostname(), "cwd": os.getcwd(), "env": {k: os.environ[k] for k in keys}}, fh)
+print(f"hello from rank {rank} on {socket.gethostname()}", flush=True)
+"""
+
+# Blocks until the host drops a file into the run's record (a place every node can see).
+BLOCK = """
+import os, time
+print("started", flush=True)
+release = os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"], "release")
+while not os.path.exists(release):
+    time.sleep(0.05)
+print("released", flush=True)
+"""
+
+
+def _reports(run) -> dict[str, dict]:  # type: ignore[no-untyped-def]
+    return {p.stem.removeprefix("rank-"): json.loads(p.read_text()) for p in run.outputs.glob("rank-*.json")}
+
+
+def test_every_rank_sees_the_amlcompute_contract(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    run = emu.submit(make_job(REPORT, nodes=2, per_node=2))
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    reports = _reports(run)
+    assert sorted(reports) == ["0", "1", "2", "3"]
+    hosts = {rank: r["host"] for rank, r in reports.items()}
+    assert hosts == {"0": "c1-node-0", "1": "c1-node-0", "2": "c1-node-1", "3": "c1-node-1"}
+    head = emu.store.run(run.id).nodes[0]
+    assert head == "c1-node-0"
+    for rank, report in reports.items():
+        env = report["env"]
+        assert report["cwd"] == f"/mnt/azureml/cr/j/{run.id}/exe/wd"
+        assert env["OMPI_COMM_WORLD_SIZE"] == "4" and env["OMPI_COMM_WORLD_RANK"] == rank
+        assert env["OMPI_COMM_WORLD_LOCAL_RANK"] == str(int(rank) % 2)
+        assert env["AZ_BATCHAI_TASK_INDEX"] == str(int(rank) // 2)
+        assert env["AZ_BATCH_MASTER_NODE"].endswith(":6105")
+        assert env["AZUREML_RUN_ID"] == run.id and env["AZUREML_ARM_PROJECT_NAME"] == run.record.experiment
+    assert len({r["env"]["AZ_BATCH_MASTER_NODE"] for r in reports.values()}) == 1
+    for process in range(4):
+        assert f"hello from rank {process} on {hosts[str(process)]}" in run.logs(process)
+    statuses = [status for _, status, _ in run.events()]
+    assert statuses == [RunStatus.NOT_STARTED, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
+                        RunStatus.FINALIZING, RunStatus.COMPLETED]
+
+
+def test_pytorch_distribution_gets_torch_variables(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    run = emu.submit(make_job(REPORT, nodes=2, per_node=1, distribution="pytorch"))
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    envs = {r["env"]["RANK"]: r["env"] for r in _reports(run).values()}
+    assert sorted(envs) == ["0", "1"]
+    for rank, env in envs.items():
+        assert (env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"], env["MASTER_PORT"]) == ("2", "0", rank, "6105")
+        assert env["MASTER_ADDR"] == envs["0"]["AZ_BATCH_MASTER_NODE"].split(":")[0]
+
+
+def test_a_single_node_job_runs_without_mpi(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    run = emu.submit(make_job(REPORT, distribution="none"))
+    assert run.wait(timeout=60) is RunStatus.COMPLETED, run.record.error
+    env = _reports(run)["solo"]["env"]
+    assert "OMPI_COMM_WORLD_RANK" not in env and "AZ_BATCHAI_MPI_MASTER_NODE" in env
+    assert "hello from rank solo on c1-node-0" in run.logs(0)
+
+
+def test_a_failing_rank_fails_the_run_and_stops_the_others(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    script = """
+    import os, sys, time
+    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
+    os.makedirs("outputs", exist_ok=True)
+    open(f"outputs/before-{rank}.txt", "w").write("kept")
+    if rank == 1:
+        time.sleep(1)
+        print("ValueError: rank one gives up", flush=True)
+        sys.exit(3)
+    time.sleep(120)
+    """
+    job = make_job(script, nodes=2)
+    run = emu.submit(job)
+    assert run.wait(timeout=40) is RunStatus.FAILED
+    error = run.record.error
+    assert error.startswith("rank 1 on node c1-node-1 failed with exit code 3"), error
+    assert "ValueError: rank one gives up" in error
+    assert sorted(p.name for p in run.outputs.iterdir()) == ["before-0.txt", "before-1.txt"]
+    assert job_processes(job.parent.name) == []
+    running_at = next(ts for ts, s, _ in run.events() if s is RunStatus.RUNNING)
+    failed_at = next(ts for ts, s, _ in run.events() if s is RunStatus.FAILED)
+    assert failed_at - running_at < 10
+
+
+def test_a_job_past_its_time_limit_is_stopped(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    job = make_job("import time\nprint('working', flush=True)\ntime.sleep(300)\n", nodes=2,
+                   extra="limits:\n  timeout: 2\n")
+    run = emu.submit(job)
+    assert run.wait(timeout=30) is RunStatus.FAILED
+    assert run.record.error == "exceeded max_run_duration_seconds=2"
+    assert job_processes(job.parent.name) == []
+
+
+def test_cancel_while_running_stops_every_rank_within_5_seconds(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    job = make_job(BLOCK, nodes=2)
+    run = emu.submit(job)
+    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), 60, "both ranks started")
+    run.cancel()
+    assert run.wait(timeout=5) is RunStatus.CANCELED
+    assert job_processes(job.parent.name) == []
+    assert [s for _, s, _ in run.events()][-2:] == [RunStatus.CANCEL_REQUESTED, RunStatus.CANCELED]
+
+
+def test_jobs_queue_for_nodes_in_order_and_use_their_snapshot(emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=2)
+    first = emu.submit(make_job(BLOCK, nodes=2))
+    wait_until(lambda: first.status is RunStatus.RUNNING, 60, "the first job runs")
+    job = make_job("print('version 1', flush=True)\n", nodes=2)
+    second = emu.submit(job)
+    third = emu.submit(make_job("print('third', flush=True)\n", nodes=1))
+    script = next(job.parent.glob("src/*.py"))
+    script.write_text("print('version 2', flush=True)\n")  # edited after submit: must not matter
+    wait_until(lambda: second.status is RunStatus.QUEUED and third.status is RunStatus.QUEUED, 5, "queued")
+    third.cancel()
+    assert third.wait(timeout=10) is RunStatus.CANCELED
+    (first.dir / "release").write_text("")
+    assert first.wait(timeout=60) is RunStatus.COMPLETED
+    assert second.wait(timeout=60) is RunStatus.COMPLETED, second.record.error
+    assert "version 1" in second.logs(0) and "version 2" not in second.logs(0)
+    first_done = first.events()[-1][0]
+    second_preparing = next(ts for ts, s, _ in second.events() if s is RunStatus.PREPARING)
+    assert second_preparing >= first_done - 0.5  # it waited for the nodes the first job held
+
+
+def test_more_nodes_than_max_nodes_is_refused_at_submit(emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=2)
+    with pytest.raises(CapacityError, match="resources.instance_count: 3 nodes exceed max_nodes 2 of compute 'c1'"):
+        emu.submit(make_job(REPORT, nodes=3))
+    assert emu.runs() == []
+
+
+def test_idle_nodes_scale_down_to_min_nodes(emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=2, min_nodes=1, idle_seconds_before_scaledown=1)
+    assert [n.state for n in emu.store.nodes("c1")] == ["idle"]
+    run = emu.submit(make_job(REPORT, nodes=2))
+    assert run.wait(timeout=60) is RunStatus.COMPLETED
+    wait_until(lambda: len(emu.store.nodes("c1")) == 1, 15, "the extra node scaled down")
+    wait_until(lambda: len(emu_nodes(emu)) == 1, 15, "the backend holds one node")
+
+
+def emu_nodes(emu: Emulator):  # type: ignore[no-untyped-def]
+    from emulator.backends import get_backend  # noqa: PLC0415
+
+    return get_backend(emu.compute("c1").backend, emu.home).list_nodes()
+
+
+def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    plan = emu.plan_job(make_job(REPORT, nodes=2))
+    assert plan["launch"][0] == "mpirun" and plan["ranks"][1]["node"] == "c1-node-1"
+    assert [n["hostname"] for n in plan["nodes"]] == ["c1-node-0", "c1-node-1"]
+    assert plan["env"]["AZ_BATCH_MASTER_NODE"] == "<address of c1-node-0>:6105"
+    assert emu.runs() == [] and emu.store.nodes("c1") == [] and emu_nodes(emu) == []
+
+
+def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root: Path) -> None:
+    """The seed's job, unchanged, on real MNIST: 2 nodes x 1 process, accuracy >= 0.95."""
+    from conftest import REPO  # noqa: PLC0415
+
+    cluster()
+    run = emu.submit(REPO / "trainer" / "job.yml",
+                     overrides=[f"inputs.data_dir.path={mnist_root}", "compute=c1"])
+    assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error
+    summary = json.loads((run.outputs / "summary.json").read_text())
+    assert summary["world_size"] == 2 and summary["params_in_sync"] is True
+    metrics = run.metrics()
+    assert metrics["test_accuracy"] >= 0.95 and metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert [step for step, _ in run.metric_history()["test_accuracy"]] == [1, 2]
+    assert {"model.pt", "checkpoint-epoch2.pt"} <= {p.name for p in run.outputs.iterdir()}

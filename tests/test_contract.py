@@ -1,0 +1,106 @@
+"""The node contract and the platform-built launch, checked on the dry run (nothing started)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from emulator.agent import NODE_SETUP, AgentError, agent_command
+from emulator.contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
+from emulator.specs import Distribution, DistributionType, JobSpec
+
+WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}
+NODES = [NodeSlot(0, "c1-node-0", "10.0.0.2"), NodeSlot(1, "c1-node-1", "10.0.0.3")]
+
+
+def _job(kind: DistributionType = DistributionType.MPI, nodes: int = 2, per_node: int = 1, **kw) -> JobSpec:
+    return JobSpec(command="python train.py", code=Path("/src"), compute="c1", experiment_name="exp",
+                   instance_count=nodes, distribution=Distribution(kind, per_node), **kw)
+
+
+def test_every_process_sees_the_amlcompute_variables() -> None:
+    env = run_env(_job(environment_variables={"MY_VAR": "x", "AZUREML_OUTPUT_DIRECTORY": "mine"}),
+                  "run1", WS, NODES, node_cpus=2)
+    assert env["AZUREML_RUN_ID"] == "run1" and env["AZUREML_ARM_PROJECT_NAME"] == "exp"
+    assert (env["AZUREML_ARM_SUBSCRIPTION"], env["AZUREML_ARM_RESOURCEGROUP"], env["AZUREML_ARM_WORKSPACE_NAME"]) == (
+        "sub", "rg", "ws")
+    assert env["AZ_BATCH_MASTER_NODE"] == "10.0.0.2:6105" and "AZ_BATCHAI_MPI_MASTER_NODE" not in env
+    assert env["MY_VAR"] == "x" and env["AZUREML_OUTPUT_DIRECTORY"] == "mine"  # the job's own win
+    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////mnt/amlemu/runs/run1/mlflow.db"
+    assert env["OMP_NUM_THREADS"] == "2"
+
+
+def test_single_node_jobs_get_the_single_node_master_variable() -> None:
+    env = run_env(_job(nodes=1, per_node=2), "r", WS, NODES[:1], node_cpus=2)
+    assert env["AZ_BATCHAI_MPI_MASTER_NODE"] == "10.0.0.2" and "AZ_BATCH_MASTER_NODE" not in env
+    assert env["OMP_NUM_THREADS"] == "1"  # two processes share the node's two cores
+
+
+def test_per_node_variables() -> None:
+    assert node_env(_job(), NODES[1]) == {"AZ_BATCHAI_TASK_INDEX": "1", "AZ_BATCH_NODE_ID": "c1-node-1"}
+    assert node_env(_job(DistributionType.PYTORCH), NODES[1])["NODE_RANK"] == "1"
+
+
+def test_pytorch_distribution_variables() -> None:
+    env = run_env(_job(DistributionType.PYTORCH, per_node=2), "r", WS, NODES, node_cpus=4)
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == ("10.0.0.2", "6105", "4")
+
+
+def test_ranks_fill_nodes_in_order() -> None:
+    layout = rank_layout(_job(per_node=2), NODES)
+    assert [(r.rank, r.node, r.local_rank) for r in layout] == [
+        (0, "c1-node-0", 0), (1, "c1-node-0", 1), (2, "c1-node-1", 0), (3, "c1-node-1", 1)]
+
+
+def test_mpi_launch_is_built_by_the_platform() -> None:
+    argv = launch_argv(_job(per_node=2), "run1", NODES, agent="/venv/bin/amlemu-agent", as_root=True)
+    assert argv[0] == "mpirun"
+    assert argv[argv.index("plm_rsh_agent") + 1] == "/venv/bin/amlemu-agent"
+    assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-H") + 1] == "c1-node-0:2,c1-node-1:2"
+    assert argv[argv.index("-wdir") + 1] == "/mnt/azureml/cr/j/run1/exe/wd"
+    for flag in ("--leave-session-attached", "--oversubscribe", "--tag-output", "--allow-run-as-root"):
+        assert flag in argv
+    assert argv[argv.index("--bind-to") + 1] == "none" and argv[argv.index("--map-by") + 1] == "slot"
+    assert argv[-3:] == ["/bin/bash", "-c", "python train.py"]
+
+
+def test_pytorch_launch_maps_ranks_for_each_process() -> None:
+    argv = launch_argv(_job(DistributionType.PYTORCH), "r", NODES, agent="a", as_root=False)
+    assert "--allow-run-as-root" not in argv
+    assert argv[-5:-2] == ["/bin/bash", "-c", 'export RANK="$OMPI_COMM_WORLD_RANK" '
+                           'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"']
+    assert argv[-1] == "python train.py"
+
+
+def test_non_distributed_jobs_run_without_mpi() -> None:
+    argv = launch_argv(_job(DistributionType.NONE, nodes=1), "r", NODES[:1], agent="a", as_root=True)
+    assert argv == ["a", "c1-node-0", "cd /mnt/azureml/cr/j/r/exe/wd && exec /bin/bash -c 'python train.py'"]
+
+
+def test_launch_refuses_the_wrong_node_count() -> None:
+    with pytest.raises(ValueError, match="2 nodes needed, 1 given"):
+        launch_argv(_job(), "r", NODES[:1], agent="a", as_root=True)
+
+
+PLAN = {"backend": "docker", "env": {"AZUREML_RUN_ID": "r", "SECRET": "s3cret"},
+        "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1", "env": {"AZ_BATCHAI_TASK_INDEX": "1"}}}}
+
+
+def test_agent_execs_into_the_node_container_without_values_in_argv() -> None:
+    argv, env = agent_command(PLAN, "c1-node-1", "orted -mca x")
+    assert argv == ["docker", "exec", "-i", "-e", "AZUREML_RUN_ID", "-e", "AZ_BATCHAI_TASK_INDEX", "-e", "SECRET",
+                    "amlemu-x-c1-node-1", "/bin/sh", "-c", "orted -mca x"]
+    assert env == {"AZUREML_RUN_ID": "r", "SECRET": "s3cret", "AZ_BATCHAI_TASK_INDEX": "1"}
+
+
+def test_agent_gives_process_nodes_their_own_namespaces() -> None:
+    plan = {"backend": "process", "as_root": False, "runs_dir": "/h/runs", "env": {},
+            "hosts": {"n0": {"node_dir": "/h/nodes/c/n0", "env": {}}}}
+    argv, _ = agent_command(plan, "n0", "orted")
+    assert argv == ["unshare", "--mount", "--uts", "--propagation", "private", "--map-root-user",
+                    "/bin/sh", "-c", NODE_SETUP, "amlemu-node", "n0", "/h/nodes/c/n0", "/h/runs", "orted"]
+
+
+def test_agent_refuses_hosts_outside_the_run() -> None:
+    with pytest.raises(AgentError, match="host c1-node-9 is not a node of this run"):
+        agent_command(PLAN, "c1-node-9", "orted")
