@@ -16,8 +16,8 @@ from .api import Emulator, Run
 from .errors import AmlEmuError, ConfigError
 from .specs import ClusterSpec, Priority
 
-console = Console()
-err_console = Console(stderr=True)
+console = Console(soft_wrap=True)  # paths and ids must survive copy-paste unbroken
+err_console = Console(stderr=True, soft_wrap=True)
 
 COMPUTE_FIELDS = {"$schema", "name", "type", "size", "min_instances", "max_instances",
                   "idle_time_before_scale_down", "tier", "description", "location", "identity"}
@@ -45,7 +45,7 @@ def handle_errors(fn):  # type: ignore[no-untyped-def]
         try:
             return fn(*args, **kwargs)
         except AmlEmuError as exc:
-            err_console.print(f"amlemu: error: {exc}", markup=False, highlight=False)
+            click.echo(f"amlemu: error: {exc}", err=True)
             sys.exit(1)
     return wrapper
 

@@ -198,3 +198,63 @@ def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root:
     assert metrics["test_accuracy"] >= 0.95 and metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     assert [step for step, _ in run.metric_history()["test_accuracy"]] == [1, 2]
     assert {"model.pt", "checkpoint-epoch2.pt"} <= {p.name for p in run.outputs.iterdir()}
+
+
+def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, make_job) -> None:
+    """Driven step by step in this process: Preparing is too short to hit from outside reliably."""
+    from emulator.supervisor import Supervisor  # noqa: PLC0415
+
+    cluster()
+    job = make_job("print('ran', flush=True)\n", nodes=2)
+    run_id = "prep_cancel_1"
+    from emulator.jobspec_io import job_to_record  # noqa: PLC0415
+    from emulator.jobyaml import load_job  # noqa: PLC0415
+    import shutil  # noqa: PLC0415
+
+    spec = load_job(job)
+    shutil.copytree(spec.code, emu.home.run_dir(run_id) / "snapshot")
+    emu.store.add_run(run_id, spec.experiment_name, "c1", job_to_record(spec))
+    emu.store.set_status(run_id, RunStatus.QUEUED)
+    supervisor = Supervisor(emu.home, run_id)
+    allocation = supervisor.wait_for_nodes()
+    assert emu.run(run_id).status is RunStatus.PREPARING
+    emu.run(run_id).cancel()
+    assert supervisor.prepare(allocation) is None
+    supervisor.logs.close()
+    run = emu.run(run_id)
+    assert run.status is RunStatus.CANCELED
+    assert RunStatus.RUNNING not in [s for _, s, _ in run.events()] and run.logs(0) == ""
+    assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
+
+
+def test_a_dead_supervisor_is_noticed_and_its_run_failed(emu: Emulator, cluster, make_job) -> None:
+    import os  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    cluster()
+    job = make_job(BLOCK, nodes=2)
+    run = emu.submit(job)
+    wait_until(lambda: "started" in run.logs(0), 60, "the job started")
+    os.kill(run.record.supervisor_pid, signal.SIGKILL)  # the emulator itself dies mid-run
+    wait_until(lambda: emu.reconcile() == [run.id], 10, "reconcile notices the dead supervisor")
+    assert run.status is RunStatus.FAILED
+    assert run.record.error == "the emulator process supervising this run died; the run was stopped"
+    wait_until(lambda: job_processes(job.parent.name) == [], 10, "the job's processes are gone")
+    assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
+
+
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)
+def test_a_node_killed_from_outside_fails_the_run(emu: Emulator, cluster, make_job) -> None:
+    import docker  # noqa: PLC0415
+
+    cluster()
+    job = make_job(BLOCK, nodes=2)
+    run = emu.submit(job)
+    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), 60, "both ranks started")
+    killed_at = __import__("time").monotonic()
+    docker.from_env().containers.get(f"amlemu-{emu.home.id}-c1-node-1").kill()
+    assert run.wait(timeout=30) is RunStatus.FAILED
+    assert __import__("time").monotonic() - killed_at < 10
+    assert run.record.error.startswith("node c1-node-1 was lost"), run.record.error
+    assert job_processes(job.parent.name) == []
+    assert [n.name for n in emu.store.nodes("c1")] == ["c1-node-0"]  # the lost node is gone for good
