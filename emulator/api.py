@@ -169,7 +169,8 @@ class Emulator:
         requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
         limits = autoscale.limits_here(spec)
         return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": name,
-                "backend_note": why, "node_limits": {"cpus": limits.cpus, "memory_bytes": limits.memory_bytes},
+                "backend_note": why, "node_limits": {"cpus": limits.cpus, "cpu_share": limits.cpu_share,
+                                                      "memory_bytes": limits.memory_bytes},
                 "notice": limits.notice, "nodes_now": [be.plan_node(r) for r in requests]}
 
     def create_compute(self, spec: ClusterSpec, backend: str | None = None) -> Cluster:
@@ -237,7 +238,7 @@ class Emulator:
                       for i in range(job.instance_count)],
             "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0,
                                   mpi_options=backend.mpi_options),
-            "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpus),
+            "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpu_share),
             "node_env": {s.name: node_env(job, s) for s in slots},
             "ranks": [r.__dict__ for r in rank_layout(job, slots)],
         }

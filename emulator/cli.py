@@ -237,6 +237,9 @@ def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], strea
     if dry_run:
         click.echo(json.dumps(emu.plan_job(file, overrides=list(overrides)), indent=2, default=str))
         return
+    notes = {n.get("image_note") for n in emu.plan_job(file, overrides=list(overrides))["nodes"]} - {None}
+    for note in notes:
+        err_console.print(f"notice: {note}", highlight=False)
     run = emu.submit(file, overrides=list(overrides))
     if stream:
         status = run.wait(show_output=True)

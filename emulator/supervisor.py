@@ -154,6 +154,9 @@ class Supervisor:
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
+            note = self.backend.plan_node(new[0]).get("image_note")
+            if note:
+                self.logs.platform(f"notice: {note}")
             autoscale.create_nodes(self.store, self.backend, new)
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
         snapshot = self.run_dir / "snapshot"
@@ -169,7 +172,7 @@ class Supervisor:
             "backend": self.backend.name,
             "as_root": os.geteuid() == 0,
             "runs_dir": str(self.home.root / "runs"),
-            "env": run_env(self.job, self.run_id, workspace, slots, node_cpus=self.requests[0].cpus),
+            "env": run_env(self.job, self.run_id, workspace, slots, node_cpus=self.requests[0].cpu_share),
             "hosts": {r.name: self._host_entry(r, slot) for r, slot in zip(self.requests, slots)},
         }
         plan_file = self.run_dir / "agent-plan.json"

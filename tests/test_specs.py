@@ -30,11 +30,12 @@ def test_unknown_size_lists_the_known_ones() -> None:
 def test_nodes_are_scaled_to_this_machine_with_a_notice() -> None:
     size = skus.lookup("STANDARD_NC6")
     limits = skus.node_limits(size, host_cpus=2, host_memory_bytes=8 * skus.GIB, nodes=2)
-    assert limits.cpus == 1.0 and limits.memory_bytes == int(8 * skus.GIB * 0.9) and limits.gpus == 0
-    assert limits.notice == ("Standard_NC6 scaled to this machine: 6 vCPUs -> 1, 56 GiB -> 7.2 GiB, "
-                             "1 K80 GPUs -> 0 per node")
-    roomy = skus.node_limits(skus.lookup("STANDARD_D2_V2"), host_cpus=64, host_memory_bytes=512 * skus.GIB)
-    assert (roomy.cpus, roomy.notice) == (2.0, None)
+    assert (limits.cpus, limits.cpu_share) == (2.0, 1.0)
+    assert limits.memory_bytes == int(8 * skus.GIB * 0.9) and limits.gpus == 0
+    assert limits.notice == ("Standard_NC6 scaled to this machine: 6 vCPUs -> 2 (a fair share of 1 with 2 nodes "
+                             "busy), 56 GiB -> 7.2 GiB, 1 K80 GPUs -> 0 per node")
+    roomy = skus.node_limits(skus.lookup("STANDARD_D2_V2"), host_cpus=64, host_memory_bytes=512 * skus.GIB, nodes=4)
+    assert (roomy.cpus, roomy.cpu_share, roomy.notice) == (2.0, 2.0, None)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

@@ -20,6 +20,7 @@ class NodeRequest:
     index: int
     cpus: float
     memory_bytes: int
+    cpu_share: float  # what its processes should plan threads on (nodes share this machine)
     node_dir: Path  # the node's local disk on the host
     runs_dir: Path  # the workspace's run records on the host
     gpus: tuple[str, ...] = ()
