@@ -123,12 +123,9 @@ class Supervisor:
     def run(self) -> None:
         try:
             allocation = self.wait_for_nodes()
-            if allocation is None:
-                return
-            slots = self.prepare(allocation)
-            if slots is None:
-                return
-            self.execute(slots)
+            slots = self.prepare(allocation) if allocation else None
+            if slots:
+                self.execute(slots)
         except Exception as exc:  # noqa: BLE001 - whatever broke, the run must end in a terminal state
             self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
             self.fail_or_cancel(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
@@ -208,10 +205,11 @@ class Supervisor:
         (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
         env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
         env.pop("MLFLOW_TRACKING_URI", None)  # a variable of the submitter's shell must not leak in
+        # Running is set before the launch: a cancel racing with it then finds nothing started.
+        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(slots)} node(s)")
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, errors="replace")
-        self.set(RunStatus.RUNNING, f"launched {self.job.process_count} process(es) on {len(slots)} node(s)",
-                 launch_pid=proc.pid)
+        self.store.update_run(self.run_id, launch_pid=proc.pid)
         tagged = self.job.distribution.type is not DistributionType.NONE
         pump = threading.Thread(target=self.logs.pump, args=(proc.stdout, tagged), daemon=True)
         pump.start()
@@ -251,6 +249,8 @@ class Supervisor:
         return [alive.get(r.name, False) for r in self.requests]
 
     def finalize(self, outcome: str | None, exit_code: int, lost: list[str]) -> None:
+        if self.canceled():  # a cancel that came as the job was ending still wins
+            outcome = "canceled"
         if outcome != "canceled":
             self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
         self.collect()
