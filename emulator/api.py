@@ -22,14 +22,14 @@ from typing import Any, TextIO
 import psutil
 
 from . import cluster as autoscale
-from .backends import get_backend, resolve_backend
+from .backends import BACKENDS, backend_class, get_backend, resolve_backend
 from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
 from .errors import CapacityError, StateError
 from .home import Home, new_run_id
 from .jobspec_io import job_from_record, job_to_record
 from .jobyaml import load_job
 from .specs import ClusterSpec, JobSpec, RunStatus
-from .store import Cluster, RunRecord, Store
+from .store import Cluster, Node, RunRecord, Store
 
 SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "outputs", "logs", "mlruns",
                                          "mlflow.db", ".venv")
@@ -178,16 +178,21 @@ class Emulator:
         created = self.store.add_cluster(spec, plan["backend"])
         be = get_backend(plan["backend"], self.home)
         be.create_cluster(spec.name)
-        if spec.min_nodes:
+        if spec.min_nodes:  # min_nodes are up from the start and never scale down
             now = time.time()
-            from .store import Node  # noqa: PLC0415
-
             nodes = [Node(spec.name, i, f"{spec.name}-node-{i}", "creating", None, None, now, None)
                      for i in range(spec.min_nodes)]
+            requests = [autoscale.node_request(self.home, spec, n.idx) for n in nodes]
             with self.store.transaction() as db:
                 for node in nodes:
                     self.store.set_node(db, node)
-            autoscale.create_nodes(self.store, be, [autoscale.node_request(self.home, spec, n.idx) for n in nodes])
+            try:
+                autoscale.create_nodes(self.store, be, requests)
+            except BaseException:
+                for request in requests:  # nothing half-created stays behind
+                    be.remove_node(request)
+                self.delete_compute(spec.name)
+                raise
             with self.store.transaction() as db:
                 for node in self.store.nodes(spec.name, db):
                     self.store.set_node(db, replace(node, state="idle"))
@@ -274,9 +279,9 @@ class Emulator:
         """Runs whose supervisor died (killed, machine restarted) are failed and their nodes freed."""
         fixed = []
         for record in self.store.runs():
-            if record.status.is_terminal or record.supervisor_pid is None or _alive(record.supervisor_pid):
+            if record.status.is_terminal or record.supervisor_pid is None or _ours(record.supervisor_pid, record.id):
                 continue
-            if record.launch_pid and _alive(record.launch_pid):
+            if record.launch_pid and _ours(record.launch_pid, record.id):
                 try:
                     os.killpg(record.launch_pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -297,14 +302,14 @@ class Emulator:
         gone = []
         for record in self.store.runs():
             for pid in (record.supervisor_pid, record.launch_pid):
-                if pid and _alive(pid):
+                if pid and _ours(pid, record.id):
                     try:
                         os.killpg(pid, signal.SIGKILL)
                         gone.append(f"process group {pid}")
                     except ProcessLookupError:
                         pass
-        for name in ("docker", "process"):
-            ok, _ = resolve_backend_quiet(name)
+        for name in BACKENDS:
+            ok, _ = backend_class(name).available()
             if ok:
                 gone += get_backend(name, self.home).reap(all_homes)
         self.store.reset()
@@ -313,14 +318,10 @@ class Emulator:
         return gone
 
 
-def resolve_backend_quiet(name: str) -> tuple[bool, str]:
-    from .backends import backend_class  # noqa: PLC0415
-
-    return backend_class(name).available()
-
-
-def _alive(pid: int) -> bool:
+def _ours(pid: int, run_id: str) -> bool:
+    """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        proc = psutil.Process(pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and any(run_id in part for part in proc.cmdline())
     except psutil.NoSuchProcess:
         return False
