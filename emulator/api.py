@@ -25,7 +25,8 @@ from . import cluster as autoscale
 from .backends import BACKENDS, backend_class, get_backend, resolve_backend
 from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
 from .errors import CapacityError, StateError
-from .home import Home, new_run_id
+from .datastores import Datastores
+from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
 from .jobyaml import load_job
 from .specs import ClusterSpec, JobSpec, RunStatus
@@ -148,6 +149,7 @@ class Emulator:
         self.home = Home.at(home)
         self.store = Store(self.home.db)
         self.default_backend = backend or os.environ.get("AMLEMU_BACKEND", "auto")
+        self.datastores = Datastores(self.store, self.home.root, default_cache())
 
     # --- workspace ---------------------------------------------------------------------------
     def workspace(self) -> dict[str, str]:
@@ -298,7 +300,7 @@ class Emulator:
         return fixed
 
     def cleanup(self, all_homes: bool = False) -> list[str]:
-        """Stop every run, remove every node, network and record of this home (`amlemu cleanup`)."""
+        """Stop every run and server, remove every node, network, run and cluster of this home."""
         gone = []
         for record in self.store.runs():
             for pid in (record.supervisor_pid, record.launch_pid):
@@ -312,7 +314,10 @@ class Emulator:
             ok, _ = backend_class(name).available()
             if ok:
                 gone += get_backend(name, self.home).reap(all_homes)
-        self.store.reset()
+        if self.datastores.azurite.stop():
+            gone.append("Azurite server")
+        # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
+        self.store.reset(keep_data=True)
         for sub in ("nodes", "runs"):
             shutil.rmtree(self.home.root / sub, ignore_errors=True)
         return gone

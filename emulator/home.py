@@ -13,6 +13,14 @@ _NOUNS = ("apple", "basket", "candle", "cloud", "garden", "kettle", "lamp", "lem
           "pencil", "pillow", "river", "rocket", "spoon", "tiger", "tomato", "violin", "wagon", "yam")
 
 
+def default_cache() -> Path:
+    """Downloads and builds outside any work tree: the Horovod wheel, MNIST, Azurite."""
+    env = os.environ.get("AMLEMU_CACHE")
+    if env:
+        return Path(env).expanduser()
+    return Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")).expanduser() / "amlemu"
+
+
 def default_home() -> Path:
     return Path(os.environ.get("AMLEMU_HOME", Path.home() / ".amlemu")).expanduser()
 

@@ -32,6 +32,7 @@ CREATE TABLE IF NOT EXISTS runs (
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
+CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
 """
 
 WORKSPACE_DEFAULTS = {
@@ -109,10 +110,11 @@ class Store:
             raise
         self._db.execute("COMMIT")
 
-    def reset(self) -> None:
-        """Forget everything (tests; `amlemu cleanup` after it removed what the state names)."""
+    def reset(self, keep_data: bool = False) -> None:
+        """Forget everything; with keep_data, the workspace and its datastores stay (`amlemu cleanup`)."""
+        tables = ["clusters", "nodes", "runs", "events"] + ([] if keep_data else ["workspace", "datastores"])
         with self.transaction() as db:
-            for table in ("workspace", "clusters", "nodes", "runs", "events"):
+            for table in tables:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
 
     # --- workspace ---------------------------------------------------------------------------
@@ -128,6 +130,20 @@ class Store:
             for key, value in values.items():
                 db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
         return self.workspace()
+
+    # --- datastores (specs only: secrets never enter the database) ----------------------------
+    def datastore(self, name: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT spec FROM datastores WHERE name = ?", (name,)).fetchone()
+        return json.loads(row["spec"]) if row else None
+
+    def datastores(self) -> list[dict[str, Any]]:
+        return [json.loads(r["spec"]) for r in self._db.execute("SELECT spec FROM datastores ORDER BY name")]
+
+    def add_datastore(self, name: str, spec: dict[str, Any]) -> None:
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM datastores WHERE name = ?", (name,)).fetchone():
+                raise StateError(f"datastore '{name}' already exists; pick another name")
+            db.execute("INSERT INTO datastores VALUES (?, ?)", (name, json.dumps(spec)))
 
     # --- clusters ----------------------------------------------------------------------------
     def add_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:

@@ -4,7 +4,7 @@
 #   1. Debian packages: Docker engine, Open MPI, build tools      (apt, as root; skipped when present)
 #   2. a running Docker engine                                     (starts dockerd when none answers)
 #   3. the project's venv with torch, horovod (built once, cached), the project itself
-#   4. the real MNIST data set, laid out as torchvision expects
+#   4. Azurite (npm) for blob datastores, and the real MNIST data set as torchvision expects it
 #
 # A second run on a ready machine checks each step and changes nothing.
 # Knobs: AMLEMU_VENV (default ./.venv), AMLEMU_CACHE (default ~/.cache/amlemu; horovod wheels and
@@ -91,6 +91,22 @@ python_env() {
   echo "$stamp" >"$stamp_file"
 }
 
+# Azurite (the Azure Storage emulator) from the npm registry, for datastores on blob storage.
+azurite() {
+  local version dir=$CACHE/azurite
+  version=$(grep -oE '^VERSION = "[^"]+"' "$ROOT/emulator/azurite.py" | cut -d'"' -f2)
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    step "no Node.js: Azurite skipped, workspaceblobstore will be a local folder (install nodejs and npm to get it)"
+    return
+  fi
+  if grep -qs "\"version\": \"$version\"" "$dir/node_modules/azurite/package.json"; then
+    step "Azurite $version present"; return
+  fi
+  step "installing Azurite $version (npm)"
+  mkdir -p "$dir"
+  (cd "$dir" && npm install --no-audit --no-fund --loglevel=error "azurite@$version") || die "npm could not install azurite@$version"
+}
+
 mnist() {
   step "real MNIST"
   "$VENV/bin/python" -m fixtures.mnist prepare --cache "$CACHE"
@@ -99,5 +115,6 @@ mnist() {
 system_packages
 docker_engine
 python_env
+azurite
 mnist
 step "ready: venv $VENV, data $CACHE/data/mnist"

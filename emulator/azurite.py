@@ -1,0 +1,138 @@
+"""Azurite, Microsoft's Azure Storage emulator (npm package, installed by scripts/setup.sh), run by
+the emulator itself for the datastores that need it: bound to 127.0.0.1, data and log in the home.
+
+Facts it encodes (shared/research/storage.md): azure-storage-blob 12.31 sends an API version
+Azurite 3.37 rejects unless started with --skipApiVersionCheck; without --disableTelemetry it
+tries to reach the internet.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from .errors import BackendError
+
+# Azurite's published development account: public, identical on every machine, not a secret.
+ACCOUNT = "devstoreaccount1"
+ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+VERSION = "3.37.0"
+
+
+def find_binary(cache: Path) -> Path | None:
+    """azurite-blob as setup installs it (cache/azurite), else one on PATH."""
+    local = cache / "azurite" / "node_modules" / ".bin" / "azurite-blob"
+    if local.exists() and shutil.which("node"):
+        return local
+    found = shutil.which("azurite-blob")
+    return Path(found) if found else None
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def azurite_argv(binary: Path, *, port: int, location: Path, log: Path) -> list[str]:
+    return [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location),
+            "--debug", str(log), "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"]
+
+
+@dataclass(frozen=True)
+class AzuriteEndpoint:
+    port: int
+
+    @property
+    def blob_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
+
+    @property
+    def connection_string(self) -> str:
+        return (f"DefaultEndpointsProtocol=http;AccountName={ACCOUNT};AccountKey={ACCOUNT_KEY};"
+                f"BlobEndpoint={self.blob_url};")
+
+
+class Azurite:
+    """One Azurite per emulator home, found again through its state file (pid, port)."""
+
+    def __init__(self, home_root: Path, cache: Path) -> None:
+        self.dir = home_root / "azurite"
+        self.state = self.dir / "server.json"
+        self.cache = cache
+
+    def _running(self) -> AzuriteEndpoint | None:
+        if not self.state.exists():
+            return None
+        info = json.loads(self.state.read_text())
+        try:
+            proc = psutil.Process(info["pid"])
+            if proc.status() != psutil.STATUS_ZOMBIE and str(self.dir) in " ".join(proc.cmdline()):
+                return AzuriteEndpoint(info["port"])
+        except psutil.NoSuchProcess:
+            pass
+        return None
+
+    def ensure(self, timeout: float = 20.0) -> AzuriteEndpoint:
+        """The running server of this home, started and health-checked if needed."""
+        running = self._running()
+        if running:
+            return running
+        binary = find_binary(self.cache)
+        if binary is None:
+            raise BackendError("Azurite is not installed (needs Node.js and `make setup`); "
+                               "datastores fall back to a local folder")
+        self.dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        log = self.dir / "azurite.log"
+        with open(self.dir / "stdout.log", "ab") as out:
+            proc = subprocess.Popen(azurite_argv(binary, port=port, location=self.dir / "data", log=log),
+                                    stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        self.state.write_text(json.dumps({"pid": proc.pid, "port": port}))
+        endpoint = AzuriteEndpoint(port)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise BackendError(f"Azurite exited with {proc.returncode}; see {self.dir / 'stdout.log'}")
+            if healthy(endpoint):
+                return endpoint
+            time.sleep(0.1)
+        self.stop()
+        raise BackendError(f"Azurite did not answer within {timeout:g} s; see {log}")
+
+    def stop(self) -> bool:
+        running = self._running()
+        if running is None:
+            return False
+        pid = json.loads(self.state.read_text())["pid"]
+        os.killpg(pid, signal.SIGTERM)
+        try:
+            psutil.Process(pid).wait(timeout=10)
+        except psutil.TimeoutExpired:
+            os.killpg(pid, signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+        self.state.unlink(missing_ok=True)
+        return True
+
+
+def healthy(endpoint: AzuriteEndpoint) -> bool:
+    """The blob service answers a real request (listing containers), not just a TCP connect."""
+    from azure.storage.blob import BlobServiceClient  # noqa: PLC0415
+
+    try:
+        socket.create_connection(("127.0.0.1", endpoint.port), timeout=1).close()
+        client = BlobServiceClient.from_connection_string(endpoint.connection_string, retry_total=0)
+        list(client.list_containers(results_per_page=1))
+        return True
+    except Exception:  # noqa: BLE001 - any failure means: not ready yet
+        return False

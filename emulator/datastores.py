@@ -1,0 +1,225 @@
+"""Datastores: named blob containers (or folders) of the workspace, reached through fsspec.
+
+Kinds: `local` (a folder; no server), `azurite` (the local Azure Storage emulator, started on
+demand) and `azure_blob` (real Azure Blob through adlfs: account key, SAS token or
+DefaultAzureCredential). `workspaceblobstore`, the default, is made on first use: on Azurite
+when it is installed, else a local folder. Secrets live in the home, owner-only, apart from the
+specs; nothing here prints them, and errors are redacted before they are raised.
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .azurite import Azurite
+from .errors import BackendError, ConfigError, NotFoundError
+
+DEFAULT = "workspaceblobstore"
+KINDS = ("local", "azurite", "azure_blob")
+CREDENTIALS = ("none", "account_key", "sas", "identity")
+URI_RE = re.compile(r"^azureml://datastores/(?P<name>[^/]+)/paths/(?P<path>.*)$")
+CONTAINER_RE = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+
+
+@dataclass(frozen=True)
+class DatastoreSpec:
+    name: str
+    kind: str
+    container: str = ""
+    account: str = ""
+    folder: str = ""
+    credential: str = "none"
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError("type", f"'{self.kind}' is not a datastore type", f"use one of: {', '.join(KINDS)}")
+        if self.credential not in CREDENTIALS:
+            raise ConfigError("credential", f"'{self.credential}' is not supported",
+                              f"use one of: {', '.join(CREDENTIALS)}")
+        if self.kind == "local" and not self.folder:
+            raise ConfigError("path", "a local datastore needs a folder", "give --path <folder>")
+        if self.kind != "local" and not CONTAINER_RE.match(self.container):
+            raise ConfigError("container_name", f"'{self.container}' is not a valid blob container name",
+                              "use 3-63 lowercase letters, digits and single hyphens")
+        if self.kind == "azure_blob" and not self.account:
+            raise ConfigError("account_name", "missing", "give the storage account's name")
+
+
+def clean_path(path: str) -> str:
+    """A datastore-relative path: POSIX, no leading slash; `..` is refused, never resolved."""
+    parts = [p for p in path.replace("\\", "/").split("/") if p not in ("", ".")]
+    if ".." in parts:
+        raise ConfigError("path", f"'{path}' contains '..'", "datastore paths cannot leave the datastore")
+    return "/".join(parts)
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """azureml://datastores/<name>/paths/<path> -> (name, path)."""
+    match = URI_RE.match(uri.strip())
+    if not match:
+        raise ConfigError("path", f"'{uri}' is not a datastore URI",
+                          "write azureml://datastores/<datastore>/paths/<path>")
+    return match.group("name"), clean_path(match.group("path"))
+
+
+def redact(text: str, secrets: list[str]) -> str:
+    for secret in secrets:
+        if secret:
+            text = text.replace(secret, "***")
+    # SAS query strings and account keys in connection strings, whatever their source.
+    text = re.sub(r"(sig|se|sp|sv|st|spr|srt|ss)=[^&\s\"']+", r"\1=***", text)
+    return re.sub(r"(AccountKey|SharedAccessSignature)=[^;\s\"']+", r"\1=***", text)
+
+
+class Datastores:
+    """The workspace's datastore registry (in the home's SQLite store) and their filesystems."""
+
+    def __init__(self, store, home_root: Path, cache: Path) -> None:  # type: ignore[no-untyped-def]
+        self.store, self.home_root, self.cache = store, home_root, cache
+        self.azurite = Azurite(home_root, cache)
+        self._secrets_dir = home_root / "secrets"
+
+    # --- registry ----------------------------------------------------------------------------
+    def list(self) -> list[DatastoreSpec]:
+        self.get(DEFAULT)
+        return [DatastoreSpec(**spec) for spec in self.store.datastores()]
+
+    def get(self, name: str) -> DatastoreSpec:
+        spec = self.store.datastore(name)
+        if spec:
+            return DatastoreSpec(**spec)
+        if name == DEFAULT:
+            return self.create(self._default_spec())
+        known = sorted({DEFAULT, *(s["name"] for s in self.store.datastores())})
+        raise NotFoundError("datastore", name, f"known: {', '.join(known)}; create it with `amlemu datastore create`")
+
+    def _default_spec(self) -> DatastoreSpec:
+        from .azurite import find_binary  # noqa: PLC0415
+
+        if find_binary(self.cache):
+            return DatastoreSpec(DEFAULT, "azurite", container="azureml-blobstore")
+        return DatastoreSpec(DEFAULT, "local", folder=str(self.home_root / "datastores" / DEFAULT))
+
+    def create(self, spec: DatastoreSpec, secret: str | None = None) -> DatastoreSpec:
+        if spec.credential in ("account_key", "sas") and not secret:
+            raise ConfigError("credential", f"{spec.credential} needs a secret",
+                              "pass it through the environment variable the CLI names")
+        self.store.add_datastore(spec.name, asdict(spec))
+        if secret:
+            self._secrets_dir.mkdir(mode=0o700, exist_ok=True)
+            path = self._secrets_dir / spec.name
+            path.touch(mode=0o600)
+            path.write_text(secret)
+        if spec.kind == "local":
+            Path(spec.folder).mkdir(parents=True, exist_ok=True)
+        return spec
+
+    def _secret(self, name: str) -> str:
+        path = self._secrets_dir / name
+        return path.read_text() if path.exists() else ""
+
+    # --- filesystems -------------------------------------------------------------------------
+    def filesystem(self, name: str) -> tuple[Any, str]:
+        """(fsspec filesystem, root within it) of a datastore; Azurite is started when needed."""
+        spec = self.get(name)
+        if spec.kind == "local":
+            import fsspec  # noqa: PLC0415
+
+            return fsspec.filesystem("file"), spec.folder.rstrip("/")
+        import adlfs  # noqa: PLC0415
+
+        if spec.kind == "azurite":
+            fs = adlfs.AzureBlobFileSystem(connection_string=self.azurite.ensure().connection_string,
+                                           skip_instance_cache=True)
+        elif spec.credential == "account_key":
+            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_key=self._secret(name))
+        elif spec.credential == "sas":
+            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, sas_token=self._secret(name))
+        else:
+            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
+        if not fs.exists(spec.container):
+            fs.mkdir(spec.container)
+        return fs, spec.container
+
+    def _guard(self, name: str) -> Callable[[Exception], BackendError]:
+        def wrap(exc: Exception) -> BackendError:
+            return BackendError(redact(f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0],
+                                       [self._secret(name)]))
+        return wrap
+
+    def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None) -> int:
+        """Copy a file or folder up; files already there with the same size are skipped. Returns bytes sent."""
+        name, path = parse_uri(uri)
+        if not local.exists():
+            raise ConfigError("local path", f"{local} does not exist")
+        fs, root = self.filesystem(name)
+        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
+        total, sent = sum(f.stat().st_size for f in files), 0
+        try:
+            for f in files:
+                rel = f.name if local.is_file() else f.relative_to(local).as_posix()
+                target = posixpath.join(root, path, rel) if path or not local.is_file() else posixpath.join(root, rel)
+                if not (fs.exists(target) and fs.size(target) == f.stat().st_size):
+                    fs.makedirs(posixpath.dirname(target), exist_ok=True)
+                    fs.put_file(str(f), target)
+                sent += f.stat().st_size
+                if progress:
+                    progress(sent, total)
+        except (OSError, ValueError) as exc:
+            raise self._guard(name)(exc) from None
+        return total
+
+    def download(self, uri: str, local: Path, progress: Callable[[int, int], None] | None = None) -> int:
+        name, path = parse_uri(uri)
+        fs, root = self.filesystem(name)
+        base = posixpath.join(root, path)
+        try:
+            listing = self._files(fs, base)
+            if not listing:
+                raise NotFoundError("path", uri, "list what is there with `amlemu data ls`")
+            total, done = sum(size for _, size in listing), 0
+            for remote, size in listing:
+                rel = posixpath.relpath(remote, base) if remote != base else posixpath.basename(remote)
+                target = local / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fs.get_file(remote, str(target))
+                done += size
+                if progress:
+                    progress(done, total)
+        except (OSError, ValueError) as exc:
+            raise self._guard(name)(exc) from None
+        return total
+
+    def ls(self, uri: str) -> list[tuple[str, int]]:
+        name, path = parse_uri(uri)
+        fs, root = self.filesystem(name)
+        base = posixpath.join(root, path)
+        return [(posixpath.relpath(p, root), size) for p, size in self._files(fs, base)]
+
+    @staticmethod
+    def _files(fs: Any, base: str) -> list[tuple[str, int]]:
+        if fs.isfile(base):
+            return [(base, fs.size(base))]
+        if not fs.exists(base):
+            return []
+        return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
+
+
+def iter_public(specs: list[DatastoreSpec]) -> Iterator[dict[str, str]]:
+    """What may be shown of each datastore: never a secret (there is none in a spec)."""
+    for spec in specs:
+        yield asdict(spec)
+
+
+def credential_from_env(var: str | None) -> str | None:
+    if var is None:
+        return None
+    value = os.environ.get(var)
+    if not value:
+        raise ConfigError(f"${var}", "is empty or unset", f"export {var}=<secret> first")
+    return value
