@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -208,12 +208,6 @@ class Datastores:
         if not fs.exists(base):
             return []
         return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
-
-
-def iter_public(specs: list[DatastoreSpec]) -> Iterator[dict[str, str]]:
-    """What may be shown of each datastore: never a secret (there is none in a spec)."""
-    for spec in specs:
-        yield asdict(spec)
 
 
 def credential_from_env(var: str | None) -> str | None:

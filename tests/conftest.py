@@ -2,10 +2,17 @@
 from __future__ import annotations
 
 import sys
+import textwrap
+import time
+import uuid
 from pathlib import Path
 
+import psutil
 import pytest
 
+from emulator.api import Emulator
+from emulator.backends import backend_class
+from emulator.specs import ClusterSpec
 from fixtures import mnist
 
 REPO = Path(__file__).resolve().parents[1]
@@ -37,18 +44,6 @@ def trainer_module():
 
 
 # --- the emulated cluster -------------------------------------------------------------------------
-import os  # noqa: E402
-import textwrap  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-
-import psutil  # noqa: E402
-
-from emulator.api import Emulator  # noqa: E402
-from emulator.backends import backend_class  # noqa: E402
-from emulator.specs import ClusterSpec  # noqa: E402
-
-
 @pytest.fixture(params=["docker", "process"])
 def backend(request: pytest.FixtureRequest) -> str:
     """Every cluster test runs on both backends. A missing engine fails the docker half: it never skips."""
@@ -87,7 +82,7 @@ class JobFactory:
         folder = self.root / name
         (folder / "src").mkdir(parents=True)
         (folder / "src" / f"{name}.py").write_text(textwrap.dedent(script))
-        lines = [f"code: src", f"command: python {name}.py", f"compute: azureml:{compute}",
+        lines = ["code: src", f"command: python {name}.py", f"compute: azureml:{compute}",
                  f"experiment_name: {name}", "resources:", f"  instance_count: {nodes}"]
         if distribution != "none":
             lines += ["distribution:", f"  type: {distribution}", f"  process_count_per_instance: {per_node}"]

@@ -2,14 +2,23 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import signal
+import time
 from pathlib import Path
 
+import docker
 import pytest
 
-from conftest import job_processes, wait_until
+from conftest import REPO, job_processes, wait_until
 from emulator.api import Emulator
+from emulator.backends import get_backend
 from emulator.errors import CapacityError
+from emulator.jobspec_io import job_to_record
+from emulator.jobyaml import load_job
 from emulator.specs import RunStatus
+from emulator.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 
@@ -170,8 +179,6 @@ def test_idle_nodes_scale_down_to_min_nodes(emu: Emulator, cluster, make_job) ->
 
 
 def emu_nodes(emu: Emulator):  # type: ignore[no-untyped-def]
-    from emulator.backends import get_backend  # noqa: PLC0415
-
     return get_backend(emu.compute("c1").backend, emu.home).list_nodes()
 
 
@@ -186,8 +193,6 @@ def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, ma
 
 def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root: Path) -> None:
     """The seed's job, unchanged, on real MNIST: 2 nodes x 1 process, accuracy >= 0.95."""
-    from conftest import REPO  # noqa: PLC0415
-
     cluster()
     run = emu.submit(REPO / "trainer" / "job.yml",
                      overrides=[f"inputs.data_dir.path={mnist_root}", "compute=c1"])
@@ -202,15 +207,9 @@ def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root:
 
 def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, make_job) -> None:
     """Driven step by step in this process: Preparing is too short to hit from outside reliably."""
-    from emulator.supervisor import Supervisor  # noqa: PLC0415
-
     cluster()
     job = make_job("print('ran', flush=True)\n", nodes=2)
     run_id = "prep_cancel_1"
-    from emulator.jobspec_io import job_to_record  # noqa: PLC0415
-    from emulator.jobyaml import load_job  # noqa: PLC0415
-    import shutil  # noqa: PLC0415
-
     spec = load_job(job)
     shutil.copytree(spec.code, emu.home.run_dir(run_id) / "snapshot")
     emu.store.add_run(run_id, spec.experiment_name, "c1", job_to_record(spec))
@@ -228,9 +227,6 @@ def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, mak
 
 
 def test_a_dead_supervisor_is_noticed_and_its_run_failed(emu: Emulator, cluster, make_job) -> None:
-    import os  # noqa: PLC0415
-    import signal  # noqa: PLC0415
-
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
@@ -245,16 +241,14 @@ def test_a_dead_supervisor_is_noticed_and_its_run_failed(emu: Emulator, cluster,
 
 @pytest.mark.parametrize("backend", ["docker"], indirect=True)
 def test_a_node_killed_from_outside_fails_the_run(emu: Emulator, cluster, make_job) -> None:
-    import docker  # noqa: PLC0415
-
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), 60, "both ranks started")
-    killed_at = __import__("time").monotonic()
+    killed_at = time.monotonic()
     docker.from_env().containers.get(f"amlemu-{emu.home.id}-c1-node-1").kill()
     assert run.wait(timeout=30) is RunStatus.FAILED
-    assert __import__("time").monotonic() - killed_at < 10
+    assert time.monotonic() - killed_at < 10
     assert run.record.error.startswith("node c1-node-1 was lost"), run.record.error
     assert job_processes(job.parent.name) == []
     assert [n.name for n in emu.store.nodes("c1")] == ["c1-node-0"]  # the lost node is gone for good
