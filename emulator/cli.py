@@ -16,6 +16,7 @@ from dataclasses import asdict
 
 from .api import Emulator, Run
 from .datastores import DatastoreSpec, credential_from_env
+from .jobyaml import load_job
 from .errors import AmlEmuError, ConfigError
 from .specs import ClusterSpec, Priority
 
@@ -237,13 +238,14 @@ def _run_data(run: Run) -> dict[str, Any]:
 def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], stream: bool, dry_run: bool,
                output: str) -> None:
     emu = _emu(ctx)
+    spec = load_job(file, list(overrides))
+    plan = emu.plan_job(spec)
     if dry_run:
-        click.echo(json.dumps(emu.plan_job(file, overrides=list(overrides)), indent=2, default=str))
+        click.echo(json.dumps(plan, indent=2, default=str))
         return
-    notes = {n.get("image_note") for n in emu.plan_job(file, overrides=list(overrides))["nodes"]} - {None}
-    for note in notes:
+    for note in {n.get("image_note") for n in plan["nodes"]} - {None}:
         err_console.print(f"notice: {note}", highlight=False)
-    run = emu.submit(file, overrides=list(overrides))
+    run = emu.submit(spec)
     if stream:
         status = run.wait(show_output=True)
         _print_metrics(run)
