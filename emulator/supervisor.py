@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import cluster as autoscale
 from .backends import NodeRequest, get_backend
-from .contract import NodeSlot, launch_argv, node_env, node_workdir, rank_layout, run_env
+from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
 from .errors import AmlEmuError
 from .home import Home
 from .jobspec_io import job_from_record
@@ -116,6 +116,10 @@ class Supervisor:
         self.store.set_status(self.run_id, status, detail, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
 
+    def job_dir(self, request: NodeRequest) -> Path:
+        """This run's folder on a node's disk, seen from the host (/mnt/azureml/cr/j/<run> inside)."""
+        return request.node_dir / "cr" / "j" / self.run_id
+
     def canceled(self) -> bool:
         return self.status() is RunStatus.CANCEL_REQUESTED
 
@@ -158,7 +162,7 @@ class Supervisor:
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
         snapshot = self.run_dir / "snapshot"
         for request in self.requests:
-            job_dir = request.node_dir / "cr" / "j" / self.run_id
+            job_dir = self.job_dir(request)
             shutil.copytree(snapshot, job_dir / "exe" / "wd", dirs_exist_ok=True)
             for sub in ("outputs", "logs"):
                 (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
@@ -277,7 +281,7 @@ class Supervisor:
     def collect(self) -> None:
         """./outputs and ./logs of every node into the run's record (also after a failure)."""
         for request in self.requests:
-            wd = request.node_dir / "cr" / "j" / self.run_id / "exe" / "wd"
+            wd = self.job_dir(request) / "exe" / "wd"
             for sub in ("outputs", "logs"):
                 if (wd / sub).is_dir():
                     shutil.copytree(wd / sub, self.run_dir / sub, dirs_exist_ok=True)
@@ -286,7 +290,7 @@ class Supervisor:
         """Stop the run's processes, drop its files from the nodes; lost or half-made nodes go."""
         for request in self.requests:
             self.backend.stop_processes(request)
-            shutil.rmtree(request.node_dir / "cr" / "j" / self.run_id, ignore_errors=True)
+            shutil.rmtree(self.job_dir(request), ignore_errors=True)
         for node in autoscale.release(self.store, self.cluster.spec.name, self.run_id, dead):
             self.logs.platform(f"removing node {node.name}")
             self.backend.remove_node(autoscale.node_request(self.home, self.cluster.spec, node.idx))

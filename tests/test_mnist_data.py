@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import io
 import pickle
 import zipfile
 from pathlib import Path
