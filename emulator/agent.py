@@ -21,10 +21,12 @@ from typing import Any
 
 PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
 
-# Runs inside the new namespaces: $1 host, $2 node disk, $3 run records, $4 the command.
-NODE_SETUP = ('mount -t tmpfs amlemu-node /mnt && mkdir -p /mnt/azureml /mnt/amlemu/runs'
+# Runs inside the new namespaces: $1 host, $2 node disk, $3 run records, $4 blob cache, $5 the command.
+# The cache is bound read-only (a write fails with EROFS), as the docker backend mounts it.
+NODE_SETUP = ('mount -t tmpfs amlemu-node /mnt && mkdir -p /mnt/azureml /mnt/amlemu/runs /mnt/amlemu/cache'
               ' && mount --bind "$2" /mnt/azureml && mount --bind "$3" /mnt/amlemu/runs'
-              ' && hostname "$1" && exec /bin/sh -c "$4"')
+              ' && mount --bind "$4" /mnt/amlemu/cache && mount -o remount,bind,ro /mnt/amlemu/cache'
+              ' && hostname "$1" && exec /bin/sh -c "$5"')
 
 
 class AgentError(RuntimeError):
@@ -46,7 +48,7 @@ def agent_command(plan: dict[str, Any], host: str, command: str) -> tuple[list[s
         if not plan.get("as_root", True):
             unshare.append("--map-root-user")
         return [*unshare, "/bin/sh", "-c", NODE_SETUP, "amlemu-node", host, node["node_dir"],
-                plan["runs_dir"], command], env
+                plan["runs_dir"], node["cache_dir"], command], env
     raise AgentError(f"unknown backend {plan['backend']!r} in the launch plan")
 
 

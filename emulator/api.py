@@ -23,8 +23,8 @@ import psutil
 
 from . import cluster as autoscale
 from .backends import BACKENDS, backend_class, get_backend, resolve_backend
-from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
-from .errors import CapacityError, StateError
+from .contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
+from .errors import CapacityError, ConfigError, NotFoundError, StateError
 from .datastores import Datastores
 from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
@@ -217,6 +217,7 @@ class Emulator:
         backend.remove_cluster(name)
         self.store.delete_cluster(name)
         shutil.rmtree(self.home.root / "nodes" / name, ignore_errors=True)
+        shutil.rmtree(self.home.root / "caches" / name, ignore_errors=True)
 
     # --- jobs --------------------------------------------------------------------------------
     def _job(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> JobSpec:
@@ -230,11 +231,20 @@ class Emulator:
                                 f"or raise the cluster's max_nodes")
         return cluster
 
+    def _check_datastores(self, job: JobSpec) -> None:
+        for b in bindings(job, "<run id>"):
+            if b.datastore != LOCAL_SOURCE:
+                try:
+                    self.datastores.get(b.datastore)
+                except NotFoundError as exc:
+                    raise ConfigError(f"{b.ref}.path", str(exc)) from None
+
     def plan_job(self, job: JobSpec | str | Path, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
         """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
         job = self._job(job, overrides)
         cluster = self._check_fits(job)
+        self._check_datastores(job)
         backend = get_backend(cluster.backend, self.home)
         slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
                  for i in range(job.instance_count)]
@@ -248,12 +258,14 @@ class Emulator:
             "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpu_share),
             "node_env": {s.name: node_env(job, s) for s in slots},
             "ranks": [r.__dict__ for r in rank_layout(job, slots)],
+            "data": [{**b.__dict__, "mode": b.mode.value} for b in bindings(job, run_id)],
         }
 
     def submit(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> Run:
         """Snapshot the code, queue the run, and hand it to its own supervisor process."""
         job = self._job(job, overrides)
         self._check_fits(job)
+        self._check_datastores(job)
         self.reconcile()
         run_id = new_run_id()
         run_dir = self.home.run_dir(run_id)
@@ -318,7 +330,7 @@ class Emulator:
             gone.append("Azurite server")
         # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
         self.store.reset(keep_data=True)
-        for sub in ("nodes", "runs"):
+        for sub in ("nodes", "caches", "runs"):
             shutil.rmtree(self.home.root / sub, ignore_errors=True)
         return gone
 

@@ -33,9 +33,11 @@ def limits_here(spec: ClusterSpec):  # type: ignore[no-untyped-def]
 
 def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None) -> NodeRequest:
     limits = limits_here(spec)
+    name = f"{spec.name}-node-{index}"
     return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
-                       memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share, node_dir=home.node_dir(spec.name, f"{spec.name}-node-{index}"),
-                       runs_dir=home.root / "runs", image=image)
+                       memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
+                       node_dir=home.node_dir(spec.name, name), runs_dir=home.root / "runs",
+                       cache_dir=home.cache_dir(spec.name, name), image=image)
 
 
 def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:

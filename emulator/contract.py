@@ -1,21 +1,24 @@
 """The AmlCompute node contract, as pure functions: paths on a node, the environment every process
 sees, the placement of ranks, and the launch command the platform builds (users never write mpirun).
 
-Both backends give every node the same view: its local disk at /mnt/azureml and the workspace's
-run records at /mnt/amlemu/runs, so a path resolved once (a working directory, an input) is valid on
-every node, as on AmlCompute.
+Both backends give every node the same view: its local disk at /mnt/azureml, the workspace's run
+records at /mnt/amlemu/runs and its own blob cache, read-only, at /mnt/amlemu/cache; so a path
+resolved once (a working directory, an input) is valid on every node, as on AmlCompute.
 """
 from __future__ import annotations
 
 import shlex
 from dataclasses import dataclass
 
+from .datastores import DEFAULT as DEFAULT_DATASTORE, parse_uri
 from .jobyaml import substitute_bindings
 from .mpi import MpiLaunch, mpirun_argv
-from .specs import DataInput, DistributionType, JobSpec
+from .specs import DataInput, DataMode, DistributionType, JobSpec
 
 NODE_ROOT = "/mnt/azureml"
 RUNS_ROOT = "/mnt/amlemu/runs"
+CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
+LOCAL_SOURCE = "_local"  # the cache folder of inputs given as local paths
 MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
 
 
@@ -39,21 +42,62 @@ def node_workdir(run_id: str) -> str:
     return f"{NODE_ROOT}/cr/j/{run_id}/exe/wd"
 
 
-def input_dir(run_id: str, name: str) -> str:
-    """Where AmlCompute materialises a data input on the node."""
-    return f"{NODE_ROOT}/cr/j/{run_id}/cap/data-capability/wd/INPUT_{name}"
+def data_dir(run_id: str, name: str) -> str:
+    """Where AmlCompute materialises a data input (INPUT_<name>) or output (<name>) on the node."""
+    return f"{NODE_ROOT}/cr/j/{run_id}/cap/data-capability/wd/{name}"
 
 
-def input_path(run_id: str, name: str, data: DataInput) -> str:
-    """What ${{inputs.<name>}} resolves to on the node (a uri_file's path is the file's)."""
-    folder = input_dir(run_id, name)
-    return f"{folder}/{data.path.rsplit('/', 1)[-1]}" if data.type == "uri_file" else folder
+def mount_dir(run_id: str, datastore: str) -> str:
+    """A datastore as the run sees it mounted (it points into the node's read-only cache)."""
+    return f"{NODE_ROOT}/cr/j/{run_id}/mounts/{datastore}"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One data input or output of a run, as the node sees it: pure data, shown by the dry run."""
+
+    ref: str  # inputs.<name> | outputs.<name>
+    type: str  # uri_folder | uri_file
+    mode: DataMode
+    datastore: str  # LOCAL_SOURCE for an input from a local path
+    path: str  # within the datastore (a local input: its absolute path without the leading /)
+    uri: str  # as the job gave it (outputs without a path: Azure ML's default)
+    node_path: str  # what ${{<ref>}} and $AZUREML_DATAREFERENCE_<name> resolve to
+
+    @property
+    def name(self) -> str:
+        return self.ref.partition(".")[2]
+
+    @property
+    def is_output(self) -> bool:
+        return self.ref.startswith("outputs.")
+
+
+def default_output_uri(run_id: str, name: str) -> str:
+    return f"azureml://datastores/{DEFAULT_DATASTORE}/paths/azureml/{run_id}/{name}/"
+
+
+def bindings(job: JobSpec, run_id: str) -> list[Binding]:
+    found = []
+    for kind, items in (("inputs", job.inputs), ("outputs", job.outputs)):
+        for name, data in items.items():
+            if not isinstance(data, DataInput):
+                continue
+            uri = data.path or default_output_uri(run_id, name)
+            datastore, path = parse_uri(uri) if data.on_datastore or not data.path else \
+                (LOCAL_SOURCE, data.path.lstrip("/"))
+            folder = data_dir(run_id, f"INPUT_{name}" if kind == "inputs" else name)
+            leaf = f"{folder}/{path.rsplit('/', 1)[-1]}" if data.type == "uri_file" else folder
+            node_path = uri if data.mode is DataMode.DIRECT else leaf
+            found.append(Binding(f"{kind}.{name}", data.type, data.mode, datastore, path, uri, node_path))
+    return found
 
 
 def resolve_command(job: JobSpec, run_id: str) -> str:
-    """The command with ${{inputs.x}} replaced: literals by their value, data by its node path."""
-    values = {name: input_path(run_id, name, v) if isinstance(v, DataInput) else str(v)
-              for name, v in job.inputs.items()}
+    """The command with ${{inputs.x}} / ${{outputs.y}} replaced: literals by their value, data by its
+    node path."""
+    values = {f"inputs.{name}": str(v) for name, v in job.inputs.items()}
+    values.update({b.ref: b.node_path for b in bindings(job, run_id)})
     return substitute_bindings(job.command, values)
 
 
@@ -94,6 +138,8 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
         "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
         "OMP_NUM_THREADS": str(threads_per_process(job, node_cpus)),
     }
+    # v1's DataReference.as_mount() puts $AZUREML_DATAREFERENCE_<name> in the arguments.
+    env.update({f"AZUREML_DATAREFERENCE_{b.name}": b.node_path for b in bindings(job, run_id)})
     if job.instance_count > 1:
         env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
     else:

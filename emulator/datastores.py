@@ -146,14 +146,16 @@ class Datastores:
             fs.mkdir(spec.container)
         return fs, spec.container
 
-    def _guard(self, name: str) -> Callable[[Exception], BackendError]:
+    def guard(self, name: str) -> Callable[[Exception], BackendError]:
         def wrap(exc: Exception) -> BackendError:
             return BackendError(redact(f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0],
                                        [self._secret(name)]))
         return wrap
 
-    def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None) -> int:
-        """Copy a file or folder up; files already there with the same size are skipped. Returns bytes sent."""
+    def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None,
+               overwrite: bool = False) -> int:
+        """Copy a file or folder up; unless overwrite, files already there with the same size are
+        skipped (re-running a data upload is cheap). Returns the bytes covered."""
         name, path = parse_uri(uri)
         if not local.exists():
             raise ConfigError("local path", f"{local} does not exist")
@@ -164,14 +166,14 @@ class Datastores:
             for f in files:
                 rel = f.name if local.is_file() else f.relative_to(local).as_posix()
                 target = posixpath.join(root, path, rel) if path or not local.is_file() else posixpath.join(root, rel)
-                if not (fs.exists(target) and fs.size(target) == f.stat().st_size):
+                if overwrite or not (fs.exists(target) and fs.size(target) == f.stat().st_size):
                     fs.makedirs(posixpath.dirname(target), exist_ok=True)
                     fs.put_file(str(f), target)
                 sent += f.stat().st_size
                 if progress:
                     progress(sent, total)
         except (OSError, ValueError) as exc:
-            raise self._guard(name)(exc) from None
+            raise self.guard(name)(exc) from None
         return total
 
     def download(self, uri: str, local: Path, progress: Callable[[int, int], None] | None = None) -> int:
@@ -192,7 +194,7 @@ class Datastores:
                 if progress:
                     progress(done, total)
         except (OSError, ValueError) as exc:
-            raise self._guard(name)(exc) from None
+            raise self.guard(name)(exc) from None
         return total
 
     def ls(self, uri: str) -> list[tuple[str, int]]:

@@ -59,6 +59,10 @@ class Home:
         """A node's local disk; it appears as /mnt/azureml inside the node."""
         return self.root / "nodes" / cluster / node
 
+    def cache_dir(self, cluster: str, node: str) -> Path:
+        """A node's blob cache (its tree appears read-only at /mnt/amlemu/cache inside the node)."""
+        return self.root / "caches" / cluster / node
+
     @property
     def bin_dir(self) -> Path:
         return self.root / "bin"

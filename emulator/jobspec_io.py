@@ -4,7 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .specs import DataInput, Distribution, DistributionType, InputMode, JobSpec
+from .specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+
+
+def _data(value: DataInput) -> dict[str, str]:
+    return {"type": value.type, "path": value.path, "mode": value.mode.value}
 
 
 def job_to_record(job: JobSpec) -> dict[str, Any]:
@@ -14,8 +18,8 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "distribution": {"type": job.distribution.type.value,
                          "process_count_per_instance": job.distribution.process_count_per_instance},
         "environment": job.environment, "environment_variables": dict(job.environment_variables),
-        "inputs": {k: {"type": v.type, "path": v.path, "mode": v.mode.value} if isinstance(v, DataInput) else v
-                   for k, v in job.inputs.items()},
+        "inputs": {k: _data(v) if isinstance(v, DataInput) else v for k, v in job.inputs.items()},
+        "outputs": {k: _data(v) for k, v in job.outputs.items()},
         "display_name": job.display_name,
         "max_run_duration_seconds": job.max_run_duration_seconds,
     }
@@ -23,8 +27,12 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
 
 def job_from_record(data: dict[str, Any]) -> JobSpec:
     dist = data["distribution"]
-    inputs = {k: DataInput(v["type"], v["path"], InputMode(v["mode"])) if isinstance(v, dict) else v
-              for k, v in data["inputs"].items()}
-    return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs,
+
+    def load(v: dict[str, str]) -> DataInput:
+        return DataInput(v["type"], v["path"], DataMode(v["mode"]))
+
+    inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
+    outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
+    return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs, "outputs": outputs,
                       "distribution": Distribution(DistributionType(dist["type"]),
                                                    dist["process_count_per_instance"])})

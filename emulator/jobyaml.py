@@ -13,7 +13,9 @@ from typing import Any
 import yaml
 
 from .errors import ConfigError
-from .specs import DataInput, Distribution, DistributionType, InputMode, JobSpec
+from .datastores import parse_uri
+from .nodecache import policy_from_env
+from .specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 KNOWN_FIELDS = {
     "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",
@@ -24,6 +26,7 @@ DISTRIBUTION_FIELDS = {"type", "process_count_per_instance"}
 RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
 BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
 INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
+OUTPUT_FIELDS = {"type", "path", "mode", "description", "name", "version"}
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -81,18 +84,33 @@ def _int(value: Any, field: str) -> int:
     return value
 
 
-def check_bindings(command: str, inputs: dict[str, Any]) -> None:
-    """Every ${{...}} in the command must name a defined input."""
+def check_bindings(command: str, inputs: dict[str, Any], outputs: dict[str, Any] | None = None) -> None:
+    """Every ${{...}} in the command must name a defined input or output."""
+    defined = {"inputs": inputs, "outputs": outputs or {}}
     for match in BINDING_RE.finditer(command):
         ref = match.group(1)
         kind, _, name = ref.partition(".")
-        if kind != "inputs" or name not in inputs:
+        if name not in defined.get(kind, {}):
+            known = [f"{k}.{n}" for k, names in defined.items() for n in names]
             raise ConfigError("command", f"${{{{{ref}}}}} refers to nothing",
-                              f"define it under inputs (known: {', '.join(sorted(inputs)) or 'none'})")
+                              f"define it under inputs or outputs (known: {', '.join(known) or 'none'})")
 
 
 def substitute_bindings(command: str, values: dict[str, str]) -> str:
-    return BINDING_RE.sub(lambda m: values[m.group(1).partition(".")[2]], command)
+    """Replace ${{inputs.x}} / ${{outputs.y}} by values keyed 'inputs.x' / 'outputs.y'."""
+    return BINDING_RE.sub(lambda m: values[m.group(1)], command)
+
+
+def _mode(value: dict[str, Any], field: str, allowed: tuple[DataMode, ...], default: DataMode) -> DataMode:
+    mode = str(value.get("mode", default.value))
+    names = ", ".join(m.value for m in allowed)
+    try:
+        parsed = DataMode(mode)
+    except ValueError:
+        raise ConfigError(f"{field}.mode", f"'{mode}' is not a data mode", f"use one of: {names}") from None
+    if parsed not in allowed:
+        raise ConfigError(f"{field}.mode", f"{mode} is not allowed here", f"use one of: {names}")
+    return parsed
 
 
 def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
@@ -100,21 +118,40 @@ def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
     _check_fields(value, INPUT_FIELDS, f"{field}.")
     path = value.get("path")
     if not isinstance(path, str) or not path:
-        raise ConfigError(f"{field}.path", "missing", "give a local path or an azureml:// URI")
-    if path.startswith(("azureml:", "https:", "wasbs:", "abfss:")):
-        raise ConfigError(f"{field}.path", f"{path}: datastore and cloud URIs are not emulated yet",
-                          f"use a local folder, e.g. --set {field}.path=<folder>")
-    local = (base_dir / Path(path).expanduser()).resolve()
+        raise ConfigError(f"{field}.path", "missing", "give a local path or an azureml://datastores/... URI")
     kind = str(value.get("type", "uri_folder"))
+    mode = _mode(value, field, INPUT_MODES, DataMode.RO_MOUNT)
+    if path.startswith("azureml://"):
+        try:
+            parse_uri(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
+        return DataInput(kind, path.strip(), mode)
+    if path.startswith(("azureml:", "https:", "http:", "wasbs:", "abfss:")):
+        raise ConfigError(f"{field}.path", f"{path}: only azureml://datastores/<ds>/paths/<p> URIs and local "
+                          "paths are emulated", "register the storage as a datastore (`amlemu datastore create`)")
+    if mode is DataMode.DIRECT:
+        raise ConfigError(f"{field}.mode", "direct passes a storage URI to the job; a local path has none",
+                          "use ro_mount or download, or upload the data to a datastore")
+    local = (base_dir / Path(path).expanduser()).resolve()
     if not (local.is_dir() if kind == "uri_folder" else local.is_file()):
         raise ConfigError(f"{field}.path", f"{local} is not an existing {'folder' if kind == 'uri_folder' else 'file'}")
-    mode = str(value.get("mode", "ro_mount"))
-    try:
-        input_mode = InputMode(mode)
-    except ValueError:
-        raise ConfigError(f"{field}.mode", f"'{mode}' is not emulated for inputs",
-                          f"use one of: {', '.join(m.value for m in InputMode)}") from None
-    return DataInput(kind, str(local), input_mode)
+    return DataInput(kind, str(local), mode)
+
+
+def _data_output(name: str, value: dict[str, Any]) -> DataInput:
+    field = f"outputs.{name}"
+    _check_fields(value, OUTPUT_FIELDS, f"{field}.")
+    path = str(value.get("path") or "")
+    if path:
+        if not path.startswith("azureml://"):
+            raise ConfigError(f"{field}.path", f"'{path}' is not a datastore URI",
+                              "write azureml://datastores/<ds>/paths/<path>, or leave it out for the default")
+        try:
+            parse_uri(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
+    return DataInput(str(value.get("type", "uri_folder")), path.strip(), _mode(value, field, OUTPUT_MODES, DataMode.RW_MOUNT))
 
 
 def script_of(command: str) -> str | None:
@@ -158,8 +195,11 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     inputs: dict[str, Any] = {}
     for name, value in _mapping(data.get("inputs"), "inputs").items():
         inputs[name] = _data_input(name, value, base_dir) if isinstance(value, dict) else value
-    check_bindings(command, inputs)
-    script = script_of(substitute_bindings(command, {n: "INPUT" for n in inputs}))
+    outputs = {name: _data_output(name, _mapping(value, f"outputs.{name}"))
+               for name, value in _mapping(data.get("outputs"), "outputs").items()}
+    check_bindings(command, inputs, outputs)
+    placeholders = {f"{kind}.{n}": "DATA" for kind, names in (("inputs", inputs), ("outputs", outputs)) for n in names}
+    script = script_of(substitute_bindings(command, placeholders))
     if script and not (code_dir / script).is_file():
         raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
                           "fix the script path (it is relative to code)")
@@ -179,7 +219,8 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     _check_fields(resources, RESOURCE_FIELDS, "resources.")
     instance_count = _int(resources.get("instance_count", 1), "resources.instance_count")
 
-    env_vars = _mapping(data.get("environment_variables"), "environment_variables")
+    env_vars = {str(k): str(v) for k, v in _mapping(data.get("environment_variables"), "environment_variables").items()}
+    policy_from_env(env_vars)  # the data runtime's knobs: a bad value fails here, not on the node
     limits = _mapping(data.get("limits"), "limits")
     timeout = limits.get("timeout")
     environment = data.get("environment")
@@ -194,8 +235,9 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         instance_count=instance_count,
         distribution=distribution,
         environment=str(environment) if environment else None,
-        environment_variables={str(k): str(v) for k, v in env_vars.items()},
+        environment_variables=env_vars,
         inputs=inputs,
+        outputs=outputs,
         display_name=data.get("display_name"),
         max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
     )

@@ -122,27 +122,41 @@ class Distribution:
                               f"must be at least 1, got {self.process_count_per_instance}")
 
 
-class InputMode(str, enum.Enum):
+class DataMode(str, enum.Enum):
+    """How a data input or output reaches the node (Azure ML v2 modes)."""
+
     RO_MOUNT = "ro_mount"
+    RW_MOUNT = "rw_mount"
     DOWNLOAD = "download"
+    UPLOAD = "upload"
+    DIRECT = "direct"
+
+
+INPUT_MODES = (DataMode.RO_MOUNT, DataMode.DOWNLOAD, DataMode.DIRECT)
+OUTPUT_MODES = (DataMode.RW_MOUNT, DataMode.UPLOAD, DataMode.DIRECT)
 
 
 @dataclass(frozen=True)
 class DataInput:
-    """A uri_folder / uri_file input from a local path (datastore URIs come with datastores)."""
+    """A uri_folder / uri_file input or output: a datastore URI (azureml://datastores/<ds>/paths/<p>)
+    or, for inputs, an absolute local path. An output's empty path means Azure ML's default one."""
 
     type: str  # uri_folder | uri_file
-    path: str  # absolute local path
-    mode: InputMode = InputMode.RO_MOUNT
+    path: str
+    mode: DataMode = DataMode.RO_MOUNT
 
     def __post_init__(self) -> None:
         if self.type not in ("uri_folder", "uri_file"):
             raise ConfigError("inputs.type", f"'{self.type}' is not supported", "use uri_folder or uri_file")
 
+    @property
+    def on_datastore(self) -> bool:
+        return self.path.startswith("azureml://")
+
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A command job as the CLI v2 YAML describes it (datastore inputs come with datastores)."""
+    """A command job as the CLI v2 YAML describes it."""
 
     command: str
     code: Path
@@ -153,6 +167,7 @@ class JobSpec:
     environment: str | None = None
     environment_variables: dict[str, str] = field(default_factory=dict)
     inputs: dict[str, str | int | float | bool | DataInput] = field(default_factory=dict)
+    outputs: dict[str, DataInput] = field(default_factory=dict)
     display_name: str | None = None
     max_run_duration_seconds: int | None = None
 

@@ -15,15 +15,19 @@ import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import cluster as autoscale
 from .backends import NodeRequest, get_backend
 from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
+from .datastores import Datastores
 from .errors import AmlEmuError
-from .home import Home
+from .home import Home, default_cache
 from .jobspec_io import job_from_record
-from .specs import DataInput, DistributionType, JobSpec, RunStatus
+from .mounts import RunData
+from .nodecache import NodeCache, policy_from_env
+from .specs import DistributionType, JobSpec, RunStatus
 from .store import Store
 
 POLL = 0.1
@@ -107,6 +111,7 @@ class Supervisor:
         self.run_dir = home.run_dir(run_id)
         self.logs = RunLogs(self.run_dir, self.job.process_count)
         self.requests: list[NodeRequest] = []
+        self.data: RunData | None = None
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -130,6 +135,10 @@ class Supervisor:
             slots = self.prepare(allocation) if allocation else None
             if slots:
                 self.execute(slots)
+        except AmlEmuError as exc:  # bad data, a node that would not start: the message says it all
+            self.logs.platform(f"error: {exc}")
+            self.fail_or_cancel(str(exc))
+            self.cleanup_nodes(dead=set())
         except Exception as exc:  # noqa: BLE001 - whatever broke, the run must end in a terminal state
             self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
             self.fail_or_cancel(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
@@ -166,7 +175,7 @@ class Supervisor:
             shutil.copytree(snapshot, job_dir / "exe" / "wd", dirs_exist_ok=True)
             for sub in ("outputs", "logs"):
                 (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
-            self.materialize_inputs(job_dir)
+        self.prepare_data()
         slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
         workspace = self.store.workspace()
         plan = {
@@ -189,18 +198,31 @@ class Supervisor:
         entry = self.backend.agent_entry(request)
         return {**entry, "env": {**entry.get("env", {}), **node_env(self.job, slot)}}
 
-    def materialize_inputs(self, job_dir: Path) -> None:
-        """Local data inputs are copied onto each node before the job starts, as `download` does.
-        (Datastore mounts with the blobfuse cache replace this for azureml:// inputs.)"""
-        for name, data in self.job.inputs.items():
-            if not isinstance(data, DataInput):
-                continue
-            target = job_dir / "cap" / "data-capability" / "wd" / f"INPUT_{name}"
-            if data.type == "uri_folder":
-                shutil.copytree(data.path, target, dirs_exist_ok=True)
-            else:
-                target.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(data.path, target)
+    def prepare_data(self) -> None:
+        """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
+        policy, notices = policy_from_env(self.job.environment_variables, job_start=time.time())
+        for notice in notices:
+            self.logs.platform(f"notice: {notice}")
+        self.data = RunData(Datastores(self.store, self.home.root, default_cache()), self.job, self.run_id,
+                            policy, self.logs.platform)
+        if not self.data.bindings:
+            return
+        with ThreadPoolExecutor(len(self.requests)) as pool:
+            list(pool.map(lambda r: self.data.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir)),
+                          self.requests))
+
+    def refresh_data(self, stop: threading.Event) -> None:
+        """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
+        within TTL + TTL/2); with the default (the job's lifetime) nothing is refreshed."""
+        ttl = self.data.policy.ttl if self.data and self.data.mounted else None
+        if ttl is None:
+            return
+        while not stop.wait(max(1.0, ttl / 2)):
+            for request in self.requests:
+                try:
+                    self.data.refresh(request.name, NodeCache(request.cache_dir))
+                except AmlEmuError as exc:
+                    self.logs.platform(f"warning: {exc}")
 
     def execute(self, slots: list[NodeSlot]) -> None:
         agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
@@ -217,6 +239,9 @@ class Supervisor:
         tagged = self.job.distribution.type is not DistributionType.NONE
         pump = threading.Thread(target=self.logs.pump, args=(proc.stdout, tagged), daemon=True)
         pump.start()
+        stop_refresh = threading.Event()
+        refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
+        refresher.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
         while proc.poll() is None:
@@ -229,7 +254,9 @@ class Supervisor:
                 break
             time.sleep(POLL)
         exit_code = proc.wait()
+        stop_refresh.set()
         pump.join(timeout=5)
+        refresher.join(timeout=30)
         lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
         self.finalize(outcome, exit_code, lost)
 
@@ -257,6 +284,7 @@ class Supervisor:
             outcome = "canceled"
         if outcome != "canceled":
             self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
+        upload_error = self.upload_outputs()
         self.collect()
         self.cleanup_nodes(dead=set(lost))
         if outcome == "canceled":
@@ -265,6 +293,8 @@ class Supervisor:
             self.set(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
                      f"{self.job.max_run_duration_seconds}) and was stopped", exit_code=exit_code,
                      error=f"exceeded max_run_duration_seconds={self.job.max_run_duration_seconds}")
+        elif exit_code == 0 and not lost and upload_error:
+            self.set(RunStatus.FAILED, upload_error, exit_code=0, error=upload_error)
         elif exit_code == 0 and not lost:
             self.set(RunStatus.COMPLETED, exit_code=0)
         else:
@@ -277,6 +307,17 @@ class Supervisor:
         status = RunStatus.CANCELED if self.canceled() else RunStatus.FAILED
         if not self.status().is_terminal:
             self.set(status, reason, error=reason)
+
+    def upload_outputs(self) -> str | None:
+        """rw_mount / upload outputs to their datastore, whatever the ending; an error is returned."""
+        if self.data is None:
+            return None
+        try:
+            self.data.upload_outputs({r.name: r.node_dir for r in self.requests})
+        except AmlEmuError as exc:
+            self.logs.platform(f"error: {exc}")
+            return f"uploading the outputs failed: {exc}"
+        return None
 
     def collect(self) -> None:
         """./outputs and ./logs of every node into the run's record (also after a failure)."""

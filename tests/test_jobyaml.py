@@ -9,7 +9,7 @@ from conftest import REPO
 from emulator.contract import resolve_command
 from emulator.errors import ConfigError
 from emulator.jobyaml import apply_overrides, load_job, script_of
-from emulator.specs import DataInput, DistributionType, InputMode
+from emulator.specs import DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"
 
@@ -20,16 +20,18 @@ def test_the_seed_job_loads_with_its_data_path_overridden(mnist_subset: Path) ->
     assert job.experiment_name == "pytorch-horovod"
     assert (job.instance_count, job.distribution.type, job.distribution.process_count_per_instance) == (
         2, DistributionType.MPI, 1)
-    assert job.inputs["data_dir"] == DataInput("uri_folder", str(mnist_subset), InputMode.RO_MOUNT)
+    assert job.inputs["data_dir"] == DataInput("uri_folder", str(mnist_subset), DataMode.RO_MOUNT)
     assert job.image is None  # an azureml: environment is not a Docker image
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
                                           "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 
 
-def test_the_seed_job_says_datastores_are_not_there_yet() -> None:
-    with pytest.raises(ConfigError, match=r"^inputs.data_dir.path: azureml://datastores/workspaceblobstore/paths/"
-                                          r"mnist: datastore and cloud URIs are not emulated yet; use a local folder"):
-        load_job(SEED_JOB)
+def test_the_seed_job_reads_mnist_from_workspaceblobstore() -> None:
+    job = load_job(SEED_JOB)
+    assert job.inputs["data_dir"] == DataInput("uri_folder", "azureml://datastores/workspaceblobstore/paths/mnist",
+                                               DataMode.RO_MOUNT)
+    assert resolve_command(job, "r1") == ("python train.py --data-dir "
+                                          "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 
 
 def _write(tmp_path: Path, text: str, script: str | None = "train.py") -> Path:
@@ -62,7 +64,23 @@ BASE = "code: src\ncommand: python train.py\ncompute: azureml:c1\n"
     (BASE + "limits:\n  timeout: 0\n", "limits.timeout: must be a positive number of seconds, got 0"),
     (BASE + "inputs:\n  d:\n    type: uri_folder\n    path: ./nothing\n", "inputs.d.path: "),
     (BASE + "inputs:\n  d:\n    type: uri_folder\n    path: src\n    mode: eval_mount\n",
-     "inputs.d.mode: 'eval_mount' is not emulated for inputs"),
+     "inputs.d.mode: 'eval_mount' is not a data mode; use one of: ro_mount, download, direct"),
+    (BASE + "inputs:\n  d:\n    path: src\n    mode: rw_mount\n",
+     "inputs.d.mode: rw_mount is not allowed here; use one of: ro_mount, download, direct"),
+    (BASE + "inputs:\n  d:\n    path: src\n    mode: direct\n", "inputs.d.mode: direct passes a storage URI"),
+    (BASE + "inputs:\n  d:\n    path: azureml://datastores/ws/mnist\n",
+     "inputs.d.path: 'azureml://datastores/ws/mnist' is not a datastore URI; write azureml://datastores/<datastore>/paths/<path>"),
+    (BASE + "inputs:\n  d:\n    path: azureml://datastores/ws/paths/a/../../etc\n",
+     "inputs.d.path: 'a/../../etc' contains '..'; datastore paths cannot leave the datastore"),
+    (BASE + "inputs:\n  d:\n    path: https://acct.blob.core.windows.net/c/x\n",
+     "inputs.d.path: https://acct.blob.core.windows.net/c/x: only azureml://datastores/<ds>/paths/<p> URIs"),
+    (BASE + "outputs:\n  o:\n    mode: ro_mount\n", "outputs.o.mode: ro_mount is not allowed here; use one of: rw_mount, upload, direct"),
+    (BASE + "outputs:\n  o:\n    path: ./out\n", "outputs.o.path: './out' is not a datastore URI"),
+    (BASE.replace("train.py", "train.py ${{outputs.o}}"), "command: ${{outputs.o}} refers to nothing"),
+    (BASE + "environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 2min\n",
+     "environment_variables.DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: '2min' is not a number of milliseconds"),
+    (BASE + "environment_variables:\n  DATASET_MOUNT_CACHE_SIZE: lots\n",
+     "environment_variables.DATASET_MOUNT_CACHE_SIZE: 'lots' is not a size"),
 ])
 def test_bad_jobs_name_the_field(tmp_path: Path, text: str, message: str) -> None:
     with pytest.raises(ConfigError) as err:
@@ -116,3 +134,17 @@ def test_overrides_set_nested_fields_and_refuse_nonsense() -> None:
 ])
 def test_script_of(command: str, script: str | None) -> None:
     assert script_of(command) == script
+
+
+def test_datastore_inputs_and_outputs_resolve_to_node_paths(tmp_path: Path) -> None:
+    job = load_job(_write(tmp_path, BASE.replace("train.py", "train.py ${{inputs.d}} ${{inputs.f}} ${{outputs.o}} "
+                                                 "${{outputs.m}} ${{inputs.u}}") +
+                          "inputs:\n  d:\n    path: azureml://datastores/ws/paths/data/\n"
+                          "  f:\n    type: uri_file\n    path: azureml://datastores/ws/paths/a/b.csv\n    mode: download\n"
+                          "  u:\n    path: azureml://datastores/ws/paths/raw\n    mode: direct\n"
+                          "outputs:\n  o:\n    mode: upload\n"
+                          "  m:\n    path: azureml://datastores/ws/paths/models\n"))
+    wd = "/mnt/azureml/cr/j/r/cap/data-capability/wd"
+    assert job.outputs["o"] == DataInput("uri_folder", "", DataMode.UPLOAD)
+    assert resolve_command(job, "r").split()[2:] == [
+        f"{wd}/INPUT_d", f"{wd}/INPUT_f/b.csv", f"{wd}/o", f"{wd}/m", "azureml://datastores/ws/paths/raw"]

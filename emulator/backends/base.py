@@ -23,6 +23,7 @@ class NodeRequest:
     cpu_share: float  # what its processes should plan threads on (nodes share this machine)
     node_dir: Path  # the node's local disk on the host
     runs_dir: Path  # the workspace's run records on the host
+    cache_dir: Path  # the node's blob cache on the host (its data/ tree is what the node sees)
     gpus: tuple[str, ...] = ()
     image: str | None = None  # the job's image, when the engine has it
 

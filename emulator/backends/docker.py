@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import shutil
 import sys
 import tarfile
 import threading
@@ -106,6 +107,8 @@ class DockerBackend(NodeBackend):
         volumes = {} if use_job_image else _mirror_mounts()
         volumes[str(request.node_dir)] = {"bind": "/mnt/azureml", "mode": "rw"}
         volumes[str(request.runs_dir)] = {"bind": "/mnt/amlemu/runs", "mode": "rw"}
+        # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
+        volumes[str(request.cache_dir / "data")] = {"bind": "/mnt/amlemu/cache", "mode": "ro"}
         agent = Path(sys.prefix, "bin", "amlemu-agent")
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
@@ -154,6 +157,7 @@ class DockerBackend(NodeBackend):
         plan = self.plan_node(request)
         request.node_dir.mkdir(parents=True, exist_ok=True)
         request.runs_dir.mkdir(parents=True, exist_ok=True)
+        (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._ensure_image(plan["image"])
             self._ensure_network(plan["network"], request.cluster)
@@ -184,6 +188,7 @@ class DockerBackend(NodeBackend):
             self.client.containers.get(self.container_name(request)).remove(force=True)
         except docker.errors.NotFound:
             pass
+        shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         return {"container": self.container_name(request)}

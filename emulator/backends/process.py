@@ -37,18 +37,20 @@ class ProcessBackend(NodeBackend):
 
     def create_node(self, request: NodeRequest) -> str:
         request.node_dir.mkdir(parents=True, exist_ok=True)
+        (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         (request.node_dir / ".amlemu-node.json").write_text(json.dumps(self.plan_node(request)))
         return "127.0.0.1"
 
     def remove_node(self, request: NodeRequest) -> None:
         self.stop_processes(request)
         shutil.rmtree(request.node_dir, ignore_errors=True)
+        shutil.rmtree(request.cache_dir, ignore_errors=True)
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         # A process node runs this machine's software, with the emulator's environment first on
         # PATH (as the mirror image of a docker node has it).
         path = f"{Path(sys.prefix, 'bin')}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        return {"node_dir": str(request.node_dir), "env": {"PATH": path}}
+        return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"), "env": {"PATH": path}}
 
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(request.node_dir)
@@ -88,6 +90,7 @@ class ProcessBackend(NodeBackend):
 
     def remove_cluster(self, cluster: str) -> None:
         shutil.rmtree(self.home.root / "nodes" / cluster, ignore_errors=True)
+        shutil.rmtree(self.home.root / "caches" / cluster, ignore_errors=True)
 
     def reap(self, all_homes: bool = False) -> list[str]:
         """This home's process nodes: their processes, then their folders (other homes are not ours
@@ -97,6 +100,7 @@ class ProcessBackend(NodeBackend):
             request_dir = self.home.node_dir(node.cluster, node.name)
             self._kill_recorded(request_dir)
             shutil.rmtree(request_dir, ignore_errors=True)
+            shutil.rmtree(self.home.cache_dir(node.cluster, node.name), ignore_errors=True)
             gone.append(f"process node {node.name}")
         return gone
 
