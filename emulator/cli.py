@@ -374,16 +374,17 @@ def datastore_show(ctx: click.Context, name: str) -> None:
 @click.option("--account-key-env", metavar="VAR", help="environment variable holding the account key")
 @click.option("--sas-token-env", metavar="VAR", help="environment variable holding a SAS token")
 @click.option("--identity", is_flag=True, help="authenticate with DefaultAzureCredential")
+@click.option("--endpoint", default="", help="blob endpoint other than https://<account>.blob.core.windows.net")
 @click.pass_context
 @handle_errors
 def datastore_create(ctx: click.Context, name: str, kind: str, folder: Path | None, account_name: str,
                      container_name: str, account_key_env: str | None, sas_token_env: str | None,
-                     identity: bool) -> None:
+                     identity: bool, endpoint: str) -> None:
     """Secrets are read from environment variables, never from the command line (shell history)."""
     credential = "account_key" if account_key_env else "sas" if sas_token_env else \
         "identity" if identity else "none"
     spec = DatastoreSpec(name, kind, container=container_name, account=account_name,
-                         folder=str(folder.resolve()) if folder else "", credential=credential)
+                         folder=str(folder.resolve()) if folder else "", credential=credential, endpoint=endpoint)
     _emu(ctx).datastores.create(spec, credential_from_env(account_key_env or sas_token_env))
     console.print(f"created datastore {name} ({kind})", highlight=False)
 

@@ -34,6 +34,7 @@ class DatastoreSpec:
     account: str = ""
     folder: str = ""
     credential: str = "none"
+    endpoint: str = ""  # a blob endpoint URL other than the public cloud's (sovereign cloud, Azurite)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -48,6 +49,10 @@ class DatastoreSpec:
                               "use 3-63 lowercase letters, digits and single hyphens")
         if self.kind == "azure_blob" and not self.account:
             raise ConfigError("account_name", "missing", "give the storage account's name")
+        if self.endpoint and not re.match(r"^https?://[^/\s]+", self.endpoint):
+            raise ConfigError("endpoint", f"'{self.endpoint}' is not a URL", "write e.g. https://acct.blob.core.chinacloudapi.cn")
+        if self.endpoint.startswith("http://") and self.credential not in ("account_key", "sas"):
+            raise ConfigError("endpoint", "plain http works with an account key or SAS token only", "use https")
 
 
 def clean_path(path: str) -> str:
@@ -136,6 +141,13 @@ class Datastores:
         if spec.kind == "azurite":
             fs = adlfs.AzureBlobFileSystem(connection_string=self.azurite.ensure().connection_string,
                                            skip_instance_cache=True)
+        elif spec.endpoint and spec.credential in ("account_key", "sas"):
+            secret = {"account_key": "AccountKey", "sas": "SharedAccessSignature"}[spec.credential]
+            fs = adlfs.AzureBlobFileSystem(connection_string=f"AccountName={spec.account};BlobEndpoint="
+                                           f"{spec.endpoint};{secret}={self._secret(name)}", skip_instance_cache=True)
+        elif spec.endpoint:
+            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_host=spec.endpoint.removeprefix("https://"),
+                                           anon=spec.credential == "none")
         elif spec.credential == "account_key":
             fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_key=self._secret(name))
         elif spec.credential == "sas":
