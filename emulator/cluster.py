@@ -106,9 +106,12 @@ def scale_down(store: Store, spec: ClusterSpec, remove: Callable[[Node], None]) 
     with store.transaction() as db:
         victims = expired_nodes(store.nodes(spec.name, db), spec, now)
         for node in victims:
-            store.delete_node(db, spec.name, node.idx)
+            # Kept (as removing) until its container is gone: a new node must not take its name meanwhile.
+            store.set_node(db, replace(node, state="removing"))
     for node in victims:
         remove(node)
+        with store.transaction() as db:
+            store.delete_node(db, spec.name, node.idx)
     return victims
 
 

@@ -56,7 +56,7 @@ class RunData:
             return action()
         except AmlEmuError as exc:
             raise BackendError(f"{binding.ref} ({binding.uri}): {exc}") from None
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - storage SDK errors are many; each one is redacted
             raise BackendError(f"{binding.ref} ({binding.uri}): {self.datastores.guard(binding.datastore)(exc)}") from None
 
     # --- before the job ----------------------------------------------------------------------

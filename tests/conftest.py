@@ -77,12 +77,12 @@ class JobFactory:
         self.root = root
 
     def __call__(self, script: str, *, nodes: int = 1, per_node: int = 1, distribution: str = "mpi",
-                 compute: str = "c1", extra: str = "", name: str | None = None) -> Path:
+                 compute: str = "c1", extra: str = "", name: str | None = None, args: str = "") -> Path:
         name = name or f"job_{uuid.uuid4().hex[:8]}"
         folder = self.root / name
         (folder / "src").mkdir(parents=True)
         (folder / "src" / f"{name}.py").write_text(textwrap.dedent(script))
-        lines = ["code: src", f"command: python {name}.py", f"compute: azureml:{compute}",
+        lines = ["code: src", f"command: python {name}.py {args}".rstrip(), f"compute: azureml:{compute}",
                  f"experiment_name: {name}", "resources:", f"  instance_count: {nodes}"]
         if distribution != "none":
             lines += ["distribution:", f"  type: {distribution}", f"  process_count_per_instance: {per_node}"]

@@ -188,15 +188,21 @@ def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, ma
     assert plan["launch"][0] == "mpirun" and plan["ranks"][1]["node"] == "c1-node-1"
     assert [n["hostname"] for n in plan["nodes"]] == ["c1-node-0", "c1-node-1"]
     assert plan["env"]["AZ_BATCH_MASTER_NODE"] == "<address of c1-node-0>:6105"
+    cache = {"bind": "/mnt/amlemu/cache", "mode": "ro"} if emu.default_backend == "docker" else None
+    assert cache is None or plan["nodes"][0]["volumes"][str(emu.home.cache_dir("c1", "c1-node-0") / "data")] == cache
     assert emu.runs() == [] and emu.store.nodes("c1") == [] and emu_nodes(emu) == []
 
 
 def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root: Path) -> None:
-    """The seed's job, unchanged, on real MNIST: 2 nodes x 1 process, accuracy >= 0.95."""
+    """The seed's job, unchanged, on real MNIST read from workspaceblobstore (Azurite) through each
+    node's own cache: 2 nodes x 1 process, accuracy >= 0.95."""
     cluster()
-    run = emu.submit(REPO / "trainer" / "job.yml",
-                     overrides=[f"inputs.data_dir.path={mnist_root}", "compute=c1"])
+    emu.datastores.upload(mnist_root, "azureml://datastores/workspaceblobstore/paths/mnist")
+    run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error
+    for node in ("c1-node-0", "c1-node-1"):
+        raw = emu.home.cache_dir("c1", node) / "data" / "workspaceblobstore" / "mnist" / "MNIST" / "raw"
+        assert (raw / "train-images-idx3-ubyte").stat().st_size == 47_040_016
     summary = json.loads((run.outputs / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True
     metrics = run.metrics()

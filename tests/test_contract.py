@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from emulator.agent import NODE_SETUP, AgentError, agent_command
-from emulator.contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
-from emulator.specs import Distribution, DistributionType, JobSpec
+from emulator.contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
+from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}
 NODES = [NodeSlot(0, "c1-node-0", "10.0.0.2"), NodeSlot(1, "c1-node-1", "10.0.0.3")]
@@ -93,14 +93,34 @@ def test_agent_execs_into_the_node_container_without_values_in_argv() -> None:
     assert env == {"AZUREML_RUN_ID": "r", "SECRET": "s3cret", "AZ_BATCHAI_TASK_INDEX": "1"}
 
 
-def test_agent_gives_process_nodes_their_own_namespaces() -> None:
+def test_agent_gives_process_nodes_their_own_namespaces_and_a_read_only_cache() -> None:
     plan = {"backend": "process", "as_root": False, "runs_dir": "/h/runs", "env": {},
-            "hosts": {"n0": {"node_dir": "/h/nodes/c/n0", "env": {}}}}
+            "hosts": {"n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "env": {}}}}
     argv, _ = agent_command(plan, "n0", "orted")
     assert argv == ["unshare", "--mount", "--uts", "--propagation", "private", "--map-root-user",
-                    "/bin/sh", "-c", NODE_SETUP, "amlemu-node", "n0", "/h/nodes/c/n0", "/h/runs", "orted"]
+                    "/bin/sh", "-c", NODE_SETUP, "amlemu-node", "n0", "/h/nodes/c/n0", "/h/runs",
+                    "/h/caches/c/n0/data", "orted"]
+    assert 'mount --bind "$4" /mnt/amlemu/cache && mount -o remount,bind,ro /mnt/amlemu/cache' in NODE_SETUP
 
 
 def test_agent_refuses_hosts_outside_the_run() -> None:
     with pytest.raises(AgentError, match="host c1-node-9 is not a node of this run"):
         agent_command(PLAN, "c1-node-9", "orted")
+
+
+def test_data_bindings_paths_default_outputs_and_v1_references() -> None:
+    job = _job(inputs={"data": DataInput("uri_folder", "azureml://datastores/ws/paths/mnist"),
+                       "local": DataInput("uri_file", "/home/me/labels.csv", DataMode.DOWNLOAD), "lr": 0.1},
+               outputs={"model": DataInput("uri_folder", "", DataMode.UPLOAD)})
+    found = {b.ref: b for b in bindings(job, "r1")}
+    wd = "/mnt/azureml/cr/j/r1/cap/data-capability/wd"
+    assert (found["inputs.data"].datastore, found["inputs.data"].path, found["inputs.data"].node_path) == (
+        "ws", "mnist", f"{wd}/INPUT_data")
+    assert (found["inputs.local"].datastore, found["inputs.local"].path, found["inputs.local"].node_path) == (
+        LOCAL_SOURCE, "home/me/labels.csv", f"{wd}/INPUT_local/labels.csv")
+    assert found["outputs.model"].uri == "azureml://datastores/workspaceblobstore/paths/azureml/r1/model/"
+    assert found["outputs.model"].node_path == f"{wd}/model" and "inputs.lr" not in found
+    env = run_env(job, "r1", WS, NODES, node_cpus=2)
+    assert env["AZUREML_DATAREFERENCE_data"] == f"{wd}/INPUT_data"
+    assert env["AZUREML_DATAREFERENCE_model"] == f"{wd}/model"
+

@@ -13,6 +13,7 @@ import shutil
 import sys
 import tarfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -185,7 +186,7 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            self.client.containers.get(self.container_name(request)).remove(force=True)
+            self._remove_container(self.client.containers.get(self.container_name(request)))
         except docker.errors.NotFound:
             pass
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
@@ -238,11 +239,26 @@ class DockerBackend(NodeBackend):
         for network in self.client.networks.list(names=[self.network_name(cluster)]):
             network.remove()
 
+    def _remove_container(self, container) -> None:  # type: ignore[no-untyped-def]
+        """Remove, tolerating a removal already under way (a supervisor scaling its node down)."""
+        import docker  # noqa: PLC0415
+
+        try:
+            container.remove(force=True)
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError as exc:
+            if exc.status_code != 409:
+                raise
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and self.client.containers.list(all=True, filters={"id": container.id}):
+                time.sleep(0.1)
+
     def reap(self, all_homes: bool = False) -> list[str]:
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
         gone = []
         for c in self.client.containers.list(all=True, filters={"label": label}):
-            c.remove(force=True)
+            self._remove_container(c)
             gone.append(f"container {c.name}")
         for n in self.client.networks.list(filters={"label": label}):
             n.remove()
