@@ -14,11 +14,12 @@ setup:
 
 # The seed's job on the emulated cluster: compute gpucluster (trainer/compute.yml: STANDARD_NC6,
 # low priority, max 2 nodes) gets 2 nodes, the platform builds mpirun, Horovod MNIST trains on
-# the real data. Ends with the run's status, test accuracy, and where its outputs and logs are.
+# the real data, read from workspaceblobstore (Azurite) through each node's blobfuse-style cache.
+# Ends with the run's status, test accuracy, and where its outputs and logs are.
 AMLEMU := $(VENV)/bin/amlemu
 demo: setup
 	@$(AMLEMU) compute show gpucluster >/dev/null 2>&1 || $(AMLEMU) compute create -f trainer/compute.yml
-	$(AMLEMU) job create -f trainer/job.yml --stream --set inputs.data_dir.path=$(CACHE)/data/mnist
+	$(AMLEMU) job create -f trainer/job.yml --stream
 
 test: setup
 	$(PY) -m pytest

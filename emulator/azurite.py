@@ -69,7 +69,7 @@ class Azurite:
         self.state = self.dir / "server.json"
         self.cache = cache
 
-    def _running(self) -> AzuriteEndpoint | None:
+    def running(self) -> AzuriteEndpoint | None:
         if not self.state.exists():
             return None
         info = json.loads(self.state.read_text())
@@ -83,7 +83,7 @@ class Azurite:
 
     def ensure(self, timeout: float = 20.0) -> AzuriteEndpoint:
         """The running server of this home, started and health-checked if needed."""
-        running = self._running()
+        running = self.running()
         if running:
             return running
         binary = find_binary(self.cache)
@@ -110,7 +110,7 @@ class Azurite:
         raise BackendError(f"Azurite did not answer within {timeout:g} s; see {log}")
 
     def stop(self) -> bool:
-        running = self._running()
+        running = self.running()
         if running is None:
             return False
         pid = json.loads(self.state.read_text())["pid"]

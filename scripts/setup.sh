@@ -110,6 +110,8 @@ azurite() {
 mnist() {
   step "real MNIST"
   "$VENV/bin/python" -m fixtures.mnist prepare --cache "$CACHE"
+  step "MNIST on the emulator's workspaceblobstore (what trainer/job.yml reads)"
+  "$VENV/bin/python" -m fixtures.mnist publish || die "could not put MNIST on workspaceblobstore"
 }
 
 system_packages
