@@ -1,6 +1,6 @@
 """A run's data on its nodes, done by the host (nodes never hold a credential or a privilege):
 
-- ro_mount: the input is synced into each node's blob cache (`nodecache`), and the run's mount
+- ro_mount: the input is synced into each node's blob cache (`nodecache`); the run's mount
   (`.../mounts/<datastore>`) and `INPUT_<name>` point into the cache, which the node sees read-only;
 - download: the input is copied onto the node's disk before the job starts (never refreshed);
 - direct: the URI is passed through, the job reads it itself;
@@ -77,14 +77,15 @@ class RunData:
                 self.log(f"{b.ref}: downloaded {b.uri} to {node}")
 
     def _link(self, node_dir: Path, b: Binding, target: Path) -> None:
-        """mounts/<ds> -> the node's cache of <ds>; INPUT_<name> (or the file in it) -> mounts/<ds>/<path>."""
-        mount = mount_dir(self.run_id, b.datastore)
-        link = host_path(node_dir, mount)
+        """The run's mounts/<ds> and INPUT_<name> (or the file in it) point into the node's cache
+        of <ds>, each in one hop (every open resolves it: a chain of links costs read speed)."""
+        cached = f"{CACHE_ROOT}/{b.datastore}"
+        link = host_path(node_dir, mount_dir(self.run_id, b.datastore))
         if not link.is_symlink():
             link.parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(f"{CACHE_ROOT}/{b.datastore}", link)
+            os.symlink(cached, link)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(posixpath.join(mount, b.path) if b.path else mount, target)
+        os.symlink(posixpath.join(cached, b.path) if b.path else cached, target)
 
     def _download(self, b: Binding, folder: Path) -> None:
         source = self.source(b.datastore)

@@ -23,8 +23,7 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,8 @@ RESERVED_VAR = "DATASET_RESERVED_FREE_DISK_SPACE"
 NOT_EMULATED = ("DATASET_MOUNT_READ_BLOCK_SIZE", "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT",
                 "DATASET_MOUNT_READ_THREADS", "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED",
                 "DATASET_MOUNT_MEMORY_CACHE_SIZE", "DATASET_UNMOUNT_TIMEOUT_SECONDS")
-WORKERS = 8  # parallel fetches per node: small files are latency-bound
+BATCH = 256  # paths locked and fetched together (one parallel transfer; bounded open lock files)
+WORKERS = 8  # parallel fetches for download mode
 
 
 class CacheError(AmlEmuError):
@@ -142,6 +142,7 @@ class NodeCache:
     def _db(self) -> Iterator[sqlite3.Connection]:
         # A connection per use: several threads and processes share the file; SQLite serialises them.
         db = sqlite3.connect(self.root / "meta.db", timeout=60, isolation_level=None)
+        db.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit; the cache can be refilled
         try:
             yield db
         finally:
@@ -174,42 +175,76 @@ class NodeCache:
         return files, True
 
     # --- entries -----------------------------------------------------------------------------
+    def _lock_file(self, key: str, path: str) -> Path:
+        return self.root / "locks" / hashlib.sha1(f"{key}/{path}".encode()).hexdigest()
+
     @contextmanager
     def _locked(self, key: str, path: str) -> Iterator[None]:
-        name = hashlib.sha1(f"{key}/{path}".encode()).hexdigest()
-        with open(self.root / "locks" / name, "a") as fh:
+        with open(self._lock_file(key, path), "a") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(fh, fcntl.LOCK_UN)
+            yield  # closing the file releases the lock
 
-    def _ensure(self, source: Source, path: str, etag: str, policy: CachePolicy, now: float) -> str:
-        """One file present and trusted; returns 'stale', 'revalidated' or 'downloaded'."""
-        target = self.local_path(source.key, path)
-        with self._locked(source.key, path):
-            with self._db() as db:
-                row = db.execute("SELECT etag, size, fetched_at FROM entries WHERE key = ? AND path = ?",
-                                 (source.key, path)).fetchone()
+    def _fill(self, source: Source, files: dict[str, list], policy: CachePolicy, now: float) -> dict[str, str]:
+        """Every file present and trusted -> {path: 'stale' | 'revalidated' | 'downloaded'}.
+        Paths are taken in batches under their locks and fetched with one parallel transfer per
+        batch; a path another process holds is waited for, then found filled (one download)."""
+        outcomes: dict[str, str] = {}
+        waiting: list[str] = []
+        paths = sorted(files)
+        for start in range(0, len(paths), BATCH):
+            with ExitStack() as held:
+                mine = []
+                for path in paths[start:start + BATCH]:
+                    fh = held.enter_context(open(self._lock_file(source.key, path), "a"))
+                    try:
+                        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        mine.append(path)
+                    except BlockingIOError:
+                        waiting.append(path)
+                outcomes.update(self._fill_locked(source, {p: files[p] for p in mine}, policy, now))
+        for path in waiting:
+            with self._locked(source.key, path):
+                outcomes.update(self._fill_locked(source, {path: files[path]}, policy, now))
+        return outcomes
+
+    def _fill_locked(self, source: Source, files: dict[str, list], policy: CachePolicy, now: float) -> dict[str, str]:
+        if not files:
+            return {}
+        with self._db() as db:
+            rows = {r[0]: r[1:] for r in db.execute(
+                f"SELECT path, etag, size, fetched_at FROM entries WHERE key = ? AND path IN ({','.join('?' * len(files))})",
+                (source.key, *files))}
+        outcomes, fetch = {}, []
+        for path, (etag, _) in files.items():
+            row, target = rows.get(path), self.local_path(source.key, path)
             present = row is not None and target.is_file() and target.stat().st_size == row[1]
             if present and policy.fresh(row[2], now):
-                outcome = "stale"
+                outcomes[path] = "stale"
             elif present and row[0] == etag:
-                outcome = "revalidated"
+                outcomes[path] = "revalidated"
             else:
-                tmp = self.root / "tmp" / uuid.uuid4().hex
-                try:
-                    source.fs.get_file(source.remote(path), str(tmp))
-                    target.parent.mkdir(parents=True, exist_ok=True)
-                    os.replace(tmp, target)
-                finally:
-                    tmp.unlink(missing_ok=True)
-                outcome = "downloaded"
-            fetched, kept = (row[2], row[0]) if outcome == "stale" else (now, etag)
-            with self._db() as db:
+                outcomes[path] = "downloaded"
+                fetch.append(path)
+        tmps = {path: self.root / "tmp" / uuid.uuid4().hex for path in fetch}
+        try:
+            if fetch:  # fsspec expands and sorts the remote list: keep both lists in that order
+                source.fs.get([source.remote(p) for p in fetch], [str(tmps[p]) for p in fetch])
+            for path in fetch:
+                target = self.local_path(source.key, path)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(tmps[path], target)  # readers see the whole old file or the whole new one
+        finally:
+            for tmp in tmps.values():
+                tmp.unlink(missing_ok=True)
+        with self._db() as db:
+            db.execute("BEGIN")
+            for path, outcome in outcomes.items():
+                row = rows.get(path)
+                fetched, etag = (row[2], row[0]) if outcome == "stale" else (now, files[path][0])
                 db.execute("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?, ?, ?)",
-                           (source.key, path, kept, target.stat().st_size, fetched, now))
-        return outcome
+                           (source.key, path, etag, self.local_path(source.key, path).stat().st_size, fetched, now))
+            db.execute("COMMIT")
+        return outcomes
 
     def _remove(self, key: str, path: str) -> None:
         with self._locked(key, path):
@@ -224,10 +259,7 @@ class NodeCache:
         files, listed = self._listing(source, prefix, policy, now)
         report = SyncReport(files=len(files), listed=listed, paths=sorted(files))
         self._make_room(source.key, files, policy)
-        with ThreadPoolExecutor(WORKERS) as pool:
-            outcomes = list(pool.map(lambda p: self._ensure(source, p, files[p][0], policy, now),
-                                     sorted(files)))
-        for path, outcome in zip(sorted(files), outcomes):
+        for path, outcome in self._fill(source, files, policy, now).items():
             setattr(report, outcome, getattr(report, outcome) + 1)
             if outcome == "downloaded":
                 report.bytes += files[path][1]
