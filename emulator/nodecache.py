@@ -24,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -109,7 +109,6 @@ class SyncReport:
     removed: int = 0
     bytes: int = 0
     listed: bool = False  # the listing was fetched now (not served from the cache)
-    paths: list[str] = field(default_factory=list)
 
     def line(self) -> str:
         return (f"{self.files} file(s): {self.downloaded} fetched ({self.bytes / MB:.1f} MiB), "
@@ -257,7 +256,7 @@ class NodeCache:
         """Make `prefix` of the source present in the tree as the policy says a mount would see it."""
         now = self.clock()
         files, listed = self._listing(source, prefix, policy, now)
-        report = SyncReport(files=len(files), listed=listed, paths=sorted(files))
+        report = SyncReport(files=len(files), listed=listed)
         self._make_room(source.key, files, policy)
         for path, outcome in self._fill(source, files, policy, now).items():
             setattr(report, outcome, getattr(report, outcome) + 1)
@@ -292,7 +291,7 @@ class NodeCache:
             return False, ""
 
         while over()[0] and evictable:
-            k, p, s = evictable.pop(0)
+            k, p, _ = evictable.pop(0)
             self._remove(k, p)
             have.pop((k, p), None)
         full, why = over()

@@ -52,10 +52,32 @@ def backend(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
+@pytest.fixture(scope="session")
+def _homes():
+    """Every test home's id; at the end of the session nothing labelled with one may exist, even
+    what appeared after its test's own check (a late container from a process being killed)."""
+    homes: set[str] = set()
+    yield homes
+    import docker  # noqa: PLC0415
+
+    client = docker.from_env()
+    late = [f"{kind} {item.name}" for kind, items in (("container", client.containers.list(all=True)),
+                                                      ("network", client.networks.list()))
+            for item in items if (item.attrs.get("Labels") or item.attrs.get("Config", {}).get("Labels") or {})
+            .get("amlemu.home") in homes]
+    for home in homes:
+        for container in client.containers.list(all=True, filters={"label": f"amlemu.home={home}"}):
+            container.remove(force=True)
+        for network in client.networks.list(filters={"label": f"amlemu.home={home}"}):
+            network.remove()
+    assert late == [], f"left behind by the test session: {late}"
+
+
 @pytest.fixture
-def emu(tmp_path: Path, backend: str):
+def emu(tmp_path: Path, backend: str, _homes: set[str]):
     """An emulator with its own home; afterwards nothing it made may remain."""
     emulator = Emulator(home=tmp_path / "home", backend=backend)
+    _homes.add(emulator.home.id)
     yield emulator
     emulator.cleanup()
     if backend == "docker":
