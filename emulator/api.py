@@ -26,6 +26,7 @@ from .backends import BACKENDS, backend_class, get_backend, resolve_backend
 from .contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
 from .errors import CapacityError, ConfigError, NotFoundError, StateError
 from .datastores import Datastores
+from .faults import FaultInjector
 from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
 from .jobyaml import load_job
@@ -150,6 +151,7 @@ class Emulator:
         self.store = Store(self.home.db)
         self.default_backend = backend or os.environ.get("AMLEMU_BACKEND", "auto")
         self.datastores = Datastores(self.store, self.home.root, default_cache())
+        self.faults = FaultInjector(self.home, self.store)
 
     # --- workspace ---------------------------------------------------------------------------
     def workspace(self) -> dict[str, str]:
@@ -305,8 +307,10 @@ class Emulator:
             for name in record.nodes:
                 index = int(name.rsplit("-", 1)[1])
                 backend.stop_processes(autoscale.node_request(self.home, cluster.spec, index))
-            autoscale.release(self.store, record.cluster, record.id)
-            reason = "the emulator process supervising this run died; the run was stopped"
+            # No supervisor is left to scale these nodes down: they go now.
+            for node in autoscale.release(self.store, record.cluster, record.id, dead=set(record.nodes)):
+                backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
+            reason = "the emulator process supervising this run died; the run was stopped and its nodes removed"
             self.store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
             fixed.append(record.id)
         return fixed

@@ -90,8 +90,9 @@ _ACTIVE = (RunStatus.NOT_STARTED, RunStatus.QUEUED, RunStatus.PREPARING, RunStat
 _TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     RunStatus.NOT_STARTED: frozenset({RunStatus.QUEUED}),
     RunStatus.QUEUED: frozenset({RunStatus.PREPARING}),
-    RunStatus.PREPARING: frozenset({RunStatus.RUNNING}),
-    RunStatus.RUNNING: frozenset({RunStatus.FINALIZING}),
+    # A preempted run goes back to the queue and is restarted on fresh nodes (low priority).
+    RunStatus.PREPARING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED}),
+    RunStatus.RUNNING: frozenset({RunStatus.FINALIZING, RunStatus.QUEUED}),
     RunStatus.FINALIZING: frozenset({RunStatus.COMPLETED, RunStatus.FAILED}),
     RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
     RunStatus.NOT_RESPONDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),

@@ -33,7 +33,15 @@ CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
 CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY, ts REAL NOT NULL, cluster TEXT NOT NULL, node TEXT NOT NULL,
+    run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS faults_run ON faults (run_id, kind);
+CREATE TABLE IF NOT EXISTS preemption_policies (
+    cluster TEXT PRIMARY KEY, rate_per_node_hour REAL NOT NULL, seed INTEGER NOT NULL,
+    max_preemptions INTEGER NOT NULL);
 """
+MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0"}
 
 WORKSPACE_DEFAULTS = {
     "workspace_name": "amlemu-ws",
@@ -55,7 +63,7 @@ class Node:
     cluster: str
     idx: int
     name: str
-    state: str  # creating | idle | busy
+    state: str  # creating | idle | busy | removing
     run_id: str | None
     idle_since: float | None
     created_at: float
@@ -76,6 +84,7 @@ class RunRecord:
     launch_pid: int | None = None
     nodes: list[str] = field(default_factory=list)
     exit_code: int | None = None
+    preemptions: int = 0
 
 
 def _cluster_to_json(spec: ClusterSpec) -> str:
@@ -96,6 +105,9 @@ class Store:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=30000")
         self._db.executescript(SCHEMA)
+        for (table, column), statement in MIGRATIONS.items():
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(statement)
 
     def close(self) -> None:
         self._db.close()
@@ -112,7 +124,8 @@ class Store:
 
     def reset(self, keep_data: bool = False) -> None:
         """Forget everything; with keep_data, the workspace and its datastores stay (`amlemu cleanup`)."""
-        tables = ["clusters", "nodes", "runs", "events"] + ([] if keep_data else ["workspace", "datastores"])
+        tables = ["clusters", "nodes", "runs", "events", "faults", "preemption_policies"] + (
+            [] if keep_data else ["workspace", "datastores"])
         with self.transaction() as db:
             for table in tables:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
@@ -167,6 +180,7 @@ class Store:
     def delete_cluster(self, name: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))
+            db.execute("DELETE FROM preemption_policies WHERE cluster = ?", (name,))
             db.execute("DELETE FROM clusters WHERE name = ?", (name,))
 
     # --- nodes -------------------------------------------------------------------------------
@@ -235,6 +249,26 @@ class Store:
         if fields:
             columns = ", ".join(f"{name} = ?" for name in fields)
             db.execute(f"UPDATE runs SET {columns} WHERE id = ?", (*fields.values(), run_id))  # noqa: S608
+
+    # --- faults ------------------------------------------------------------------------------
+    def add_fault(self, cluster: str, node: str, run_id: str | None, kind: str, detail: str = "") -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO faults (ts, cluster, node, run_id, kind, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                       (time.time(), cluster, node, run_id, kind, detail))
+
+    def faults(self, run_id: str, kind: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+        query = "SELECT * FROM faults WHERE run_id = ? AND ts >= ?" + (" AND kind = ?" if kind else "")
+        args = (run_id, since, kind) if kind else (run_id, since)
+        return [dict(r) for r in self._db.execute(query + " ORDER BY id", args).fetchall()]
+
+    def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int, max_preemptions: int) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO preemption_policies VALUES (?, ?, ?, ?)",
+                       (cluster, rate_per_node_hour, seed, max_preemptions))
+
+    def preemption_policy(self, cluster: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM preemption_policies WHERE cluster = ?", (cluster,)).fetchone()
+        return dict(row) if row else None
 
     def events(self, run_id: str) -> list[tuple[float, RunStatus, str]]:
         rows = self._db.execute("SELECT ts, status, detail FROM events WHERE run_id = ? ORDER BY ts, rowid",

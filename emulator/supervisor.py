@@ -23,6 +23,7 @@ from .backends import NodeRequest, get_backend
 from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
 from .datastores import Datastores
 from .errors import AmlEmuError
+from .faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
 from .home import Home, default_cache
 from .jobspec_io import job_from_record
 from .mounts import RunData
@@ -83,10 +84,13 @@ def tail(path: Path, lines: int = 10) -> str:
         return ""
 
 
-def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, lost: list[str]) -> str:
+def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, lost: list[str],
+                   killed: frozenset[str] = frozenset()) -> str:
     """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log."""
     if lost:
-        return f"node {', '.join(lost)} was lost (its container or processes stopped) while the job ran"
+        how = "was killed (an injected fault)" if set(lost) <= killed else \
+            "was lost (its container or processes stopped)"
+        return f"node {', '.join(lost)} {how} while the job ran; the job was stopped on all nodes"
     match = MPI_EXIT_RE.search(mpi_log)
     signal_match = MPI_SIGNAL_RE.search(mpi_log)
     if match or signal_match:
@@ -112,6 +116,8 @@ class Supervisor:
         self.logs = RunLogs(self.run_dir, self.job.process_count)
         self.requests: list[NodeRequest] = []
         self.data: RunData | None = None
+        self.attempt_since = 0.0
+        self.faults = FaultInjector(home, self.store)
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -131,10 +137,11 @@ class Supervisor:
     # --- lifecycle ---------------------------------------------------------------------------
     def run(self) -> None:
         try:
-            allocation = self.wait_for_nodes()
-            slots = self.prepare(allocation) if allocation else None
-            if slots:
-                self.execute(slots)
+            while True:  # one pass per attempt: a preempted run goes round again
+                allocation = self.wait_for_nodes()
+                slots = self.prepare(allocation) if allocation else None
+                if not slots or not self.execute(slots):
+                    break
         except AmlEmuError as exc:  # bad data, a node that would not start: the message says it all
             self.logs.platform(f"error: {exc}")
             self.fail_or_cancel(str(exc))
@@ -148,6 +155,7 @@ class Supervisor:
         self.linger()
 
     def wait_for_nodes(self) -> autoscale.Allocation | None:
+        self.attempt_since = time.time()  # faults recorded from now on concern this attempt
         self.logs.platform(f"waiting for {self.job.instance_count} node(s) of {self.cluster.spec.name}")
         while True:
             if self.canceled():
@@ -170,11 +178,14 @@ class Supervisor:
             autoscale.create_nodes(self.store, self.backend, new)
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
         snapshot = self.run_dir / "snapshot"
+        restarted = self.store.run(self.run_id).preemptions > 0
         for request in self.requests:
             job_dir = self.job_dir(request)
             shutil.copytree(snapshot, job_dir / "exe" / "wd", dirs_exist_ok=True)
             for sub in ("outputs", "logs"):
                 (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
+                if restarted and (self.run_dir / sub).is_dir():  # what a preempted attempt left is put back
+                    shutil.copytree(self.run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
         self.prepare_data()
         slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
         workspace = self.store.workspace()
@@ -224,7 +235,10 @@ class Supervisor:
                 except AmlEmuError as exc:
                     self.logs.platform(f"warning: {exc}")
 
-    def execute(self, slots: list[NodeSlot]) -> None:
+    def execute(self, slots: list[NodeSlot]) -> bool:
+        """Run the job to its end; True when it was preempted and must be restarted."""
+        if self.preempted():  # taken away while preparing
+            return self.restart()
         agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
         argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0,
                            mpi_options=self.backend.mpi_options)
@@ -244,21 +258,77 @@ class Supervisor:
         refresher.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
+        policy_preemptions = self.policy_preemptions()
         while proc.poll() is None:
             if self.canceled():
                 outcome = "canceled"
             elif limit and time.monotonic() - started > limit:
                 outcome = "timeout"
+            elif self.preempted():
+                outcome = "preempted"
+            elif self.partitioned_too_long():
+                outcome = "partitioned"
             if outcome:
                 self.stop(proc)
                 break
+            for due, node in list(policy_preemptions):
+                if time.monotonic() - started >= due:
+                    policy_preemptions.remove((due, node))
+                    self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
             time.sleep(POLL)
         exit_code = proc.wait()
         stop_refresh.set()
         pump.join(timeout=5)
         refresher.join(timeout=30)
+        if outcome is None and self.preempted():  # the kill ended the job before a poll saw the fault
+            outcome = "preempted"
+        if outcome == "preempted" and not self.canceled():
+            self.stop(proc)
+            return self.restart()
         lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
         self.finalize(outcome, exit_code, lost)
+        return False
+
+    # --- faults ------------------------------------------------------------------------------
+    def preempted(self) -> list[str]:
+        return sorted({f["node"] for f in self.store.faults(self.run_id, "preempt", since=self.attempt_since)})
+
+    def partitioned_too_long(self) -> bool:
+        return any(time.time() - f["ts"] > PARTITION_TIMEOUT
+                   for f in self.store.faults(self.run_id, "partition", since=self.attempt_since))
+
+    def policy_preemptions(self) -> list[tuple[float, str]]:
+        """(seconds after Running, node) of this attempt's preemptions under the cluster's policy."""
+        policy = self.store.preemption_policy(self.cluster.spec.name)
+        if not policy or policy["rate_per_node_hour"] <= 0:
+            return []
+        record = self.store.run(self.run_id)
+        delays = preemption_delays(policy["rate_per_node_hour"], policy["seed"], record.seq, record.preemptions,
+                                   len(self.requests))
+        return [(d, r.name) for d, r in zip(delays, self.requests) if d != float("inf")]
+
+    def restart(self) -> bool:
+        """Preempted: outputs and logs so far are kept, the run's nodes go, and the run waits for
+        fresh nodes (or fails past the cluster's limit). True when it is to be started again."""
+        victims = self.preempted()
+        self.logs.platform(f"preempted: node(s) {', '.join(victims)} taken away (low priority)")
+        self.upload_outputs()
+        self.collect()
+        self.cleanup_nodes(dead={r.name for r in self.requests})
+        count = self.store.run(self.run_id).preemptions + 1
+        policy = self.store.preemption_policy(self.cluster.spec.name)
+        limit = policy["max_preemptions"] if policy else MAX_PREEMPTIONS
+        if self.canceled():
+            self.set(RunStatus.CANCELED, "canceled by request", preemptions=count)
+            return False
+        if count > limit:
+            reason = (f"preempted {count} times, more than the {limit} restarts allowed (set them with "
+                      f"`amlemu compute preemption-policy --max-preemptions`); outputs so far are kept")
+            self.set(RunStatus.FAILED, reason, error=reason, preemptions=count)
+            return False
+        self.set(RunStatus.QUEUED, f"preempted (node(s) {', '.join(victims)}); restart {count} of at most "
+                 f"{limit} on fresh nodes", preemptions=count)
+        return True
 
     def stop(self, proc: subprocess.Popen) -> None:
         """SIGTERM the launch (mpirun passes it to every rank), SIGKILL what is left after a grace."""
@@ -286,9 +356,15 @@ class Supervisor:
             self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
         upload_error = self.upload_outputs()
         self.collect()
-        self.cleanup_nodes(dead=set(lost))
+        cut_off = {f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}
+        self.cleanup_nodes(dead=set(lost) | cut_off)  # a node cut off from its cluster is no use to the next job
         if outcome == "canceled":
             self.set(RunStatus.CANCELED, "canceled by request; every process was stopped", exit_code=exit_code)
+        elif outcome == "partitioned":
+            names = ", ".join(sorted({f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}))
+            reason = (f"node {names} was cut off from the cluster network and the job did not end within "
+                      f"{PARTITION_TIMEOUT:g} s; it was stopped on all nodes")
+            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
         elif outcome == "timeout":
             self.set(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
                      f"{self.job.max_run_duration_seconds}) and was stopped", exit_code=exit_code,
@@ -300,7 +376,8 @@ class Supervisor:
         else:
             layout = rank_layout(self.job, [NodeSlot(i, r.name, "") for i, r in enumerate(self.requests)])
             mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
-            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost)
+            killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
+            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
 
     def fail_or_cancel(self, reason: str) -> None:

@@ -11,9 +11,12 @@ from pathlib import Path
 import docker
 import pytest
 
+from click.testing import CliRunner
+
 from conftest import REPO, job_processes, wait_until
 from emulator.api import Emulator
 from emulator.backends import get_backend
+from emulator.cli import cli
 from emulator.errors import CapacityError
 from emulator.jobspec_io import job_to_record
 from emulator.jobyaml import load_job
@@ -232,17 +235,18 @@ def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, mak
     assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
 
 
-def test_a_dead_supervisor_is_noticed_and_its_run_failed(emu: Emulator, cluster, make_job) -> None:
+def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluster, make_job) -> None:
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0), 60, "the job started")
     os.kill(run.record.supervisor_pid, signal.SIGKILL)  # the emulator itself dies mid-run
-    wait_until(lambda: emu.reconcile() == [run.id], 10, "reconcile notices the dead supervisor")
-    assert run.status is RunStatus.FAILED
-    assert run.record.error == "the emulator process supervising this run died; the run was stopped"
+    shown = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, "-o", "json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
+    assert run.record.error == ("the emulator process supervising this run died; the run was stopped and "
+                                "its nodes removed")
     wait_until(lambda: job_processes(job.parent.name) == [], 10, "the job's processes are gone")
-    assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
+    assert emu.store.nodes("c1") == [] and emu_nodes(emu) == []  # nobody is left to scale them down
 
 
 @pytest.mark.parametrize("backend", ["docker"], indirect=True)
@@ -255,6 +259,6 @@ def test_a_node_killed_from_outside_fails_the_run(emu: Emulator, cluster, make_j
     docker.from_env().containers.get(f"amlemu-{emu.home.id}-c1-node-1").kill()
     assert run.wait(timeout=30) is RunStatus.FAILED
     assert time.monotonic() - killed_at < 10
-    assert run.record.error.startswith("node c1-node-1 was lost"), run.record.error
+    assert run.record.error.startswith("node c1-node-1 was lost (its container or processes stopped)"), run.record.error
     assert job_processes(job.parent.name) == []
     assert [n.name for n in emu.store.nodes("c1")] == ["c1-node-0"]  # the lost node is gone for good

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from ..errors import BackendError
 from ..home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
@@ -85,6 +86,19 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def list_nodes(self) -> list[NodeInfo]:
         """The nodes of this home that exist now."""
+
+    # --- faults (emulator/faults.py) ----------------------------------------------------------
+    @abc.abstractmethod
+    def kill_node(self, request: NodeRequest) -> None:
+        """The node dies at once: its processes get SIGKILL, nothing they could handle."""
+
+    def partition_node(self, request: NodeRequest) -> None:
+        """Cut the node off from the other nodes (it keeps running)."""
+        raise BackendError(f"a network partition is not emulated on {self.name} nodes")
+
+    def slow_node(self, request: NodeRequest, cpus: float) -> None:
+        """Throttle the node to `cpus` cores."""
+        raise BackendError(f"slowing a node is not emulated on {self.name} nodes")
 
     def create_cluster(self, cluster: str) -> None:
         """Create what the cluster's nodes share (a network); nothing by default."""

@@ -24,6 +24,7 @@ from .base import LABEL, NodeBackend, NodeInfo, NodeRequest
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
+CPU_PERIOD = 100_000  # microseconds
 
 
 def _client():  # type: ignore[no-untyped-def]
@@ -133,7 +134,9 @@ class DockerBackend(NodeBackend):
             "init": use_job_image,
             "environment": env,
             "volumes": volumes,
-            "nano_cpus": int(request.cpus * 1e9),
+            # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.
+            "cpu_period": CPU_PERIOD,
+            "cpu_quota": int(request.cpus * CPU_PERIOD),
             "mem_limit": request.memory_bytes,
             "shm_size": SHM_SIZE,
             "gpus": list(request.gpus),
@@ -166,7 +169,7 @@ class DockerBackend(NodeBackend):
         device_requests = [docker.types.DeviceRequest(device_ids=plan["gpus"], capabilities=[["gpu"]])] \
             if plan["gpus"] else None
         host_config = api.create_host_config(
-            binds=plan["volumes"], nano_cpus=plan["nano_cpus"], mem_limit=plan["mem_limit"],
+            binds=plan["volumes"], cpu_period=plan["cpu_period"], cpu_quota=plan["cpu_quota"], mem_limit=plan["mem_limit"],
             shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests)
         networking = api.create_networking_config(
             {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})
@@ -219,6 +222,25 @@ class DockerBackend(NodeBackend):
             except ProcessLookupError:
                 pass
         return len(victims)
+
+    def _container(self, request: NodeRequest):  # type: ignore[no-untyped-def]
+        import docker  # noqa: PLC0415
+
+        try:
+            return self.client.containers.get(self.container_name(request))
+        except docker.errors.NotFound:
+            raise BackendError(f"node {request.name} does not exist") from None
+
+    def kill_node(self, request: NodeRequest) -> None:
+        container = self._container(request)
+        if container.status == "running":
+            container.kill()  # SIGKILL to the node's init: every process in it dies
+
+    def partition_node(self, request: NodeRequest) -> None:
+        self.client.networks.get(self.network_name(request.cluster)).disconnect(self._container(request), force=True)
+
+    def slow_node(self, request: NodeRequest, cpus: float) -> None:
+        self._container(request).update(cpu_period=CPU_PERIOD, cpu_quota=max(1000, int(cpus * CPU_PERIOD)))
 
     def list_nodes(self) -> list[NodeInfo]:
         found = []

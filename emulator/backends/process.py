@@ -15,6 +15,7 @@ import psutil
 from .base import NodeBackend, NodeInfo, NodeRequest
 
 PIDS_FILE = ".amlemu-pids"  # in the node folder: (pid, start time) of each agent started there
+DEAD_FILE = ".amlemu-dead"  # a killed node: its folder stays until the node is removed
 
 
 class ProcessBackend(NodeBackend):
@@ -55,6 +56,10 @@ class ProcessBackend(NodeBackend):
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(request.node_dir)
 
+    def kill_node(self, request: NodeRequest) -> None:
+        (request.node_dir / DEAD_FILE).touch()
+        self._kill_recorded(request.node_dir)
+
     @staticmethod
     def _kill_recorded(node_dir: Path) -> int:
         """Kill the trees of the agents recorded for a node (checked by start time: no reused pid)."""
@@ -84,8 +89,8 @@ class ProcessBackend(NodeBackend):
         for marker in sorted((self.home.root / "nodes").glob("*/*/.amlemu-node.json")):
             plan = json.loads(marker.read_text())
             found.append(NodeInfo(cluster=plan["labels"]["amlemu.cluster"], name=plan["hostname"],
-                                  index=int(plan["labels"]["amlemu.index"]), running=True,
-                                  address=plan["address"]))
+                                  index=int(plan["labels"]["amlemu.index"]),
+                                  running=not (marker.parent / DEAD_FILE).exists(), address=plan["address"]))
         return found
 
     def remove_cluster(self, cluster: str) -> None:
