@@ -105,3 +105,17 @@ def test_jobs_are_shared_between_processes(amlemu, tmp_path: Path) -> None:
     downloaded = Path(amlemu("job", "download", listed[0]["name"], "--download-path", str(tmp_path / "dl"))
                       .split("downloaded to ")[1].strip())
     assert "hi there" in (downloaded / "user_logs" / "std_log_process_0.txt").read_text()
+
+
+def test_fault_commands_speak_plainly(amlemu) -> None:
+    amlemu("compute", "create", "--name", "ded", "--size", "STANDARD_D2_V2", "--backend", "process")
+    amlemu("compute", "create", "--name", "low", "--size", "STANDARD_D2_V2", "--tier", "low_priority",
+           "--backend", "process")
+    assert "compute ded is dedicated: only low-priority nodes are preempted" in amlemu(
+        "compute", "preempt", "ded", code=1)
+    assert amlemu("compute", "preempt", "low").strip() == "preempted nothing (no node is up)"
+    assert "low: 2 preemption(s) per node-hour, seed 7, at most 1 restart(s) per run" in amlemu(
+        "compute", "preemption-policy", "low", "--rate-per-node-hour", "2", "--seed", "7", "--max-preemptions", "1")
+    out = amlemu("fault", "kill-node", "low", "3", code=1)
+    assert out.strip() == "amlemu: error: node '3 of compute low' not found; nodes up now: none"
+    assert "--cpus: must be positive, got 0.0" in amlemu("fault", "slow", "low", "0", "--cpus", "0", code=1)

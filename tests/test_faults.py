@@ -220,7 +220,7 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
                                                                                backend: str) -> None:
     """Consecutive short jobs, each hit (or not) by a fault drawn from a seeded generator at a random
     moment: every run reaches a terminal status; the fixture then checks nothing is left."""
-    count = 100 if backend == "docker" else 40
+    count = 100
     rng = random.Random(20261130)
     cluster(max_nodes=2, idle_seconds_before_scaledown=600, **LOW)
     jobs = {n: make_job(QUICK, nodes=n) for n in (1, 2)}

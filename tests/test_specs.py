@@ -73,5 +73,7 @@ def test_lifecycle_transitions() -> None:
         assert status.can_become(RunStatus.CANCEL_REQUESTED) and status.can_become(RunStatus.FAILED)
     assert RunStatus.CANCEL_REQUESTED.can_become(RunStatus.CANCELED)
     assert not RunStatus.QUEUED.can_become(RunStatus.RUNNING)  # no skipping Preparing
+    assert RunStatus.RUNNING.can_become(RunStatus.QUEUED)  # preempted: back to the queue, restarted
+    assert not RunStatus.FINALIZING.can_become(RunStatus.QUEUED)
     with pytest.raises(StateError, match="a run cannot go from Completed to Running"):
         RunStatus.COMPLETED.check_transition(RunStatus.RUNNING)
