@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from . import cluster as autoscale
-from .backends import get_backend
+from .backends import NodeBackend, NodeRequest, get_backend
 from .datastores import parse_uri
 from .errors import ConfigError, NotFoundError, StateError
 from .home import Home
@@ -74,20 +75,23 @@ class FaultInjector:
         victims = self._nodes(cluster, node)
         for victim in victims:
             self._record(cluster, victim, "preempt", reason)
-            backend, request = self._backend_and_request(cluster, victim)
-            if victim.run_id:
-                backend.kill_node(request)  # its run's supervisor restarts the run
-            else:
-                with self.store.transaction() as db:
-                    self.store.delete_node(db, cluster, victim.idx)
-                backend.remove_node(request)
+            self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
         return [v.name for v in victims]
+
+    def _take_down(self, cluster: str, node: Node, fault: Callable[[NodeBackend, NodeRequest], None]) -> None:
+        """A busy node's supervisor reacts to the fault (restart, gang failure) and removes the node;
+        an idle node has nobody to do that: it is removed now, so no job lands on a broken node."""
+        backend, request = self._backend_and_request(cluster, node)
+        fault(backend, request)
+        if not node.run_id:
+            with self.store.transaction() as db:
+                self.store.delete_node(db, cluster, node.idx)
+            backend.remove_node(request)
 
     def kill_node(self, cluster: str, node: int | str) -> str:
         [victim] = self._nodes(cluster, node)
         self._record(cluster, victim, "kill", "the node was killed")
-        backend, request = self._backend_and_request(cluster, victim)
-        backend.kill_node(request)
+        self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
         return victim.name
 
     def partition(self, cluster: str, node: int | str) -> str:
@@ -96,6 +100,8 @@ class FaultInjector:
         backend.partition_node(request)  # raises on backends that cannot do it honestly
         self._record(cluster, victim, "partition", f"cut off from the cluster network; a job still running "
                      f"{PARTITION_TIMEOUT:g} s later fails")
+        if not victim.run_id:
+            self._take_down(cluster, victim, lambda backend, request: None)
         return victim.name
 
     def slow(self, cluster: str, node: int | str, cpus: float) -> str:

@@ -265,3 +265,15 @@ def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mni
     assert [step for step, _ in run.metric_history()["test_accuracy"]] == [1, 2]  # appended across attempts
     details = " ".join(d for _, _, d in run.events())
     assert "preempted (node(s) c1-node-1)" in details
+
+
+def test_a_fault_on_an_idle_node_removes_it(emu: Emulator, cluster, make_job) -> None:
+    cluster(idle_seconds_before_scaledown=600, **LOW)
+    run = emu.submit(make_job(QUICK, nodes=2))
+    assert run.wait(timeout=60) is RunStatus.COMPLETED
+    assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
+    emu.faults.kill_node("c1", 0)
+    assert emu.faults.preempt("c1") == ["c1-node-1"]
+    assert emu.store.nodes("c1") == []
+    again = emu.submit(make_job(QUICK, nodes=2))  # lands on fresh nodes, not on broken ones
+    assert again.wait(timeout=60) is RunStatus.COMPLETED, again.record.error
