@@ -326,12 +326,14 @@ class Emulator:
                         gone.append(f"process group {pid}")
                     except ProcessLookupError:
                         pass
-        for name in BACKENDS:
-            ok, _ = backend_class(name).available()
-            if ok:
-                gone += get_backend(name, self.home).reap(all_homes)
-        if self.datastores.azurite.stop():
-            gone.append("Azurite server")
+        try:
+            for name in BACKENDS:
+                ok, _ = backend_class(name).available()
+                if ok:
+                    gone += get_backend(name, self.home).reap(all_homes)
+        finally:  # whatever the engine said, the storage server does not outlive the cleanup
+            if self.datastores.azurite.stop():
+                gone.append("Azurite server")
         # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
         self.store.reset(keep_data=True)
         for sub in ("nodes", "caches", "runs"):

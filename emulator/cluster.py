@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import psutil
 
+from . import gpus as gpu_list
 from .backends import NodeBackend, NodeRequest
 from .home import Home
 from .skus import node_limits
@@ -26,18 +27,24 @@ class Allocation:
     new: list[Node]  # those that must be created first
 
 
-def limits_here(spec: ClusterSpec):  # type: ignore[no-untyped-def]
+def limits_here(spec: ClusterSpec, host_gpus: tuple[str, ...] | None = None):  # type: ignore[no-untyped-def]
+    gpus = gpu_list.visible_gpus() if host_gpus is None else host_gpus
     return node_limits(spec.size, host_cpus=os.cpu_count() or 1, host_memory_bytes=psutil.virtual_memory().total,
-                       nodes=spec.max_nodes)
+                       host_gpus=len(gpus), nodes=spec.max_nodes)
 
 
-def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None) -> NodeRequest:
-    limits = limits_here(spec)
+def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None,
+                 host_gpus: tuple[str, ...] | None = None) -> NodeRequest:
+    """What node `index` of the cluster is made of; each node gets its own GPUs (its size's count,
+    as far as this machine has them)."""
+    gpus = gpu_list.visible_gpus() if host_gpus is None else host_gpus
+    limits = limits_here(spec, gpus)
     name = f"{spec.name}-node-{index}"
     return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
                        memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
                        node_dir=home.node_dir(spec.name, name), runs_dir=home.root / "runs",
-                       cache_dir=home.cache_dir(spec.name, name), image=image)
+                       cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
+                       image=image)
 
 
 def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:

@@ -33,7 +33,7 @@ class ProcessBackend(NodeBackend):
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
-                "cpus": request.cpus, "memory_bytes": request.memory_bytes,
+                "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
                 "notes": "limits are not enforced on process nodes; all nodes share the host network"}
 
     def create_node(self, request: NodeRequest) -> str:
@@ -51,7 +51,9 @@ class ProcessBackend(NodeBackend):
         # A process node runs this machine's software, with the emulator's environment first on
         # PATH (as the mirror image of a docker node has it).
         path = f"{Path(sys.prefix, 'bin')}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"), "env": {"PATH": path}}
+        # Its own GPUs only ("" hides every GPU from a node that has none), as a container gets.
+        env = {"PATH": path, "CUDA_VISIBLE_DEVICES": ",".join(request.gpus)}
+        return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"), "env": env}
 
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(request.node_dir)

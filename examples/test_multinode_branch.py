@@ -1,0 +1,18 @@
+"""My code takes the multi-node branch of AZ_BATCH_MASTER_NODE on 2 nodes, and not on 1."""
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).with_name("launcher.py")
+
+
+@pytest.mark.aml(nodes=2)
+def test_two_nodes_take_the_multi_node_branch(aml_run):
+    run = aml_run.script(SCRIPT, nodes=2)
+    assert "multi-node: rendezvous at" in run.logs(0) and ":6105 as node 1" in run.logs(1)
+
+
+@pytest.mark.aml(nodes=1, procs=2)
+def test_one_node_takes_the_single_node_branch(aml_run):
+    run = aml_run.script(SCRIPT)
+    assert run.logs(0).startswith("single node: master") and run.logs(1).startswith("single node")

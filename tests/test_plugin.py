@@ -1,0 +1,129 @@
+"""The pytest plugin as a user meets it: the example tests in parallel under xdist with nothing
+left behind, failure messages that carry the run's story, strict mode, the reaper, GPU masking."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import docker
+import psutil
+import pytest
+
+from conftest import REPO
+from emulator import cluster as autoscale
+from emulator import gpus
+from emulator.api import Emulator
+from emulator.backends import get_backend
+from emulator.specs import ClusterSpec
+from fixtures.plugin import _sessions_dir, command_line, reap_dead_sessions
+
+pytestmark = pytest.mark.slow
+
+
+def _pytest(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
+
+
+def _ours() -> set[str]:
+    client = docker.from_env()
+    return {c.name for c in client.containers.list(all=True, filters={"label": "amlemu"})} | {
+        n.name for n in client.networks.list(filters={"label": "amlemu"})}
+
+
+def test_the_plugin_is_registered_by_the_package() -> None:
+    entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
+    assert entry == {"amlemu": "fixtures.plugin"}
+    out = _pytest("--help").stdout
+    assert "--aml-backend" in out and "--aml-strict" in out
+
+
+def test_the_examples_run_in_parallel_on_docker_nodes_and_leave_nothing() -> None:
+    before = _ours()
+    done = _pytest("-n", "2", "examples", "--aml-backend", "docker", "--aml-strict", "-q", "-rs")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "4 passed, 1 skipped" in done.stdout
+    assert "needs an NVIDIA GPU: nvidia-smi shows none on this machine" in done.stdout
+    assert _ours() == before
+
+
+BOOM = """
+import os, sys
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+print(f"rank {rank} reading its shard", flush=True)
+if rank == "1":
+    print("about to fail: shard 1 is corrupt", flush=True)
+    sys.exit(3)
+"""
+USER_TEST = """
+from pathlib import Path
+import pytest
+
+@pytest.mark.aml(nodes=2)
+def test_training_on_two_nodes(aml_run):
+    aml_run.script(Path(__file__).with_name("boom.py"))
+
+def test_needs_an_emulator(aml_emulator):
+    assert aml_emulator.home.root.exists()
+"""
+
+
+def test_a_failed_run_fails_the_test_with_its_status_rank_and_log_tail(tmp_path: Path) -> None:
+    (tmp_path / "boom.py").write_text(textwrap.dedent(BOOM))
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
+    done = _pytest(str(tmp_path / "test_user.py"), "--aml-backend", "process", "-q", cwd=tmp_path)
+    assert done.returncode == 1, done.stdout[-3000:]
+    assert "RunFailed: expected Completed, but run" in done.stdout
+    assert "ended Failed: rank 1 on node" in done.stdout and "failed with exit code 3" in done.stdout
+    assert "about to fail: shard 1 is corrupt" in done.stdout  # the tail of the failing rank's log
+    assert "1 failed, 1 passed" in done.stdout
+
+
+def test_without_docker_the_aml_tests_skip_or_with_strict_fail(tmp_path: Path) -> None:
+    (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
+    no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
+    skipped = _pytest(str(tmp_path / "test_user.py"), "-k", "needs", "--aml-backend", "docker", "-q", "-rs",
+                      cwd=tmp_path, env=no_engine)
+    assert skipped.returncode == 0 and "1 skipped" in skipped.stdout
+    assert "amlemu backend docker is not usable here: no Docker engine answers" in skipped.stdout
+    strict = _pytest(str(tmp_path / "test_user.py"), "-k", "needs", "--aml-backend", "docker", "--aml-strict",
+                     "-q", cwd=tmp_path, env=no_engine)
+    assert strict.returncode == 1 and "amlemu backend docker is not usable here" in strict.stdout
+
+
+def test_what_a_killed_session_left_is_reaped_by_the_next(tmp_path: Path) -> None:
+    emu = Emulator(home=tmp_path / "home", backend="docker")
+    emu.create_compute(ClusterSpec("left", "STANDARD_D2_V2", min_nodes=1, max_nodes=1))
+    assert len(get_backend("docker", emu.home).list_nodes()) == 1
+    dead = psutil.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    record = _sessions_dir() / "killed-session-test.json"
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"pid": dead.pid, "started": dead.create_time(), "homes": [str(emu.home.root)]}))
+    gone = reap_dead_sessions()
+    assert any("left-node-0" in item for item in gone), gone
+    assert get_backend("docker", emu.home).list_nodes() == [] and not record.exists()
+
+
+def test_each_node_gets_its_own_gpus(tmp_path: Path) -> None:
+    assert gpus.assign(("0", "1", "2", "3"), 1, 2) == ("2", "3")
+    assert gpus.assign(("0", "1"), 3, 1) == ("1",)  # more nodes than GPUs: round robin
+    assert gpus.assign((), 0, 1) == () and gpus.assign(("0",), 0, 0) == ()
+    emu = Emulator(home=tmp_path / "home")
+    spec = ClusterSpec("gpu", "Standard_NC12s_v3", max_nodes=2)  # 2 V100 per node
+    requests = [autoscale.node_request(emu.home, spec, i, host_gpus=("0", "1", "2", "3")) for i in (0, 1)]
+    assert [r.gpus for r in requests] == [("0", "1"), ("2", "3")]
+    assert get_backend("docker", emu.home).plan_node(requests[1])["gpus"] == ["2", "3"]
+    assert get_backend("process", emu.home).agent_entry(requests[1])["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    none = autoscale.node_request(emu.home, ClusterSpec("cpu", "STANDARD_D2_V2"), 0, host_gpus=("0",))
+    assert get_backend("process", emu.home).agent_entry(none)["env"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_command_line_keeps_bindings_for_the_platform() -> None:
+    assert command_line(["python", "t.py", "--data", "${{inputs.data}}", "a b"]) == \
+        "python t.py --data ${{inputs.data}} 'a b'"
