@@ -7,6 +7,7 @@ tries to reach the internet.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -25,6 +26,10 @@ from .errors import BackendError
 ACCOUNT = "devstoreaccount1"
 ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
 VERSION = "3.37.0"
+
+
+class AzuriteExited(BackendError):
+    pass
 
 
 def find_binary(cache: Path) -> Path | None:
@@ -82,7 +87,8 @@ class Azurite:
         return None
 
     def ensure(self, timeout: float = 20.0) -> AzuriteEndpoint:
-        """The running server of this home, started and health-checked if needed."""
+        """The running server of this home, started and health-checked if needed. Callers in
+        several threads or processes (a supervisor's nodes, the CLI) get the one same server."""
         running = self.running()
         if running:
             return running
@@ -91,6 +97,19 @@ class Azurite:
             raise BackendError("Azurite is not installed (needs Node.js and `make setup`); "
                                "datastores fall back to a local folder")
         self.dir.mkdir(parents=True, exist_ok=True)
+        with open(self.dir / "start.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            running = self.running()  # started by whoever held the lock before us
+            if running:
+                return running
+            for _ in range(2):  # the free port can be taken between the check and the bind
+                try:
+                    return self._start(binary, timeout)
+                except AzuriteExited:
+                    continue
+            return self._start(binary, timeout)
+
+    def _start(self, binary: Path, timeout: float) -> AzuriteEndpoint:
         port = free_port()
         log = self.dir / "azurite.log"
         with open(self.dir / "stdout.log", "ab") as out:
@@ -102,7 +121,7 @@ class Azurite:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise BackendError(f"Azurite exited with {proc.returncode}; see {self.dir / 'stdout.log'}")
+                raise AzuriteExited(f"Azurite exited with {proc.returncode}; see {self.dir / 'stdout.log'}")
             if healthy(endpoint):
                 return endpoint
             time.sleep(0.1)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import posixpath
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -34,12 +35,17 @@ class RunData:
         self.datastores, self.run_id, self.policy, self.log = datastores, run_id, policy, log
         self.bindings = bindings(job, run_id)
         self._sources: dict[str, Source] = {}
+        self._lock = threading.Lock()
 
     @property
     def mounted(self) -> list[Binding]:
         return [b for b in self.bindings if not b.is_output and b.mode is DataMode.RO_MOUNT]
 
     def source(self, name: str) -> Source:
+        with self._lock:  # nodes are prepared in parallel threads: one filesystem per datastore
+            return self._source(name)
+
+    def _source(self, name: str) -> Source:
         if name not in self._sources:
             if name == LOCAL_SOURCE:
                 import fsspec  # noqa: PLC0415

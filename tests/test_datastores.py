@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 
@@ -130,3 +131,18 @@ def test_secrets_stay_out_of_the_cli_and_the_database(tmp_path: Path, monkeypatc
     missing = runner.invoke(cli, [*home, "datastore", "create", "--name", "other", "--type", "azure_blob",
                                   "--account-name", "acct", "--container-name", "data", "--account-key-env", "UNSET_VAR"])
     assert missing.exit_code == 1 and "amlemu: error: $UNSET_VAR: is empty or unset" in missing.output
+
+
+def test_concurrent_starts_share_one_azurite(tmp_path: Path) -> None:
+    """A supervisor prepares its nodes in parallel threads: they must not start a server each."""
+    from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
+
+    ds = Datastores(Store(tmp_path / "db"), tmp_path / "home", default_cache())
+    try:
+        with ThreadPoolExecutor(4) as pool:
+            ports = {e.port for e in pool.map(lambda _: ds.azurite.ensure(), range(4))}
+        assert len(ports) == 1
+        servers = [p for p in psutil.process_iter(["cmdline"]) if str(ds.azurite.dir) in " ".join(p.info["cmdline"] or [])]
+        assert len(servers) == 1, servers
+    finally:
+        ds.azurite.stop()
