@@ -259,22 +259,28 @@ class DockerBackend(NodeBackend):
 
     def remove_cluster(self, cluster: str) -> None:
         for network in self.client.networks.list(names=[self.network_name(cluster)]):
-            network.remove()
+            self._until_gone(network.remove)
 
-    def _remove_container(self, container) -> None:  # type: ignore[no-untyped-def]
-        """Remove, tolerating a removal already under way (a supervisor scaling its node down)."""
+    @staticmethod
+    def _until_gone(remove) -> None:  # type: ignore[no-untyped-def]
+        """Remove, tolerating a removal already under way (a supervisor scaling its node down, a
+        container still detaching from its network): retry until it is gone, for up to 30 s."""
         import docker  # noqa: PLC0415
 
-        try:
-            container.remove(force=True)
-        except docker.errors.NotFound:
-            return
-        except docker.errors.APIError as exc:
-            if exc.status_code != 409:
-                raise
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and self.client.containers.list(all=True, filters={"id": container.id}):
-                time.sleep(0.1)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                remove()
+                return
+            except docker.errors.NotFound:
+                return
+            except docker.errors.APIError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
+    def _remove_container(self, container) -> None:  # type: ignore[no-untyped-def]
+        self._until_gone(lambda: container.remove(force=True))
 
     def reap(self, all_homes: bool = False) -> list[str]:
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
@@ -283,6 +289,6 @@ class DockerBackend(NodeBackend):
             self._remove_container(c)
             gone.append(f"container {c.name}")
         for n in self.client.networks.list(filters={"label": label}):
-            n.remove()
+            self._until_gone(n.remove)
             gone.append(f"network {n.name}")
         return gone
