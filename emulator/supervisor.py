@@ -274,7 +274,10 @@ class Supervisor:
             for due, node in list(policy_preemptions):
                 if time.monotonic() - started >= due:
                     policy_preemptions.remove((due, node))
-                    self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
+                    try:
+                        self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
+                    except AmlEmuError as exc:  # the node went meanwhile: nothing to preempt
+                        self.logs.platform(f"preemption policy: {exc}")
             time.sleep(POLL)
         exit_code = proc.wait()
         stop_refresh.set()
