@@ -16,3 +16,14 @@ def test_two_nodes_take_the_multi_node_branch(aml_run):
 def test_one_node_takes_the_single_node_branch(aml_run):
     run = aml_run.script(SCRIPT)
     assert run.logs(0).startswith("single node: master") and run.logs(1).startswith("single node")
+
+
+@pytest.mark.aml(nodes=2, backend="process")
+def test_the_same_on_process_nodes_from_a_job_object(aml_run):
+    """A job built in Python (the emulator's JobSpec) instead of a YAML file, on process nodes."""
+    from emulator.specs import Distribution, DistributionType, JobSpec
+
+    job = JobSpec(command=f"python {SCRIPT.name}", code=SCRIPT.parent, compute="any", experiment_name="branch",
+                  instance_count=2, distribution=Distribution(DistributionType.MPI))
+    run = aml_run(job)
+    assert "multi-node: rendezvous at 127.0.0.1:6105 as node 1" in run.logs(1)
