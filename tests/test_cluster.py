@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import time
 from pathlib import Path
 
 import docker
+import psutil
 import pytest
 
 from click.testing import CliRunner
@@ -240,7 +240,9 @@ def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluste
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0), 60, "the job started")
-    os.kill(run.record.supervisor_pid, signal.SIGKILL)  # the emulator itself dies mid-run
+    supervisor = psutil.Process(run.record.supervisor_pid)
+    supervisor.send_signal(signal.SIGKILL)  # the emulator itself dies mid-run
+    wait_until(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE, 10, "it died")
     shown = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, "-o", "json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
     assert run.record.error == ("the emulator process supervising this run died; the run was stopped and "
