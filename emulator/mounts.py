@@ -43,18 +43,15 @@ class RunData:
 
     def source(self, name: str) -> Source:
         with self._lock:  # nodes are prepared in parallel threads: one filesystem per datastore
-            return self._source(name)
+            if name not in self._sources:
+                if name == LOCAL_SOURCE:
+                    import fsspec  # noqa: PLC0415
 
-    def _source(self, name: str) -> Source:
-        if name not in self._sources:
-            if name == LOCAL_SOURCE:
-                import fsspec  # noqa: PLC0415
-
-                self._sources[name] = Source(name, fsspec.filesystem("file"), "/")
-            else:
-                fs, root = self.datastores.filesystem(name)
-                self._sources[name] = Source(name, fs, root)
-        return self._sources[name]
+                    self._sources[name] = Source(name, fsspec.filesystem("file"), "/")
+                else:
+                    fs, root = self.datastores.filesystem(name)
+                    self._sources[name] = Source(name, fs, root)
+            return self._sources[name]
 
     def _guarded(self, binding: Binding, action: Callable[[], Any]) -> Any:
         """Run one data step; its error names the binding, with no secret in it."""
