@@ -70,7 +70,7 @@ pip_install() {
 python_env() {
   local stamp_file=$VENV/.amlemu-stamp stamp
   stamp=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
-  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, emulator, fixtures' 2>/dev/null; then
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, emulator, fixtures, azure.ai.ml, azureml.core' 2>/dev/null; then
     step "venv up to date ($VENV)"; return
   fi
   [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
@@ -86,7 +86,7 @@ python_env() {
   wheel=$("$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE") || die "horovod build failed (see above)"
   pip_install --no-deps "$wheel"
   step "installing amlemu and its dependencies"
-  pip_install -e "$ROOT[dev]"
+  pip_install -e "$ROOT[dev,sdk1,sdk2]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
   echo "$stamp" >"$stamp_file"
 }
