@@ -29,7 +29,8 @@ from .datastores import Datastores
 from .faults import FaultInjector
 from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
-from .jobyaml import load_job
+from .metrics import PLOT_NAME
+from .sdkjobs import to_cluster, to_job
 from .specs import ClusterSpec, JobSpec, RunStatus
 from .store import Cluster, Node, RunRecord, Store
 
@@ -65,6 +66,12 @@ class Run:
     @property
     def outputs(self) -> Path:
         return self.dir / "outputs"
+
+    @property
+    def plot_path(self) -> Path | None:
+        """The PNG of the metric curves, written by the supervisor as the run ends (None: no plot)."""
+        path = self.dir / PLOT_NAME
+        return path if path.exists() else None
 
     def events(self) -> list[tuple[float, RunStatus, str]]:
         return self._emu.store.events(self.id)
@@ -130,11 +137,15 @@ class Run:
         return {name: sorted(points) for name, points in history.items()}
 
     def download(self, dest: str | Path) -> Path:
-        """Copy outputs, logs and the run's own logs to `dest` (as `az ml job download` does)."""
+        """Copy outputs, logs, the run's own logs and its metrics plot to `dest` (as `az ml job
+        download` does)."""
         dest = Path(dest) / self.id
         for sub in ("outputs", "logs", "user_logs", "system_logs"):
             if (self.dir / sub).exists():
                 shutil.copytree(self.dir / sub, dest / sub, dirs_exist_ok=True)
+        if self.plot_path is not None:
+            dest.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(self.plot_path, dest / PLOT_NAME)
         return dest
 
     def cancel(self) -> RunStatus:
@@ -167,17 +178,21 @@ class Emulator:
         return path
 
     # --- computes ----------------------------------------------------------------------------
-    def plan_compute(self, spec: ClusterSpec, backend: str | None = None) -> dict[str, Any]:
-        name, why = resolve_backend(backend or self.default_backend)
-        be = get_backend(name, self.home)
+    def plan_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> dict[str, Any]:
+        """Dry run of create_compute. `spec`: a ClusterSpec, an azure.ai.ml AmlCompute, or a v1
+        provisioning configuration with its `name`."""
+        spec = to_cluster(spec, name)
+        chosen, why = resolve_backend(backend or self.default_backend)
+        be = get_backend(chosen, self.home)
         requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
         limits = autoscale.limits_here(spec)
-        return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": name,
+        return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": chosen,
                 "backend_note": why, "node_limits": {"cpus": limits.cpus, "cpu_share": limits.cpu_share,
                                                       "memory_bytes": limits.memory_bytes},
                 "notice": limits.notice, "nodes_now": [be.plan_node(r) for r in requests]}
 
-    def create_compute(self, spec: ClusterSpec, backend: str | None = None) -> Cluster:
+    def create_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> Cluster:
+        spec = to_cluster(spec, name)
         plan = self.plan_compute(spec, backend)
         created = self.store.add_cluster(spec, plan["backend"])
         be = get_backend(plan["backend"], self.home)
@@ -222,8 +237,8 @@ class Emulator:
         shutil.rmtree(self.home.root / "caches" / name, ignore_errors=True)
 
     # --- jobs --------------------------------------------------------------------------------
-    def _job(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> JobSpec:
-        return job if isinstance(job, JobSpec) else load_job(job, overrides)
+    def _job(self, job: Any, overrides: list[str] | None = None) -> JobSpec:
+        return to_job(job, overrides)
 
     def _check_fits(self, job: JobSpec) -> Cluster:
         cluster = self.store.cluster(job.compute)
@@ -241,7 +256,7 @@ class Emulator:
                 except NotFoundError as exc:
                     raise ConfigError(f"{b.ref}.path", str(exc)) from None
 
-    def plan_job(self, job: JobSpec | str | Path, run_id: str = "<run id>",
+    def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
         """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
         job = self._job(job, overrides)
@@ -263,8 +278,9 @@ class Emulator:
             "data": [{**b.__dict__, "mode": b.mode.value} for b in bindings(job, run_id)],
         }
 
-    def submit(self, job: JobSpec | str | Path, overrides: list[str] | None = None) -> Run:
-        """Snapshot the code, queue the run, and hand it to its own supervisor process."""
+    def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
+        """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1
+        ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand it to its own supervisor process."""
         job = self._job(job, overrides)
         self._check_fits(job)
         self._check_datastores(job)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -16,9 +17,9 @@ from dataclasses import asdict
 
 from .api import Emulator, Run
 from .datastores import DatastoreSpec, credential_from_env
-from .jobyaml import load_job
 from .errors import AmlEmuError, ConfigError
 from .specs import ClusterSpec, Priority
+from .targets import TARGETS, Target, get_target, resolve_target
 
 console = Console(soft_wrap=True)  # paths and ids must survive copy-paste unbroken
 err_console = Console(stderr=True, soft_wrap=True)
@@ -78,6 +79,18 @@ def _emu(ctx: click.Context, backend: str | None = None) -> Emulator:
     return ctx.obj(backend=backend)
 
 
+target_option = click.option("--target", "target_name", type=click.Choice(list(TARGETS)), default=None,
+                             help="where it goes: emulator or azureml (default: $AMLEMU_TARGET, else "
+                                  "[tool.amlemu] target in pyproject.toml, else emulator)")
+
+
+def _target(ctx: click.Context, explicit: str | None, backend: str | None = None) -> Target:
+    name, _ = resolve_target(explicit, os.environ, Path.cwd())
+    if name == "emulator":
+        return get_target(name, emulator=_emu(ctx, backend))
+    return get_target(name)
+
+
 # --- workspace -----------------------------------------------------------------------------------
 @cli.group()
 def workspace() -> None:
@@ -131,13 +144,14 @@ def compute() -> None:
 @click.option("--tier", default="dedicated", show_default=True, help="dedicated | low_priority")
 @click.option("--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
               help="how nodes are made (default $AMLEMU_BACKEND or auto)")
-@click.option("--dry-run", is_flag=True, help="print what would be created, create nothing")
+@click.option("--dry-run", is_flag=True, help="print what would be created (or sent), create nothing")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
 def compute_create(ctx: click.Context, file: Path | None, name: str | None, size: str, min_instances: int,
                    max_instances: int, idle_time_before_scale_down: int, tier: str, backend: str | None,
-                   dry_run: bool, output: str) -> None:
+                   dry_run: bool, target_name: str | None, output: str) -> None:
     if file:
         spec = compute_from_dict(yaml.safe_load(file.read_text()) or {})
     else:
@@ -146,17 +160,22 @@ def compute_create(ctx: click.Context, file: Path | None, name: str | None, size
         spec = compute_from_dict({"name": name, "size": size, "min_instances": min_instances,
                                   "max_instances": max_instances, "tier": tier,
                                   "idle_time_before_scale_down": idle_time_before_scale_down})
-    emu = _emu(ctx, backend)
-    plan = emu.plan_compute(spec)
-    if plan["notice"]:
-        err_console.print(f"notice: {plan['notice']}", highlight=False)
-    err_console.print(plan["backend_note"], highlight=False)
+    target = _target(ctx, target_name, backend)
+    plan = target.plan_compute(spec)
+    if plan.data.get("notice"):
+        err_console.print(f"notice: {plan.data['notice']}", highlight=False)
+    if plan.data.get("backend_note"):
+        err_console.print(plan.data["backend_note"], highlight=False)
     if dry_run:
-        click.echo(json.dumps(plan, indent=2, default=str))
+        click.echo(json.dumps(plan.data, indent=2, default=str))
         return
-    with err_console.status(f"creating {spec.name} ({spec.min_nodes} node(s) now)"):
-        emu.create_compute(spec)
-    _show_compute(emu, spec.name, output)
+    with err_console.status(f"creating {spec.name} on {target.name} ({spec.min_nodes} node(s) now)"):
+        target.run_compute(plan)
+    if target.name == "emulator":
+        _show_compute(_emu(ctx), spec.name, output)
+    else:
+        console.print(f"created compute {spec.name} in {plan.data['workspace']['workspace_name']} "
+                      f"({target.name})", highlight=False)
 
 
 @compute.command("list")
@@ -231,26 +250,37 @@ def _run_data(run: Run) -> dict[str, Any]:
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="override a field of the YAML, as az ml does (e.g. inputs.data.path=./data)")
 @click.option("--stream", is_flag=True, help="stream rank 0's log until the job ends")
-@click.option("--dry-run", is_flag=True, help="print the nodes, launch command and environment; run nothing")
+@click.option("--dry-run", is_flag=True,
+              help="print what would run (emulator: nodes, launch command, environment; azureml: the REST "
+                   "request) and run nothing")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
 def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], stream: bool, dry_run: bool,
-               output: str) -> None:
-    emu = _emu(ctx)
-    spec = load_job(file, list(overrides))
-    plan = emu.plan_job(spec)
+               target_name: str | None, output: str) -> None:
+    target = _target(ctx, target_name)
+    plan = target.plan_job(file, list(overrides))
     if dry_run:
-        click.echo(json.dumps(plan, indent=2, default=str))
+        click.echo(json.dumps(plan.data, indent=2, default=str))
         return
-    for note in {n.get("image_note") for n in plan["nodes"]} - {None}:
+    notes = {n.get("image_note") for n in plan.data.get("nodes", [])} - {None}
+    notes |= {f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])
+              if f["severity"] == "warning"}
+    for note in sorted(notes):
         err_console.print(f"notice: {note}", highlight=False)
-    run = emu.submit(spec)
+    name = target.run_job(plan)
     if stream:
-        status = run.wait(show_output=True)
-        _print_metrics(run)
-        sys.exit(0 if status.value == "Completed" else 1)
-    emit(_run_data(run), output, lambda d: console.print(
+        status = target.stream(name)
+        if target.name == "emulator":
+            _print_metrics(_emu(ctx).run(name))
+        sys.exit(0 if status == "Completed" else 1)
+    if target.name != "emulator":
+        emit({"name": name, "target": target.name, "status": target.status(name)}, output, lambda d: console.print(
+            f"submitted {d['name']} to {target.name} (status {d['status']}); follow it with: "
+            f"amlemu job stream --target {target.name} {d['name']}", highlight=False))
+        return
+    emit(_run_data(_emu(ctx).run(name)), output, lambda d: console.print(
         f"submitted {d['name']} to {d['compute']} (status {d['status']}); "
         f"follow it with: amlemu job stream {d['name']}", highlight=False))
 
@@ -288,7 +318,8 @@ def job_show(ctx: click.Context, name: str, output: str) -> None:
     emu = _emu(ctx)
     emu.reconcile()
     run = emu.run(name)
-    data = {**_run_data(run), "metrics": run.metrics()}
+    plot = run.plot_path
+    data = {**_run_data(run), "metrics": run.metrics(), "plot": str(plot) if plot else None}
 
     def human(d: dict[str, Any]) -> None:
         console.print(f"{d['name']} ({d['experiment']}) on {d['compute']}: {d['status']}", highlight=False)
@@ -301,38 +332,41 @@ def job_show(ctx: click.Context, name: str, output: str) -> None:
         for k, v in sorted(d["metrics"].items()):
             console.print(f"  {k} = {v:.6g}", highlight=False)
         console.print(f"outputs: {d['outputs']}\nlogs: {d['logs']}", highlight=False)
+        if d["plot"]:
+            console.print(f"plot: {d['plot']}", highlight=False)
     emit(data, output, human)
 
 
 @job.command("stream")
 @click.argument("name")
+@target_option
 @click.pass_context
 @handle_errors
-def job_stream(ctx: click.Context, name: str) -> None:
-    run = _emu(ctx).run(name)
-    status = run.wait(show_output=True)
-    _print_metrics(run)
-    sys.exit(0 if status.value == "Completed" else 1)
+def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
+    target = _target(ctx, target_name)
+    status = target.stream(name)
+    if target.name == "emulator":
+        _print_metrics(_emu(ctx).run(name))
+    sys.exit(0 if status == "Completed" else 1)
 
 
 @job.command("cancel")
 @click.argument("name")
+@target_option
 @click.pass_context
 @handle_errors
-def job_cancel(ctx: click.Context, name: str) -> None:
-    run = _emu(ctx).run(name)
-    run.cancel()
-    status = run.wait(timeout=30)
-    console.print(f"{name}: {status.value}", highlight=False)
+def job_cancel(ctx: click.Context, name: str, target_name: str | None) -> None:
+    console.print(f"{name}: {_target(ctx, target_name).cancel(name)}", highlight=False)
 
 
 @job.command("download")
 @click.argument("name")
 @click.option("--download-path", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@target_option
 @click.pass_context
 @handle_errors
-def job_download(ctx: click.Context, name: str, download_path: Path) -> None:
-    console.print(f"downloaded to {_emu(ctx).run(name).download(download_path)}", highlight=False)
+def job_download(ctx: click.Context, name: str, download_path: Path, target_name: str | None) -> None:
+    console.print(f"downloaded to {_target(ctx, target_name).download(name, download_path)}", highlight=False)
 
 
 # --- datastores and data ---------------------------------------------------------------------------
@@ -448,7 +482,7 @@ def cleanup(ctx: click.Context, all_homes: bool) -> None:
     console.print(f"removed {len(gone)} item(s)" + "".join(f"\n  {g}" for g in gone), highlight=False)
 
 
-from . import cli_faults, cli_validate  # noqa: E402,F401 - register their commands on the groups above
+from . import cli_faults, cli_ui, cli_validate  # noqa: E402,F401 - register their commands on the groups above
 
 
 def main() -> None:

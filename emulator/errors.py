@@ -29,3 +29,7 @@ class StateError(AmlEmuError):
 
 class BackendError(AmlEmuError):
     """A node backend could not do what was asked (engine missing, container failed to start)."""
+
+
+class TargetError(AmlEmuError):
+    """A submission target could not do what was asked (no workspace, no credential, a service error)."""

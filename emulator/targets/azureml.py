@@ -1,0 +1,257 @@
+"""The `azureml` target: the same job, sent to real AmlCompute through the Azure ML SDKs.
+
+v2 jobs (CLI YAML, `command()`, `load_job()`, the Python API's JobSpec) go through azure-ai-ml's
+`MLClient.jobs.create_or_update`; v1 ScriptRunConfigs / estimators through azureml-core's
+`Experiment.submit`. The workspace comes from $AZUREML_ARM_SUBSCRIPTION /
+$AZUREML_ARM_RESOURCEGROUP / $AZUREML_ARM_WORKSPACE_NAME, else [tool.amlemu.azureml] in
+pyproject.toml, else the config.json that MLClient.from_config / Workspace.from_config read;
+the credential is DefaultAzureCredential. A dry run needs neither network nor credential.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+from .. import sdk2
+from ..datastores import DatastoreSpec, redact
+from ..errors import ConfigError, TargetError
+from ..specs import ClusterSpec, JobSpec
+from ..validate import check_job
+from . import project_config
+from .base import JobSource, Plan, Target
+
+ENV_KEYS = ("AZUREML_ARM_SUBSCRIPTION", "AZUREML_ARM_RESOURCEGROUP", "AZUREML_ARM_WORKSPACE_NAME")
+WORKSPACE_FIX = ("write config.json (Azure portal: the workspace's 'Download config.json'), or set "
+                 f"{', '.join('$' + k for k in ENV_KEYS)}, or subscription_id, resource_group and "
+                 "workspace_name under [tool.amlemu.azureml] in pyproject.toml")
+CREDENTIAL_FIX = ("DefaultAzureCredential found no usable credential: run `az login`, or set AZURE_TENANT_ID, "
+                  "AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (a service principal), or use a managed identity")
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class WorkspaceRef:
+    subscription_id: str
+    resource_group: str
+    workspace_name: str
+    source: str = ""
+
+    @property
+    def arm_path(self) -> str:
+        return (f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}/providers/"
+                f"Microsoft.MachineLearningServices/workspaces/{self.workspace_name}")
+
+
+def _config_json(start: Path) -> Path | None:
+    for folder in (start.resolve(), *start.resolve().parents):
+        for path in (folder / "config.json", folder / ".azureml" / "config.json"):
+            if path.is_file():
+                return path
+    return None
+
+
+def resolve_workspace(environ: Mapping[str, str], start: Path) -> WorkspaceRef:
+    """The real workspace jobs go to, from the usual places, in order."""
+    if all(environ.get(k) for k in ENV_KEYS):
+        return WorkspaceRef(*(environ[k] for k in ENV_KEYS), source="environment")
+    config, pyproject = project_config(start)
+    section = config.get("azureml", {})
+    keys = ("subscription_id", "resource_group", "workspace_name")
+    if section:
+        missing = [k for k in keys if not section.get(k)]
+        if missing:
+            raise ConfigError(f"{pyproject}: tool.amlemu.azureml.{missing[0]}", "missing", WORKSPACE_FIX)
+        return WorkspaceRef(*(str(section[k]) for k in keys), source=str(pyproject))
+    path = _config_json(start)
+    if path is None:
+        raise TargetError(f"azureml target: no workspace: {WORKSPACE_FIX}")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise ConfigError(str(path), f"not valid JSON: {exc}") from None
+    missing = [k for k in keys if not data.get(k)]
+    if missing:
+        raise ConfigError(f"{path}: {missing[0]}", "missing", WORKSPACE_FIX)
+    return WorkspaceRef(*(str(data[k]) for k in keys), source=str(path))
+
+
+class AzureMLTarget(Target):
+    name = "azureml"
+
+    def __init__(self, workspace: WorkspaceRef | None = None, credential: Any = None, start: Path | None = None,
+                 environ: Mapping[str, str] | None = None) -> None:
+        self._workspace, self._credential = workspace, credential
+        self._start, self._environ = start or Path.cwd(), os.environ if environ is None else environ
+        self._client: Any = None
+
+    @property
+    def workspace(self) -> WorkspaceRef:
+        if self._workspace is None:
+            self._workspace = resolve_workspace(self._environ, self._start)
+        return self._workspace
+
+    def client(self) -> Any:
+        if self._client is None:
+            sdk2.require()
+            from azure.ai.ml import MLClient  # noqa: PLC0415
+            from azure.identity import DefaultAzureCredential  # noqa: PLC0415
+
+            ws = self.workspace
+            self._client = MLClient(self._credential or DefaultAzureCredential(), ws.subscription_id,
+                                    ws.resource_group, ws.workspace_name)
+        return self._client
+
+    def _call(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one SDK call; its errors become one line (with any secret redacted)."""
+        from azure.core.exceptions import (  # noqa: PLC0415
+            ClientAuthenticationError, HttpResponseError, ResourceNotFoundError, ServiceRequestError)
+
+        try:
+            return fn()
+        except ClientAuthenticationError:
+            raise TargetError(f"azureml target: {what}: {CREDENTIAL_FIX}; nothing was created") from None
+        except ResourceNotFoundError as exc:
+            raise TargetError(f"azureml target: {what}: not found in workspace {self.workspace.workspace_name}: "
+                              f"{_first_line(exc)}") from None
+        except ServiceRequestError as exc:
+            raise TargetError(f"azureml target: {what}: cannot reach Azure ML: {_first_line(exc)}") from None
+        except HttpResponseError as exc:
+            raise TargetError(f"azureml target: {what}: the service answered {exc.status_code}: "
+                              f"{_first_line(exc)}") from None
+
+    # --- jobs ----------------------------------------------------------------------------------
+    def v2_job(self, job: JobSource, overrides: list[str] | None = None) -> Any:
+        """The azure-ai-ml job entity that would be sent."""
+        sdk2.require()
+        if isinstance(job, (str, Path)):
+            from azure.ai.ml import load_job  # noqa: PLC0415
+
+            if not Path(job).is_file():
+                raise ConfigError("-f", f"{job} does not exist", "give the path of a job YAML file")
+            return load_job(job, params_override=[_override(o) for o in overrides or []])
+        if isinstance(job, JobSpec):
+            return sdk2.command_from_spec(job)
+        if sdk2.is_v2(job):
+            return job
+        raise ConfigError("job", f"a {type(job).__name__} cannot go to the azureml target",
+                          "give a job YAML path, a JobSpec, an azure.ai.ml command job or a v1 ScriptRunConfig")
+
+    def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
+        if type(job).__module__.startswith("azureml."):
+            return self._plan_v1(job)
+        entity = self.v2_job(job, overrides)
+        spec = sdk2.job_from_v2(entity)  # the emulator's own reading: the same rules as a local run
+        findings = [asdict(f) for f in check_job(spec)]
+        name = entity.name or "<name chosen by the service>"
+        return Plan(self.name, "job", {
+            "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
+            "code_upload": str(spec.code), "findings": findings,
+            "request": {"method": "PUT", "path": f"{self.workspace.arm_path}/jobs/{name}",
+                        "body": sdk2.rest_body(entity)}}, payload=entity)
+
+    def _plan_v1(self, src: Any) -> Plan:
+        from .. import sdk1  # noqa: PLC0415
+
+        spec = sdk1.job_from_v1(src)
+        return Plan(self.name, "job", {
+            "target": self.name, "sdk": "azureml-core", "workspace": asdict(self.workspace),
+            "call": f"Experiment(ws, '{spec.experiment_name}').submit(config)", "code_upload": str(spec.code),
+            "findings": [asdict(f) for f in check_job(spec)], "run_config": sdk1.run_config_dict(src)},
+            payload=(src, spec.experiment_name))
+
+    def run_job(self, plan: Plan) -> str:
+        errors = [f for f in plan.data["findings"] if f["severity"] == "error"]
+        if errors:
+            first = errors[0]
+            raise ConfigError(first["field"], f"{first['problem']} (Azure ML would refuse this job)", first["fix"])
+        if plan.data["sdk"] == "azureml-core":
+            return self._submit_v1(*plan.payload)
+        created = self._call("submitting the job", lambda: self.client().jobs.create_or_update(plan.payload))
+        return str(created.name)
+
+    def _submit_v1(self, src: Any, experiment: str) -> str:
+        from azureml.core import Experiment, Workspace  # noqa: PLC0415
+
+        ws = self.workspace
+        try:
+            workspace = Workspace.get(ws.workspace_name, subscription_id=ws.subscription_id,
+                                      resource_group=ws.resource_group)
+            return str(Experiment(workspace, experiment).submit(src).id)
+        except Exception as exc:  # azureml-core raises its own zoo of exception types
+            raise TargetError(f"azureml target: submitting the v1 run: {_first_line(exc)}") from None
+
+    def status(self, name: str) -> str:
+        return str(self._call(f"job {name}", lambda: self.client().jobs.get(name)).status)
+
+    def stream(self, name: str) -> str:
+        def stream() -> None:
+            try:
+                self.client().jobs.stream(name)
+            except Exception as exc:
+                # A failed job raises after its log was streamed; its status says the rest.
+                if type(exc).__name__ != "JobException":
+                    raise
+        self._call(f"streaming job {name}", stream)
+        return self.status(name)
+
+    def cancel(self, name: str) -> str:
+        self._call(f"canceling job {name}", lambda: self.client().jobs.begin_cancel(name).result())
+        return self.status(name)
+
+    def download(self, name: str, dest: Path) -> Path:
+        dest = Path(dest) / name
+        self._call(f"downloading job {name}",
+                   lambda: self.client().jobs.download(name, download_path=str(dest), all=True))
+        return dest
+
+    # --- computes --------------------------------------------------------------------------------
+    def plan_compute(self, spec: ClusterSpec) -> Plan:
+        entity = sdk2.amlcompute(spec)
+        return Plan(self.name, "compute", {
+            "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
+            "request": {"method": "PUT", "path": f"{self.workspace.arm_path}/computes/{spec.name}",
+                        "body": entity._to_rest_object().as_dict()}}, payload=entity)
+
+    def run_compute(self, plan: Plan) -> None:
+        self._call(f"creating compute {plan.payload.name}",
+                   lambda: self.client().compute.begin_create_or_update(plan.payload).result())
+
+    # --- datastores ------------------------------------------------------------------------------
+    def datastore(self, name: str) -> tuple[DatastoreSpec, str | None]:
+        """The workspace's blob datastore `name` as the emulator's DatastoreSpec, with its secret
+        (account key or SAS) when the datastore holds one; identity-based ones get none."""
+        ds = self._call(f"datastore {name}", lambda: self.client().datastores.get(name, include_secrets=True))
+        return datastore_spec(ds)
+
+
+def datastore_spec(ds: Any) -> tuple[DatastoreSpec, str | None]:
+    """An azure.ai.ml AzureBlobDatastore -> (DatastoreSpec, secret)."""
+    if type(ds).__name__ != "AzureBlobDatastore":
+        raise ConfigError("datastore", f"{ds.name} is a {type(ds).__name__}; only blob datastores are synced",
+                          "sync to an Azure Blob datastore")
+    creds = ds.credentials
+    key, sas = getattr(creds, "account_key", None), getattr(creds, "sas_token", None)
+    credential, secret = ("account_key", key) if key else ("sas", sas) if sas else ("identity", None)
+    suffix = ds.endpoint or "core.windows.net"
+    endpoint = "" if suffix == "core.windows.net" and ds.protocol == "https" else \
+        f"{ds.protocol}://{ds.account_name}.blob.{suffix}"
+    return DatastoreSpec(ds.name, "azure_blob", container=ds.container_name, account=ds.account_name,
+                         credential=credential, endpoint=endpoint), secret
+
+
+def _override(item: str) -> dict[str, Any]:
+    key, sep, raw = item.partition("=")
+    if not sep or not key:
+        raise ConfigError("--set", f"'{item}' is not key=value", "write e.g. --set inputs.epochs=3")
+    return {key: yaml.safe_load(raw) if raw else ""}
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "message", None) or exc).strip().splitlines()
+    return redact(text[0] if text else type(exc).__name__, [])

@@ -1,0 +1,44 @@
+"""The `emulator` target: the job runs on this machine's emulated AmlCompute."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ..api import Emulator
+from ..specs import ClusterSpec
+from .base import JobSource, Plan, Target
+
+
+class EmulatorTarget(Target):
+    name = "emulator"
+
+    def __init__(self, emulator: Emulator | None = None, **emulator_options: Any) -> None:
+        self.emu = emulator or Emulator(**emulator_options)
+
+    def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
+        spec = self.emu._job(job, overrides)
+        return Plan(self.name, "job", self.emu.plan_job(spec), payload=spec)
+
+    def run_job(self, plan: Plan) -> str:
+        return self.emu.submit(plan.payload).id
+
+    def plan_compute(self, spec: ClusterSpec) -> Plan:
+        return Plan(self.name, "compute", self.emu.plan_compute(spec), payload=spec)
+
+    def run_compute(self, plan: Plan) -> None:
+        self.emu.create_compute(plan.payload, plan.data["backend"])
+
+    def status(self, name: str) -> str:
+        self.emu.reconcile()
+        return self.emu.run(name).status.value
+
+    def stream(self, name: str) -> str:
+        return self.emu.run(name).wait(show_output=True).value
+
+    def cancel(self, name: str) -> str:
+        run = self.emu.run(name)
+        run.cancel()
+        return run.wait(timeout=30).value
+
+    def download(self, name: str, dest: Path) -> Path:
+        return self.emu.run(name).download(dest)
