@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import posixpath
 import re
+import shutil
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -132,31 +133,15 @@ class Datastores:
     def filesystem(self, name: str) -> tuple[Any, str]:
         """(fsspec filesystem, root within it) of a datastore; Azurite is started when needed."""
         spec = self.get(name)
-        if spec.kind == "local":
-            import fsspec  # noqa: PLC0415
-
-            return fsspec.filesystem("file"), spec.folder.rstrip("/")
-        import adlfs  # noqa: PLC0415
-
         if spec.kind == "azurite":
+            import adlfs  # noqa: PLC0415
+
             fs = adlfs.AzureBlobFileSystem(connection_string=self.azurite.ensure().connection_string,
                                            skip_instance_cache=True)
-        elif spec.endpoint and spec.credential in ("account_key", "sas"):
-            secret = {"account_key": "AccountKey", "sas": "SharedAccessSignature"}[spec.credential]
-            fs = adlfs.AzureBlobFileSystem(connection_string=f"AccountName={spec.account};BlobEndpoint="
-                                           f"{spec.endpoint};{secret}={self._secret(name)}", skip_instance_cache=True)
-        elif spec.endpoint:
-            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_host=spec.endpoint.removeprefix("https://"),
-                                           anon=spec.credential == "none")
-        elif spec.credential == "account_key":
-            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_key=self._secret(name))
-        elif spec.credential == "sas":
-            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, sas_token=self._secret(name))
-        else:
-            fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
-        if not fs.exists(spec.container):
-            fs.mkdir(spec.container)
-        return fs, spec.container
+            if not fs.exists(spec.container):
+                fs.mkdir(spec.container)
+            return fs, spec.container
+        return open_filesystem(spec, self._secret(name))
 
     def guard(self, name: str) -> Callable[[Exception], BackendError]:
         def wrap(exc: Exception) -> BackendError:
@@ -222,6 +207,57 @@ class Datastores:
         if not fs.exists(base):
             return []
         return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
+
+
+def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any, str]:
+    """(fsspec filesystem, root) of a local or Azure Blob datastore, given its secret."""
+    if spec.kind == "local":
+        import fsspec  # noqa: PLC0415
+
+        return fsspec.filesystem("file"), spec.folder.rstrip("/")
+    if spec.kind != "azure_blob":
+        raise ConfigError("type", f"{spec.kind} datastores are opened by their registry")
+    import adlfs  # noqa: PLC0415
+
+    if spec.endpoint and spec.credential in ("account_key", "sas"):
+        key = {"account_key": "AccountKey", "sas": "SharedAccessSignature"}[spec.credential]
+        fs = adlfs.AzureBlobFileSystem(connection_string=f"AccountName={spec.account};BlobEndpoint="
+                                       f"{spec.endpoint};{key}={secret}", skip_instance_cache=True)
+    elif spec.endpoint:
+        fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_host=spec.endpoint.removeprefix("https://"),
+                                       anon=spec.credential == "none")
+    elif spec.credential == "account_key":
+        fs = adlfs.AzureBlobFileSystem(account_name=spec.account, account_key=secret)
+    elif spec.credential == "sas":
+        fs = adlfs.AzureBlobFileSystem(account_name=spec.account, sas_token=secret)
+    else:
+        fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
+    if not fs.exists(spec.container):
+        fs.mkdir(spec.container)
+    return fs, spec.container
+
+
+def sync_tree(src: tuple[Any, str], dst: tuple[Any, str], progress: Callable[[int, int], None] | None = None,
+              ) -> tuple[list[str], list[str]]:
+    """Copy every file under src to the same relative path under dst, skipping files already
+    there with the same size (a re-run sends only what changed). Returns (copied, skipped)."""
+    (src_fs, src_root), (dst_fs, dst_root) = src, dst
+    listing = Datastores._files(src_fs, src_root)
+    total, done, copied, skipped = sum(size for _, size in listing), 0, [], []
+    for path, size in listing:
+        rel = posixpath.relpath(path, src_root) if path != src_root else posixpath.basename(path)
+        target = posixpath.join(dst_root, rel)
+        if dst_fs.exists(target) and dst_fs.size(target) == size:
+            skipped.append(rel)
+        else:
+            dst_fs.makedirs(posixpath.dirname(target), exist_ok=True)  # a no-op on blob storage
+            with src_fs.open(path, "rb") as reader, dst_fs.open(target, "wb") as writer:
+                shutil.copyfileobj(reader, writer, 4 * 1024 * 1024)
+            copied.append(rel)
+        done += size
+        if progress:
+            progress(done, total)
+    return copied, skipped
 
 
 def credential_from_env(var: str | None) -> str | None:

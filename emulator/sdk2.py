@@ -7,6 +7,7 @@ a `command(...)` for the azureml target. azure-ai-ml is imported only here, only
 """
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ def require() -> None:
         import azure.ai.ml  # noqa: F401,PLC0415
     except ImportError:
         raise ConfigError("azure-ai-ml", "the Azure ML SDK v2 is not installed", INSTALL_HINT) from None
+    # Its schemas announce "experimental class" on every load: noise on the user's terminal.
+    logging.getLogger("azure.ai.ml._utils._experimental").setLevel(logging.ERROR)
 
 
 def is_v2(obj: Any) -> bool:
@@ -109,10 +112,13 @@ def cluster_from_v2(compute: Any) -> ClusterSpec:
     """azure.ai.ml.entities.AmlCompute -> ClusterSpec (the same provisioning fields)."""
     if type(compute).__name__ != "AmlCompute":
         raise ConfigError("compute", f"an azure.ai.ml {type(compute).__name__} is not emulated", "use AmlCompute")
+    def given(value: Any, default: Any) -> Any:  # 0 is a value (scale down at once), None is not
+        return default if value is None else value
+
     return ClusterSpec(name=compute.name, vm_size=compute.size or "Standard_D2_v2",
                        vm_priority=Priority.parse(compute.tier or "dedicated"),
-                       min_nodes=compute.min_instances or 0, max_nodes=compute.max_instances or 4,
-                       idle_seconds_before_scaledown=compute.idle_time_before_scale_down or 120)
+                       min_nodes=given(compute.min_instances, 0), max_nodes=given(compute.max_instances, 4),
+                       idle_seconds_before_scaledown=given(compute.idle_time_before_scale_down, 120))
 
 
 def amlcompute(spec: ClusterSpec) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,7 +23,8 @@ from .. import sdk2
 from ..datastores import DatastoreSpec, redact
 from ..errors import ConfigError, TargetError
 from ..specs import ClusterSpec, JobSpec
-from ..validate import check_job
+from ..jobyaml import load_job
+from ..validate import Finding, check_job
 from . import project_config
 from .base import JobSource, Plan, Target
 
@@ -130,11 +132,15 @@ class AzureMLTarget(Target):
         """The azure-ai-ml job entity that would be sent."""
         sdk2.require()
         if isinstance(job, (str, Path)):
-            from azure.ai.ml import load_job  # noqa: PLC0415
+            from azure.ai.ml import load_job as sdk_load_job  # noqa: PLC0415
 
-            if not Path(job).is_file():
-                raise ConfigError("-f", f"{job} does not exist", "give the path of a job YAML file")
-            return load_job(job, params_override=[_override(o) for o in overrides or []])
+            from azure.ai.ml.exceptions import ValidationException  # noqa: PLC0415
+            from marshmallow import ValidationError  # noqa: PLC0415
+
+            try:
+                return sdk_load_job(job, params_override=[_override(o) for o in overrides or []])
+            except (ValidationException, ValidationError) as exc:  # what the emulator's loader let through
+                raise ConfigError(*_schema_error(exc), "see https://aka.ms/ml-cli-v2-job-command-yaml-reference") from None
         if isinstance(job, JobSpec):
             return sdk2.command_from_spec(job)
         if sdk2.is_v2(job):
@@ -143,11 +149,15 @@ class AzureMLTarget(Target):
                           "give a job YAML path, a JobSpec, an azure.ai.ml command job or a v1 ScriptRunConfig")
 
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
+        """The request that would be sent. A job Azure ML would refuse (section 4's rules: the
+        emulator's own reading of the job) is refused here, before anything is sent."""
         if type(job).__module__.startswith("azureml."):
             return self._plan_v1(job)
+        if isinstance(job, (str, Path)):  # the emulator's reading first: its errors name the field and the fix
+            _refuse_errors(check_job(load_job(job, overrides)))
         entity = self.v2_job(job, overrides)
-        spec = sdk2.job_from_v2(entity)  # the emulator's own reading: the same rules as a local run
-        findings = [asdict(f) for f in check_job(spec)]
+        spec = sdk2.job_from_v2(entity)
+        findings = _refuse_errors(check_job(spec))
         name = entity.name or "<name chosen by the service>"
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
@@ -162,14 +172,10 @@ class AzureMLTarget(Target):
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azureml-core", "workspace": asdict(self.workspace),
             "call": f"Experiment(ws, '{spec.experiment_name}').submit(config)", "code_upload": str(spec.code),
-            "findings": [asdict(f) for f in check_job(spec)], "run_config": sdk1.run_config_dict(src)},
+            "findings": _refuse_errors(check_job(spec)), "run_config": sdk1.run_config_dict(src)},
             payload=(src, spec.experiment_name))
 
     def run_job(self, plan: Plan) -> str:
-        errors = [f for f in plan.data["findings"] if f["severity"] == "error"]
-        if errors:
-            first = errors[0]
-            raise ConfigError(first["field"], f"{first['problem']} (Azure ML would refuse this job)", first["fix"])
         if plan.data["sdk"] == "azureml-core":
             return self._submit_v1(*plan.payload)
         created = self._call("submitting the job", lambda: self.client().jobs.create_or_update(plan.payload))
@@ -245,11 +251,25 @@ def datastore_spec(ds: Any) -> tuple[DatastoreSpec, str | None]:
                          credential=credential, endpoint=endpoint), secret
 
 
+def _refuse_errors(findings: list[Finding]) -> list[dict[str, str]]:
+    errors = [f for f in findings if f.severity == "error"]
+    if errors:
+        raise ConfigError(errors[0].field, f"{errors[0].problem} (Azure ML would refuse this job)", errors[0].fix)
+    return [asdict(f) for f in findings]
+
+
 def _override(item: str) -> dict[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError("--set", f"'{item}' is not key=value", "write e.g. --set inputs.epochs=3")
     return {key: yaml.safe_load(raw) if raw else ""}
+
+
+def _schema_error(exc: Exception) -> tuple[str, str]:
+    """(field, problem) out of azure-ai-ml's multi-page schema error."""
+    text = str(exc).replace("\\n", "\n").replace('\\"', '"')
+    match = re.search(r'"([\w.]+)": \[\s*"([^"]+)"', text)
+    return (match.group(1), f"{match.group(2)} (azure-ai-ml)") if match else ("job", _first_line(exc))
 
 
 def _first_line(exc: BaseException) -> str:
