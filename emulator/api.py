@@ -352,7 +352,7 @@ class Emulator:
                 gone.append("Azurite server")
         # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
         self.store.reset(keep_data=True)
-        for sub in ("nodes", "caches", "runs"):
+        for sub in ("nodes", "caches", "runs", "mlflow-ui"):  # the UI store holds copies of the runs
             shutil.rmtree(self.home.root / sub, ignore_errors=True)
         return gone
 

@@ -482,7 +482,7 @@ def cleanup(ctx: click.Context, all_homes: bool) -> None:
     console.print(f"removed {len(gone)} item(s)" + "".join(f"\n  {g}" for g in gone), highlight=False)
 
 
-from . import cli_faults, cli_ui, cli_validate  # noqa: E402,F401 - register their commands on the groups above
+from . import cli_convert, cli_faults, cli_sync, cli_ui, cli_validate  # noqa: E402,F401 - register their commands on the groups above
 
 
 def main() -> None:

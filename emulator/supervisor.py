@@ -26,6 +26,7 @@ from .errors import AmlEmuError
 from .faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
 from .home import Home, default_cache
 from .jobspec_io import job_from_record
+from .metrics import plot_run
 from .mounts import RunData
 from .nodecache import NodeCache, policy_from_env
 from .specs import DistributionType, JobSpec, RunStatus
@@ -124,6 +125,8 @@ class Supervisor:
         return self.store.run(self.run_id).status
 
     def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
+        if status.is_terminal:  # plotted first: whoever sees the run ended also finds its plot
+            plot_run(self.home.root, self.run_id, status.value, self.logs.platform)
         self.store.set_status(self.run_id, status, detail, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
 

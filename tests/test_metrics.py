@@ -1,0 +1,304 @@
+"""Metrics to look at: each run's metrics.png (also after a failure or a preemption), `amlemu job
+show`'s metrics and plot, one MLflow store over every run (copied once, refreshed while active) and
+MLflow's own UI (`amlemu ui`), stopped with everything it started on Ctrl-C."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from click.testing import CliRunner
+
+from conftest import wait_until
+from emulator.api import Emulator, Run
+from emulator.cli import cli
+from emulator.metrics import PLOT_NAME, UI_RUN_TAG, UI_STATUS_TAG, build_ui_store, plot_metrics, plot_run
+from emulator.specs import RunStatus
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PROCESS = pytest.mark.parametrize("backend", ["process"], indirect=True)
+
+# Two metrics over three steps, then the exit code given (a failed run has metrics too).
+LOGS = """
+import sys, mlflow
+for step in range(3):
+    mlflow.log_metrics({"loss": 1.0 / (step + 1), "accuracy": 0.5 + 0.2 * step}, step=step)
+print("logged", flush=True)
+sys.exit(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+"""
+
+# Step 0, then waits for the host to drop a file into the run's record before step 1.
+STEPWISE = """
+import os, time, mlflow
+mlflow.log_metric("progress", 0.0, step=0)
+print("step 0 logged", flush=True)
+release = os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"], "release")
+while not os.path.exists(release):
+    time.sleep(0.05)
+mlflow.log_metric("progress", 1.0, step=1)
+"""
+
+# Each attempt logs its number as a step; the first blocks until it is preempted.
+ATTEMPTS = """
+import glob, os, time, mlflow
+os.makedirs("outputs", exist_ok=True)
+attempt = len(glob.glob("outputs/attempt-*"))
+open(f"outputs/attempt-{attempt}", "w").close()
+mlflow.log_metric("attempt", attempt, step=attempt)
+print(f"attempt {attempt}", flush=True)
+while attempt == 0:
+    time.sleep(0.05)
+"""
+
+
+def _history(client: Any, run_id: str, key: str) -> list[tuple[int, float, int]]:
+    return sorted((m.step, m.value, m.timestamp) for m in client.get_metric_history(run_id, key))
+
+
+def _show(emu: Emulator, run: Run, *extra: str) -> str:
+    result = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, *extra])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+# --- the plot --------------------------------------------------------------------------------------
+def test_plot_metrics_writes_a_png_with_a_subplot_per_metric(tmp_path: Path) -> None:
+    import matplotlib.image  # noqa: PLC0415
+
+    two = plot_metrics({"loss": [(0, 1.0), (1, 0.5), (2, float("inf"))], "acc": [(0, 0.1)], "empty": []},
+                       tmp_path / "two.png", "run a")
+    five = plot_metrics({f"m{i}": [(s, s * i) for s in range(100)] for i in range(5)},
+                        tmp_path / "sub" / "five.png", "run b")
+    assert two == tmp_path / "two.png" and five == tmp_path / "sub" / "five.png"
+    for path in (two, five):
+        assert path.read_bytes()[:8] == PNG_SIGNATURE and path.stat().st_size > 5000
+    # The figure grows with its subplots: 2 metrics in one column, 5 in a 2 x 3 grid (100 dpi).
+    assert matplotlib.image.imread(two).shape == (580, 640, 4)
+    assert matplotlib.image.imread(five).shape == (840, 1280, 4)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["five.png", "sub", "two.png"]  # no partial file
+
+
+def test_plot_metrics_returns_none_for_nothing_to_plot(tmp_path: Path) -> None:
+    assert plot_metrics({}, tmp_path / "a.png", "t") is None
+    assert plot_metrics({"loss": []}, tmp_path / "b.png", "t") is None
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failure_to_plot_is_logged_not_raised(tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    emu = Emulator(home=tmp_path / "home", backend="process")
+    emu.store.add_run("r1", "exp", "c1", {})
+    run_dir = emu.home.run_dir("r1")
+    run_dir.mkdir(parents=True)
+    client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
+    mlrun = client.create_run(client.create_experiment("exp"))
+    client.log_metric(mlrun.info.run_id, "loss", 0.5, step=0)
+    log: list[str] = []
+    assert plot_run(emu.home.root, "r1", "Completed", log.append) == run_dir / PLOT_NAME
+    assert log == [f"metrics plotted: {run_dir / PLOT_NAME}"]
+    (run_dir / PLOT_NAME).unlink()
+    (run_dir / PLOT_NAME / "in-the-way").mkdir(parents=True)  # the PNG cannot be put in place
+    assert plot_run(emu.home.root, "r1", "Failed", log.append) is None
+    assert log[-1].startswith("warning: could not plot the run's metrics: ")
+    assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.png", "mlflow.db"]  # no partial file
+    assert plot_run(emu.home.root, "no-such-run", "Failed", log.append) is None
+    assert "no-such-run" in log[-1]
+
+
+# --- runs keep their plot --------------------------------------------------------------------------
+@pytest.mark.slow
+def test_a_run_keeps_a_plot_and_job_show_lists_it(emu: Emulator, cluster, make_job, tmp_path: Path) -> None:
+    cluster()
+    run = emu.submit(make_job(LOGS, distribution="none"))
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    # Drawn before the status is set: whoever sees the run ended finds its plot, without waiting.
+    plot = run.dir / PLOT_NAME
+    assert run.plot_path == plot and plot.read_bytes()[:8] == PNG_SIGNATURE
+    assert f"metrics plotted: {plot}" in (run.dir / "system_logs" / "lifecycle.txt").read_text()
+    shown = json.loads(_show(emu, run, "-o", "json"))
+    assert shown["metrics"] == {"loss": pytest.approx(1 / 3), "accuracy": pytest.approx(0.9)}
+    assert shown["plot"] == str(plot)
+    assert f"plot: {plot}" in _show(emu, run)
+    result = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "download", run.id,
+                                      "--download-path", str(tmp_path / "dl")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "dl" / run.id / PLOT_NAME).read_bytes() == plot.read_bytes()
+
+
+@pytest.mark.slow
+@PROCESS
+def test_a_failed_run_is_plotted_and_a_run_without_metrics_is_not(emu: Emulator, cluster, make_job) -> None:
+    cluster()
+    failed = emu.submit(make_job(LOGS, distribution="none", args="3"))
+    quiet = emu.submit(make_job("print('no metrics here', flush=True)\n", distribution="none"))
+    assert failed.wait(timeout=120) is RunStatus.FAILED
+    assert quiet.wait(timeout=120) is RunStatus.COMPLETED, quiet.record.error
+    assert failed.plot_path is not None and failed.plot_path.read_bytes()[:8] == PNG_SIGNATURE
+    assert json.loads(_show(emu, failed, "-o", "json"))["metrics"]["loss"] == pytest.approx(1 / 3)
+    assert quiet.plot_path is None and not (quiet.dir / PLOT_NAME).exists()
+    shown = json.loads(_show(emu, quiet, "-o", "json"))
+    assert shown["plot"] is None and shown["metrics"] == {}
+    assert "plot:" not in _show(emu, quiet)
+
+
+@pytest.mark.slow
+@PROCESS
+def test_a_preempted_run_plots_every_attempt(emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=1, vm_priority="lowpriority")
+    run = emu.submit(make_job(ATTEMPTS, distribution="none"))
+    wait_until(lambda: "attempt 0" in run.logs(0) and run.status is RunStatus.RUNNING, 60, "attempt 0 running")
+    assert run.plot_path is None  # not while it runs
+    emu.faults.preempt("c1", node=0)
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    assert run.record.preemptions == 1
+    assert run.metric_history() == {"attempt": [(0, 0.0), (1, 1.0)]}  # appended across attempts
+    assert run.plot_path is not None and run.plot_path.read_bytes()[:8] == PNG_SIGNATURE
+    lifecycle = (run.dir / "system_logs" / "lifecycle.txt").read_text()
+    assert lifecycle.count("metrics plotted") == 1  # once, at the end, not at the preemption
+
+
+# --- one store for MLflow's UI ---------------------------------------------------------------------
+@pytest.mark.slow
+@PROCESS
+def test_build_ui_store_copies_each_run_once_and_refreshes_active_ones(emu: Emulator, cluster, make_job,
+                                                                      tmp_path: Path) -> None:
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    cluster()
+    done = emu.submit(make_job(LOGS, distribution="none"))
+    active = emu.submit(make_job(STEPWISE, distribution="none"))
+    assert done.wait(timeout=120) is RunStatus.COMPLETED, done.record.error
+    wait_until(lambda: "step 0 logged" in active.logs(0), 60, "the second run logged step 0")
+    dest = tmp_path / "ui" / "mlflow.db"
+    assert build_ui_store(emu, dest) == 2
+    client = MlflowClient(tracking_uri=f"sqlite:///{dest}")
+
+    def copies() -> dict[str, Any]:
+        experiments = [e.experiment_id for e in client.search_experiments()]
+        found = client.search_runs(experiments)
+        assert len(found) == len({r.data.tags[UI_RUN_TAG] for r in found}), "a run was copied twice"
+        return {r.data.tags[UI_RUN_TAG]: r for r in found}
+
+    first = copies()
+    assert sorted(first) == sorted([done.id, active.id])
+    copy = first[done.id]
+    assert copy.info.run_name == done.id and copy.info.status == "FINISHED"
+    assert copy.data.tags[UI_STATUS_TAG] == "Completed"
+    assert client.get_experiment(copy.info.experiment_id).name == done.record.experiment
+    source = MlflowClient(tracking_uri=f"sqlite:///{done.dir / 'mlflow.db'}")
+    [original] = source.search_runs([e.experiment_id for e in source.search_experiments()])
+    for key in ("loss", "accuracy"):  # every point, with its step and timestamp
+        assert _history(client, copy.info.run_id, key) == _history(source, original.info.run_id, key)
+    assert [s for s, _, _ in _history(client, copy.info.run_id, "loss")] == [0, 1, 2]
+    assert [a.path for a in client.list_artifacts(copy.info.run_id)] == [PLOT_NAME]
+    assert first[active.id].data.tags[UI_STATUS_TAG] == "Running" and first[active.id].info.status == "RUNNING"
+    assert [(s, v) for s, v, _ in _history(client, first[active.id].info.run_id, "progress")] == [(0, 0.0)]
+
+    (active.dir / "release").touch()
+    assert active.wait(timeout=60) is RunStatus.COMPLETED, active.record.error
+    assert build_ui_store(emu, dest) == 1  # only the run that was active is brought up to date
+    second = copies()
+    refreshed = second[active.id]
+    assert refreshed.info.run_id == first[active.id].info.run_id
+    assert refreshed.data.tags[UI_STATUS_TAG] == "Completed" and refreshed.info.status == "FINISHED"
+    assert [(s, v) for s, v, _ in _history(client, refreshed.info.run_id, "progress")] == [(0, 0.0), (1, 1.0)]
+    assert build_ui_store(emu, dest) == 0
+    assert sorted(copies()) == sorted(first)
+
+
+# --- amlemu ui ------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _api(port: int, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+    url = f"http://127.0.0.1:{port}/api/2.0/mlflow/{path}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        return json.loads(reply.read())
+
+
+def _gone(proc: psutil.Process) -> bool:
+    try:
+        return not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+@pytest.mark.slow
+@PROCESS
+def test_amlemu_ui_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator, cluster, make_job,
+                                                                 tmp_path: Path) -> None:
+    cluster()
+    run = emu.submit(make_job(LOGS, distribution="none"))
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    port = _free_port()
+    out = tmp_path / "ui.out"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("amlemu")), "--home", str(emu.home.root), "ui",
+                                 "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT)
+    family: list[psutil.Process] = []
+    try:
+        def served() -> dict[str, Any] | None:
+            assert proc.poll() is None, f"amlemu ui exited: {out.read_text()}"
+            try:
+                experiments = [e["experiment_id"] for e in _api(port, "experiments/search", {"max_results": 100})
+                               ["experiments"]]
+                found = _api(port, "runs/search", {"experiment_ids": experiments,
+                                                   "filter": f"tags.`{UI_RUN_TAG}` = '{run.id}'"})
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                return None
+            return (found.get("runs") or [None])[0]
+
+        served_run = wait_until(served, 90, "amlemu ui served the emulator's run")
+        family = psutil.Process(proc.pid).children(recursive=True)
+        assert any("mlflow" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
+        assert served_run["info"]["run_name"] == run.id
+        metrics = {m["key"]: m["value"] for m in served_run["data"]["metrics"]}
+        assert metrics == {"loss": pytest.approx(1 / 3), "accuracy": pytest.approx(0.9)}
+        history = _api(port, f"metrics/get-history?run_id={served_run['info']['run_id']}&metric_key=loss")
+        assert sorted(m["step"] for m in history["metrics"]) == [0, 1, 2]
+        assert f"http://127.0.0.1:{port}" in out.read_text()
+
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=30) == 0, out.read_text()
+        wait_until(lambda: all(_gone(p) for p in family), 15, "the MLflow server and its workers are gone")
+        with pytest.raises(OSError):  # nothing listens any more
+            _api(port, "experiments/search", {"max_results": 1})
+    finally:  # a failed assertion must not leave what this test started running
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        for p in family:
+            if not _gone(p):
+                p.kill()
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "10.1.2.3", "example.com"])
+def test_amlemu_ui_refuses_a_non_loopback_host(tmp_path: Path, host: str) -> None:
+    result = CliRunner().invoke(cli, ["--home", str(tmp_path / "home"), "ui", "--host", host])
+    assert result.exit_code == 1
+    assert result.output.startswith(f"amlemu: error: --host: {host} is not a loopback address")
+    assert result.output.count("\n") == 1 and "--allow-remote" in result.output
+
+
+def test_amlemu_ui_names_a_port_in_use(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = CliRunner().invoke(cli, ["--home", str(tmp_path / "home"), "ui", "--port", str(port)])
+    assert result.exit_code == 1 and result.output.count("\n") == 1
+    assert result.output.startswith(f"amlemu: error: --port: cannot listen on 127.0.0.1:{port}")
