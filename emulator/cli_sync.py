@@ -5,7 +5,8 @@ from pathlib import Path
 
 import click
 
-from .cli import _emu, _progress, console, data, handle_errors
+from .cli import _emu, console, handle_errors
+from .cli_data import _progress, data
 from .datasync import job_data_uris, sync
 from .errors import ConfigError
 from .targets.azureml import AzureMLTarget
