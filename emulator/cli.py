@@ -308,10 +308,16 @@ def job_list(ctx: click.Context, experiment: str | None, output: str) -> None:
 
 @job.command("show")
 @click.argument("name")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
-def job_show(ctx: click.Context, name: str, output: str) -> None:
+def job_show(ctx: click.Context, name: str, target_name: str | None, output: str) -> None:
+    target = _target(ctx, target_name)
+    if target.name != "emulator":
+        emit(target.show(name), output, lambda d: [console.print(f"{k}: {v}", highlight=False, markup=False)
+                                                   for k, v in d.items()])
+        return
     emu = _emu(ctx)
     emu.reconcile()
     run = emu.run(name)

@@ -27,3 +27,14 @@ def test_the_same_on_process_nodes_from_a_job_object(aml_run):
                   instance_count=2, distribution=Distribution(DistributionType.MPI))
     run = aml_run(job)
     assert "multi-node: rendezvous at 127.0.0.1:6105 as node 1" in run.logs(1)
+
+
+@pytest.mark.aml(nodes=2, backend="process")
+def test_the_same_from_my_azure_ml_sdk_v2_command(aml_run):
+    """The job object I send to Azure ML with azure-ai-ml, run here unchanged (compute replaced)."""
+    azure_ml = pytest.importorskip("azure.ai.ml", reason="the sdk2 extra is not installed")
+    job = azure_ml.command(code=str(SCRIPT.parent), command=f"python {SCRIPT.name}", compute="gpu-cluster",
+                           instance_count=2, distribution=azure_ml.MpiDistribution(process_count_per_instance=1),
+                           environment="azureml:AzureML-ACPT-pytorch-2.2-cuda12.1@latest")
+    run = aml_run(job)
+    assert "multi-node: rendezvous at 127.0.0.1:6105 as node 1" in run.logs(1)

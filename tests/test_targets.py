@@ -262,3 +262,26 @@ def test_sync_tree_between_local_folders(tmp_path: Path) -> None:
     assert (copied, skipped) == (["sub/x.bin"], []) and (tmp_path / "b" / "sub" / "x.bin").read_bytes() == b"1234"
     (tmp_path / "a" / "sub" / "x.bin").write_bytes(b"12345")
     assert sync_tree((fs, str(tmp_path / "a")), (fs, str(tmp_path / "b")))[0] == ["sub/x.bin"]
+
+
+def test_v1_script_run_config_dry_run_is_the_serialized_run_config(tmp_path: Path) -> None:
+    """For SDK v1 the azureml dry run is the run configuration Experiment.submit sends; it and the
+    emulator's reading agree on script, arguments, nodes, processes and environment variables."""
+    from azureml.core import ScriptRunConfig
+    from azureml.core.runconfig import MpiConfiguration
+
+    from emulator import sdk1
+
+    with sdk1.quiet():
+        src = ScriptRunConfig(source_directory=str(REPO / "trainer"), script="train.py",
+                              arguments=["--data-dir", "/data", "--epochs", 2], compute_target="gpucluster",
+                              distributed_job_config=MpiConfiguration(process_count_per_node=2, node_count=2))
+        src.run_config.environment_variables = {"NCCL_DEBUG": "INFO"}
+    plan = get_target("azureml", workspace=WS).plan_job(src)
+    config, spec = plan.data["run_config"], sdk1.job_from_v1(src)
+    assert plan.data["sdk"] == "azureml-core" and plan.data["call"] == "Experiment(ws, 'trainer').submit(config)"
+    assert (config["script"], config["arguments"]) == ("train.py", ["--data-dir", "/data", "--epochs", 2])
+    assert spec.command == "python train.py --data-dir /data --epochs 2"
+    assert (config["target"], config["nodeCount"], config["mpi"]["processCountPerNode"]) == \
+        (spec.compute, spec.instance_count, spec.distribution.process_count_per_instance) == ("gpucluster", 2, 2)
+    assert config["environmentVariables"]["NCCL_DEBUG"] == spec.environment_variables["NCCL_DEBUG"] == "INFO"

@@ -193,7 +193,14 @@ class AzureMLTarget(Target):
             raise TargetError(f"azureml target: submitting the v1 run: {_first_line(exc)}") from None
 
     def status(self, name: str) -> str:
-        return str(self._call(f"job {name}", lambda: self.client().jobs.get(name)).status)
+        return str(self.show(name)["status"])
+
+    def show(self, name: str) -> dict[str, Any]:
+        job = self._call(f"job {name}", lambda: self.client().jobs.get(name))
+        status = getattr(job.status, "value", job.status)  # a str or a JobStatus enum
+        return {"name": name, "target": self.name, "status": str(status), "compute": job.compute,
+                "experiment": job.experiment_name, "display_name": job.display_name,
+                "studio_url": job.studio_url}
 
     def stream(self, name: str) -> str:
         def stream() -> None:

@@ -50,6 +50,10 @@ class Target(ABC):
     def status(self, name: str) -> str: ...
 
     @abstractmethod
+    def show(self, name: str) -> dict[str, Any]:
+        """The job's name, status, compute and what else the target knows (JSON-able)."""
+
+    @abstractmethod
     def stream(self, name: str) -> str:
         """Print the job's log until it ends; returns its final status."""
 

@@ -32,6 +32,12 @@ class EmulatorTarget(Target):
         self.emu.reconcile()
         return self.emu.run(name).status.value
 
+    def show(self, name: str) -> dict[str, Any]:
+        run = self.emu.run(name)
+        record = run.record
+        return {"name": name, "target": self.name, "status": record.status.value, "compute": record.cluster,
+                "experiment": record.experiment, "error": record.error, "metrics": run.metrics()}
+
     def stream(self, name: str) -> str:
         return self.emu.run(name).wait(show_output=True).value
 
