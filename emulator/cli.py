@@ -262,8 +262,8 @@ def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], strea
         click.echo(json.dumps(plan.data, indent=2, default=str))
         return
     notes = {n.get("image_note") for n in plan.data.get("nodes", [])} - {None}
-    notes |= {f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])
-              if f["severity"] == "warning"}
+    notes |= {("AmlCompute would refuse this job: " if f["severity"] == "error" else "") +
+              f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])}
     for note in sorted(notes):
         err_console.print(f"notice: {note}", highlight=False)
     name = target.run_job(plan)

@@ -1,11 +1,13 @@
 """The `emulator` target: the job runs on this machine's emulated AmlCompute."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..api import Emulator
 from ..specs import ClusterSpec
+from ..validate import check_job
 from .base import JobSource, Plan, Target
 
 
@@ -16,8 +18,11 @@ class EmulatorTarget(Target):
         self.emu = emulator or Emulator(**emulator_options)
 
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
+        """The emulator runs jobs AmlCompute would refuse (no environment, say): the findings of
+        `amlemu job validate` go with the plan, for the CLI to show."""
         spec = self.emu._job(job, overrides)
-        return Plan(self.name, "job", self.emu.plan_job(spec), payload=spec)
+        findings = [asdict(f) for f in check_job(spec)]
+        return Plan(self.name, "job", {**self.emu.plan_job(spec), "findings": findings}, payload=spec)
 
     def run_job(self, plan: Plan) -> str:
         return self.emu.submit(plan.payload).id
