@@ -117,7 +117,7 @@ class AzureMLTarget(Target):
         try:
             return fn()
         except ClientAuthenticationError:
-            raise TargetError(f"azureml target: {what}: {CREDENTIAL_FIX}; nothing was created") from None
+            raise TargetError(f"azureml target: {what}: {CREDENTIAL_FIX}") from None
         except ResourceNotFoundError as exc:
             raise TargetError(f"azureml target: {what}: not found in workspace {self.workspace.workspace_name}: "
                               f"{_first_line(exc)}") from None
@@ -133,7 +133,6 @@ class AzureMLTarget(Target):
         sdk2.require()
         if isinstance(job, (str, Path)):
             from azure.ai.ml import load_job as sdk_load_job  # noqa: PLC0415
-
             from azure.ai.ml.exceptions import ValidationException  # noqa: PLC0415
             from marshmallow import ValidationError  # noqa: PLC0415
 
