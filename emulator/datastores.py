@@ -156,29 +156,22 @@ class Datastores:
         name, path = parse_uri(uri)
         if not local.exists():
             raise ConfigError("local path", f"{local} does not exist")
+        import fsspec  # noqa: PLC0415
+
         fs, root = self.filesystem(name)
-        files = [local] if local.is_file() else sorted(p for p in local.rglob("*") if p.is_file())
-        total, sent = sum(f.stat().st_size for f in files), 0
+        source = (fsspec.filesystem("file"), str(local.resolve()))
         try:
-            for f in files:
-                rel = f.name if local.is_file() else f.relative_to(local).as_posix()
-                target = posixpath.join(root, path, rel) if path or not local.is_file() else posixpath.join(root, rel)
-                if overwrite or not (fs.exists(target) and fs.size(target) == f.stat().st_size):
-                    fs.makedirs(posixpath.dirname(target), exist_ok=True)
-                    fs.put_file(str(f), target)
-                sent += f.stat().st_size
-                if progress:
-                    progress(sent, total)
+            sync_tree(source, (fs, posixpath.join(root, path)), progress, overwrite=overwrite)
         except (OSError, ValueError) as exc:
             raise self.guard(name)(exc) from None
-        return total
+        return sum(size for _, size in list_files(*source))
 
     def download(self, uri: str, local: Path, progress: Callable[[int, int], None] | None = None) -> int:
         name, path = parse_uri(uri)
         fs, root = self.filesystem(name)
         base = posixpath.join(root, path)
         try:
-            listing = self._files(fs, base)
+            listing = list_files(fs, base)
             if not listing:
                 raise NotFoundError("path", uri, "list what is there with `amlemu data ls`")
             total, done = sum(size for _, size in listing), 0
@@ -198,15 +191,16 @@ class Datastores:
         name, path = parse_uri(uri)
         fs, root = self.filesystem(name)
         base = posixpath.join(root, path)
-        return [(posixpath.relpath(p, root), size) for p, size in self._files(fs, base)]
+        return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
 
-    @staticmethod
-    def _files(fs: Any, base: str) -> list[tuple[str, int]]:
-        if fs.isfile(base):
-            return [(base, fs.size(base))]
-        if not fs.exists(base):
-            return []
-        return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
+
+def list_files(fs: Any, base: str) -> list[tuple[str, int]]:
+    """(path, size) of the file at `base` or of every file under it; empty when nothing is there."""
+    if fs.isfile(base):
+        return [(base, fs.size(base))]
+    if not fs.exists(base):
+        return []
+    return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
 
 
 def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any, str]:
@@ -238,16 +232,17 @@ def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any
 
 
 def sync_tree(src: tuple[Any, str], dst: tuple[Any, str], progress: Callable[[int, int], None] | None = None,
-              ) -> tuple[list[str], list[str]]:
-    """Copy every file under src to the same relative path under dst, skipping files already
-    there with the same size (a re-run sends only what changed). Returns (copied, skipped)."""
+              overwrite: bool = False) -> tuple[list[str], list[str]]:
+    """Copy the file at src, or every file under it, to the same relative path under dst; unless
+    overwrite, files already there with the same size are skipped (a re-run sends only what
+    changed). Returns the relative paths copied and those skipped."""
     (src_fs, src_root), (dst_fs, dst_root) = src, dst
-    listing = Datastores._files(src_fs, src_root)
+    listing = list_files(src_fs, src_root)
     total, done, copied, skipped = sum(size for _, size in listing), 0, [], []
     for path, size in listing:
         rel = posixpath.relpath(path, src_root) if path != src_root else posixpath.basename(path)
         target = posixpath.join(dst_root, rel)
-        if dst_fs.exists(target) and dst_fs.size(target) == size:
+        if not overwrite and dst_fs.exists(target) and dst_fs.size(target) == size:
             skipped.append(rel)
         else:
             dst_fs.makedirs(posixpath.dirname(target), exist_ok=True)  # a no-op on blob storage

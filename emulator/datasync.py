@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 class SyncResult:
     uri: str
     destination: str  # account/container/path (no secret)
-    copied: list[str]
+    copied: list[str]  # paths relative to the URI
     skipped: list[str]
 
 

@@ -1,11 +1,12 @@
 """Whatever form a job or a compute comes in (CLI v2 YAML, the Python API's specs, an Azure ML SDK
 v2 or v1 object) -> the emulator's JobSpec / ClusterSpec. Each SDK is imported only when its
-object is given, so neither is needed for YAML jobs."""
+object is given (sdk1/sdk2 import them lazily), so neither is needed for YAML jobs."""
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+from . import sdk1, sdk2
 from .errors import ConfigError
 from .jobyaml import load_job
 from .specs import ClusterSpec, JobSpec
@@ -14,22 +15,14 @@ JOB_FORMS = ("a job YAML path, a JobSpec, an azure.ai.ml command job (command() 
              "or an azureml ScriptRunConfig / PyTorch estimator")
 
 
-def _module(obj: Any) -> str:
-    return type(obj).__module__
-
-
 def to_job(job: Any, overrides: list[str] | None = None) -> JobSpec:
     if isinstance(job, JobSpec):
         return job
     if isinstance(job, (str, Path)):
         return load_job(job, overrides)
-    if _module(job).startswith("azure.ai.ml."):
-        from . import sdk2  # noqa: PLC0415
-
+    if sdk2.is_v2(job):
         return sdk2.job_from_v2(job)
-    if _module(job).startswith("azureml."):
-        from . import sdk1  # noqa: PLC0415
-
+    if sdk1.is_job_config(job):
         return sdk1.job_from_v1(job)
     raise ConfigError("job", f"a {type(job).__name__} is not a job", f"give {JOB_FORMS}")
 
@@ -39,16 +32,12 @@ def to_cluster(compute: Any, name: str | None = None) -> ClusterSpec:
     which v1 gives to ComputeTarget.create rather than to the configuration)."""
     if isinstance(compute, ClusterSpec):
         return compute
-    if _module(compute).startswith("azure.ai.ml."):
-        from . import sdk2  # noqa: PLC0415
-
+    if sdk2.is_v2(compute):
         return sdk2.cluster_from_v2(compute)
-    if _module(compute).startswith("azureml."):
+    if sdk1.is_v1(compute):
         if not name:
             raise ConfigError("name", "a v1 provisioning configuration carries no name",
                               "pass the compute's name too, as ComputeTarget.create(ws, name, config) does")
-        from . import sdk1  # noqa: PLC0415
-
         return sdk1.cluster_from_v1(compute, name)
     raise ConfigError("compute", f"a {type(compute).__name__} is not a compute",
                       "give a ClusterSpec, an azure.ai.ml AmlCompute or AmlCompute.provisioning_configuration(...)")

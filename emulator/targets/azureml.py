@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from .. import sdk2
+from .. import sdk1, sdk2
 from ..datastores import DatastoreSpec, redact
 from ..errors import ConfigError, TargetError
 from ..specs import ClusterSpec, JobSpec
@@ -150,13 +150,16 @@ class AzureMLTarget(Target):
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
         """The request that would be sent. A job Azure ML would refuse (section 4's rules: the
         emulator's own reading of the job) is refused here, before anything is sent."""
-        if type(job).__module__.startswith("azureml."):
+        if sdk1.is_job_config(job):
             return self._plan_v1(job)
-        if isinstance(job, (str, Path)):  # the emulator's reading first: its errors name the field and the fix
-            _refuse_errors(check_job(load_job(job, overrides)))
-        entity = self.v2_job(job, overrides)
-        spec = sdk2.job_from_v2(entity)
-        findings = _refuse_errors(check_job(spec))
+        if isinstance(job, (str, Path)):  # the emulator's loader first: its errors name the field and the fix
+            spec = load_job(job, overrides)
+            findings = _refuse_errors(check_job(spec))
+            entity = self.v2_job(job, overrides)
+        else:
+            entity = self.v2_job(job, overrides)
+            spec = sdk2.job_from_v2(entity)  # the emulator's own reading: the same rules as a local run
+            findings = _refuse_errors(check_job(spec))
         name = entity.name or "<name chosen by the service>"
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
@@ -165,8 +168,6 @@ class AzureMLTarget(Target):
                         "body": sdk2.rest_body(entity)}}, payload=entity)
 
     def _plan_v1(self, src: Any) -> Plan:
-        from .. import sdk1  # noqa: PLC0415
-
         spec = sdk1.job_from_v1(src)
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azureml-core", "workspace": asdict(self.workspace),

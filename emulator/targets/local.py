@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Emulator
+from ..sdkjobs import to_job
 from ..specs import ClusterSpec
 from ..validate import check_job
 from .base import JobSource, Plan, Target
@@ -20,7 +21,7 @@ class EmulatorTarget(Target):
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
         """The emulator runs jobs AmlCompute would refuse (no environment, say): the findings of
         `amlemu job validate` go with the plan, for the CLI to show."""
-        spec = self.emu._job(job, overrides)
+        spec = to_job(job, overrides)
         findings = [asdict(f) for f in check_job(spec)]
         return Plan(self.name, "job", {**self.emu.plan_job(spec), "findings": findings}, payload=spec)
 
