@@ -262,7 +262,9 @@ def test_amlemu_ui_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator,
                 return None
             return (found.get("runs") or [None])[0]
 
-        served_run = wait_until(served, 90, "amlemu ui served the emulator's run")
+        # The URL is printed once the server answers its health check: wait for it before asking.
+        wait_until(lambda: f"http://127.0.0.1:{port}" in out.read_text(), 90, "amlemu ui printed its URL")
+        served_run = wait_until(served, 30, "amlemu ui served the emulator's run")
         family = psutil.Process(proc.pid).children(recursive=True)
         assert any("mlflow" in " ".join(p.cmdline()) for p in family), [p.cmdline() for p in family]
         assert served_run["info"]["run_name"] == run.id
