@@ -37,7 +37,8 @@ READY = """
 import os, sys, time
 {imports}
 rank = os.environ["OMPI_COMM_WORLD_RANK"]
-out = os.environ.get("BENCH_OUT") or os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"])
+out = os.environ.get("BENCH_OUT") or "outputs"  # an emulated rank: collected into the run's outputs
+os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, f"ready-{{rank}}"), "w") as fh:
     fh.write(repr(time.time()))
 """
@@ -90,7 +91,7 @@ def emulated(emu: Emulator, job: Path, ranks: int) -> float:
     status = run.wait(timeout=600)
     if status is not RunStatus.COMPLETED:
         raise RuntimeError(f"bench job {run.id} {status.value}: {run.record.error}")
-    return ready_time(run.dir, ranks) - start
+    return ready_time(run.outputs, ranks) - start
 
 
 def main() -> int:

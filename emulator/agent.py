@@ -2,14 +2,17 @@
 
 mpirun (on the host) runs it once per node with the node's MPI daemon command, as it would run
 `ssh <host> <command>`. The agent looks the host up in the run's launch plan (a JSON file named by
-AMLEMU_AGENT_PLAN, written by the run's supervisor) and runs the command on that node:
+AMLEMU_AGENT_PLAN, written by the run's supervisor, owner-only) and runs the command on that node:
 
 - docker nodes: `docker exec -i` into the node's container;
-- process nodes: a new UTS + mount namespace with the node's hostname, its local disk at
-  /mnt/azureml and the run records at /mnt/amlemu/runs (the same view a container has).
+- process nodes: a sandbox (emulator/sandbox.sh) in new mount, UTS and PID namespaces whose root
+  holds only this machine's software (read-only), the node's own disk and its read-only cache,
+  entered with every capability dropped.
 
-Either way the node's processes get the run's and the node's environment. Values travel in the
-environment, never in argv, so no secret shows in a process listing.
+The job is untrusted code, so nothing it declared touches the host side: the agent runs the
+programs the plan names by absolute path, with an environment fixed by the platform (the plan's
+`host_env`), never the job's. The job's variables reach only the node, through the env file the
+supervisor wrote on the node's disk, which the node's shell sources before running the command.
 """
 from __future__ import annotations
 
@@ -20,13 +23,9 @@ from pathlib import Path
 from typing import Any
 
 PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
-
-# Runs inside the new namespaces: $1 host, $2 node disk, $3 run records, $4 blob cache, $5 the command.
-# The cache is bound read-only (a write fails with EROFS), as the docker backend mounts it.
-NODE_SETUP = ('mount -t tmpfs amlemu-node /mnt && mkdir -p /mnt/azureml /mnt/amlemu/runs /mnt/amlemu/cache'
-              ' && mount --bind "$2" /mnt/azureml && mount --bind "$3" /mnt/amlemu/runs'
-              ' && mount --bind "$4" /mnt/amlemu/cache && mount -o remount,bind,ro /mnt/amlemu/cache'
-              ' && hostname "$1" && exec /bin/sh -c "$5"')
+SANDBOX = Path(__file__).with_name("sandbox.sh")
+# Inside the node: the run's environment, then the command (as sshd would run it, in a shell).
+NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
 class AgentError(RuntimeError):
@@ -34,22 +33,24 @@ class AgentError(RuntimeError):
 
 
 def agent_command(plan: dict[str, Any], host: str, command: str) -> tuple[list[str], dict[str, str]]:
-    """(argv, extra environment) that run `command` on `host` as the plan describes it."""
+    """(argv, environment) that run `command` on `host` as the plan describes it."""
     try:
         node = plan["hosts"][host]
     except KeyError:
         raise AgentError(f"host {host} is not a node of this run ({', '.join(plan['hosts'])})") from None
-    env = {**plan.get("env", {}), **node.get("env", {})}
+    tools, env_file = plan["tools"], plan["env_file"]
     if plan["backend"] == "docker":
-        names = [arg for name in sorted(env) for arg in ("-e", name)]
-        return ["docker", "exec", "-i", *names, node["container"], "/bin/sh", "-c", command], env
-    if plan["backend"] == "process":
-        unshare = ["unshare", "--mount", "--uts", "--propagation", "private"]
+        argv = [tools["docker"], "exec", "-i", node["container"], "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
+                env_file, command]
+    elif plan["backend"] == "process":
+        unshare = [tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
         if not plan.get("as_root", True):
             unshare.append("--map-root-user")
-        return [*unshare, "/bin/sh", "-c", NODE_SETUP, "amlemu-node", host, node["node_dir"],
-                plan["runs_dir"], node["cache_dir"], command], env
-    raise AgentError(f"unknown backend {plan['backend']!r} in the launch plan")
+        argv = [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
+                env_file, command, *plan["software"]]
+    else:
+        raise AgentError(f"unknown backend {plan['backend']!r} in the launch plan")
+    return argv, dict(plan["host_env"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,14 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         plan = json.loads(Path(plan_path).read_text())
         command, env = agent_command(plan, argv[0], " ".join(argv[1:]))
-    except (OSError, ValueError, AgentError) as exc:
+    except (OSError, ValueError, KeyError, AgentError) as exc:
         print(f"amlemu-agent: {exc}", file=sys.stderr)
         return 2
     if plan["backend"] == "process":
         from .backends.process import record_agent  # noqa: PLC0415 - psutil only where needed
 
-        record_agent(plan["hosts"][argv[0]]["node_dir"])
-    os.execvpe(command[0], command, {**os.environ, **env})
+        record_agent(plan["hosts"][argv[0]]["state_dir"])
+    os.execve(command[0], command, env)  # an absolute path: no PATH lookup
     return 127  # not reached
 
 

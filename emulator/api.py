@@ -29,7 +29,7 @@ from .datastores import Datastores
 from .faults import FaultInjector
 from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
-from .metrics import PLOT_NAME
+from .metrics import LIVE_DIR, PLOT_NAME
 from .sdkjobs import to_cluster, to_job
 from .specs import ClusterSpec, JobSpec, RunStatus
 from .store import Cluster, Node, RunRecord, Store
@@ -121,19 +121,32 @@ class Run:
         """The metrics the job logged with MLflow: the last value of each, as run.get_metrics() gives."""
         return {name: values[-1][1] for name, values in self.metric_history().items()}
 
-    def metric_history(self) -> dict[str, list[tuple[int, float]]]:
-        db = self.dir / "mlflow.db"
-        if not db.exists():
-            return {}
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import, only when asked
+    def metric_stores(self) -> list[Path]:
+        """The run's MLflow stores: its record's (merged from every node as each attempt ended)
+        and, while it runs, the copies of its nodes' own stores."""
+        stores = [self.dir / "mlflow.db"] if (self.dir / "mlflow.db").exists() else []
+        if not self.status.is_terminal:
+            stores += sorted((self.dir / LIVE_DIR).glob("*.db"))
+        return stores
 
-        client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    def metric_history(self) -> dict[str, list[tuple[int, float]]]:
+        stores = self.metric_stores()
+        if not stores:
+            return {}
+        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import (seconds), only when needed
+
         history: dict[str, list[tuple[int, float]]] = {}
-        experiments = [e.experiment_id for e in client.search_experiments()]
-        for mlrun in client.search_runs(experiment_ids=experiments):
-            for name in mlrun.data.metrics:
-                points = client.get_metric_history(mlrun.info.run_id, name)
-                history.setdefault(name, []).extend((m.step, m.value) for m in points)
+        for db in stores:
+            try:
+                client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+                experiments = [e.experiment_id for e in client.search_experiments()]
+                for mlrun in client.search_runs(experiment_ids=experiments):
+                    for name in mlrun.data.metrics:
+                        points = client.get_metric_history(mlrun.info.run_id, name)
+                        history.setdefault(name, []).extend((m.step, m.value) for m in points)
+            except Exception:  # noqa: BLE001 - a live copy taken mid-write: the next one will do
+                if db.parent.name != LIVE_DIR:
+                    raise
         return {name: sorted(points) for name, points in history.items()}
 
     def download(self, dest: str | Path) -> Path:
@@ -352,7 +365,7 @@ class Emulator:
                 gone.append("Azurite server")
         # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
         self.store.reset(keep_data=True)
-        for sub in ("nodes", "caches", "runs", "mlflow-ui"):  # the UI store holds copies of the runs
+        for sub in ("nodes", "caches", "process-nodes", "runs", "mlflow-ui"):  # the UI store copies runs
             shutil.rmtree(self.home.root / sub, ignore_errors=True)
         return gone
 

@@ -42,7 +42,7 @@ def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = 
     name = f"{spec.name}-node-{index}"
     return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
                        memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
-                       node_dir=home.node_dir(spec.name, name), runs_dir=home.root / "runs",
+                       node_dir=home.node_dir(spec.name, name),
                        cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
                        image=image)
 

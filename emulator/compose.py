@@ -38,6 +38,8 @@ def compose_from_plans(plans: list[dict[str, Any]]) -> dict[str, Any]:
             "volumes": [f"{src}:{spec['bind']}:{spec['mode']}" for src, spec in plan["volumes"].items()],
             "cpu_period": plan["cpu_period"], "cpu_quota": plan["cpu_quota"],
             "mem_limit": plan["mem_limit"], "shm_size": plan["shm_size"],
+            "read_only": plan["read_only"], "tmpfs": [f"{d}:{o}" for d, o in plan["tmpfs"].items()],
+            "security_opt": plan["security_opt"],
             "networks": {"cluster": {"aliases": plan["aliases"]}},
         }
         if plan["gpus"]:

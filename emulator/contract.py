@@ -1,12 +1,14 @@
 """The AmlCompute node contract, as pure functions: paths on a node, the environment every process
 sees, the placement of ranks, and the launch command the platform builds (users never write mpirun).
 
-Both backends give every node the same view: its local disk at /mnt/azureml, the workspace's run
-records at /mnt/amlemu/runs and its own blob cache, read-only, at /mnt/amlemu/cache; so a path
-resolved once (a working directory, an input) is valid on every node, as on AmlCompute.
+Both backends give every node the same view: its local disk at /mnt/azureml (which holds only the
+folder of the run it serves) and its own blob cache, read-only, at /mnt/amlemu/cache; so a path
+resolved once (a working directory, an input) is valid on every node, as on AmlCompute. Nothing of
+the workspace (other runs, secrets) is visible on a node.
 """
 from __future__ import annotations
 
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -16,7 +18,6 @@ from .mpi import MpiLaunch, mpirun_argv
 from .specs import DataInput, DataMode, DistributionType, JobSpec
 
 NODE_ROOT = "/mnt/azureml"
-RUNS_ROOT = "/mnt/amlemu/runs"
 CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
 LOCAL_SOURCE = "_local"  # the cache folder of inputs given as local paths
 MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
@@ -38,8 +39,22 @@ class Rank:
     local_rank: int
 
 
+def job_rel(run_id: str) -> str:
+    """The run's folder on a node's disk, relative to the disk (the host's node_dir)."""
+    return f"cr/j/{run_id}"
+
+
+def node_job_dir(run_id: str) -> str:
+    return f"{NODE_ROOT}/{job_rel(run_id)}"
+
+
 def node_workdir(run_id: str) -> str:
-    return f"{NODE_ROOT}/cr/j/{run_id}/exe/wd"
+    return f"{node_job_dir(run_id)}/exe/wd"
+
+
+def node_env_file(run_id: str) -> str:
+    """The file the platform writes the run's environment to; each node's shell sources it."""
+    return f"{node_job_dir(run_id)}/amlemu-env.sh"
 
 
 def data_dir(run_id: str, name: str) -> str:
@@ -101,12 +116,14 @@ def resolve_command(job: JobSpec, run_id: str) -> str:
     return substitute_bindings(job.command, values)
 
 
-def node_run_record(run_id: str) -> str:
-    return f"{RUNS_ROOT}/{run_id}"
+def node_tracking_dir(run_id: str) -> str:
+    """Each node's own MLflow store (nodes see no shared folder); the host merges them into the
+    run's record when the job ends."""
+    return f"{node_job_dir(run_id)}/tracking"
 
 
-def tracking_uri(run_record_dir: str) -> str:
-    return f"sqlite:///{run_record_dir}/mlflow.db"
+def tracking_uri(run_id: str) -> str:
+    return f"sqlite:///{node_tracking_dir(run_id)}/mlflow.db"
 
 
 def rank_layout(job: JobSpec, nodes: list[NodeSlot]) -> list[Rank]:
@@ -134,7 +151,7 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
         "AZUREML_OUTPUT_DIRECTORY": "outputs",
         "AZUREML_CR_EXECUTION_WORKING_DIR_PATH": node_workdir(run_id),
         "AZUREML_NODE_COUNT": str(job.instance_count),
-        "MLFLOW_TRACKING_URI": tracking_uri(node_run_record(run_id)),
+        "MLFLOW_TRACKING_URI": tracking_uri(run_id),
         "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
         "OMP_NUM_THREADS": str(threads_per_process(job, node_cpus)),
     }
@@ -148,6 +165,28 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
         env.update(MASTER_ADDR=head.address, MASTER_PORT=str(MASTER_PORT), WORLD_SIZE=str(job.process_count))
     env.update(job.environment_variables)  # the job's own variables win, as on AmlCompute
     return env
+
+
+def node_base_env(software_bin: str | None) -> dict[str, str]:
+    """What a node's shell has before the run's variables: a container's image defaults. With
+    `software_bin` (the emulator's venv, mirrored onto the node) first on PATH."""
+    env = {"HOME": "/root", "LANG": "C.UTF-8", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    if software_bin:
+        env["PATH"] = f"{software_bin}:/usr/local/bin:/usr/bin:/bin"
+    return env
+
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    """The environment as a POSIX shell file of `export NAME='value'` lines (any value, newlines
+    included, survives the quoting). Names that are not shell identifiers are refused: the
+    validator names them first, this is the last guard before a node's shell reads the file."""
+    bad = [name for name in env if not ENV_NAME_RE.match(name)]
+    if bad:
+        raise ValueError(f"environment variable name(s) {', '.join(map(repr, bad))} are not valid")
+    return "".join(f"export {name}={shlex.quote(str(value))}\n" for name, value in env.items())
 
 
 def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from .api import Emulator, Run
 
 PLOT_NAME = "metrics.png"  # in the run's record, next to its mlflow.db
+LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each node's store
 UI_RUN_TAG = "amlemu.run_id"
 UI_STATUS_TAG = "amlemu.status"
 # Tags of a source run that would be wrong in the combined store (the name is the emulator run
@@ -141,13 +142,15 @@ def _copy_runs(emu: Emulator, dest: Path) -> int:
         if previous is not None and (previous.info.lifecycle_stage == "deleted"
                                      or previous.data.tags.get(UI_STATUS_TAG) in _FINAL):
             continue
-        db = run.dir / "mlflow.db"
-        if not db.exists():
+        stores = []
+        for db in run.metric_stores():
+            source = MlflowClient(tracking_uri=f"sqlite:///{db}")
+            found_runs = sorted(_all_runs(source, ViewType.ACTIVE_ONLY), key=lambda r: r.info.start_time or 0)
+            if found_runs:
+                stores.append((source, found_runs))
+        if not stores:
             continue  # the job logged nothing with MLflow
-        source = MlflowClient(tracking_uri=f"sqlite:///{db}")
-        sources = sorted(_all_runs(source, ViewType.ACTIVE_ONLY), key=lambda r: r.info.start_time or 0)
-        if not sources:
-            continue
+        source, sources = stores[0]
         experiment = source.get_experiment(sources[0].info.experiment_id).name
         if experiment == "Default":  # the job set no experiment of its own: the job's is meant
             experiment = run.record.experiment
@@ -161,12 +164,13 @@ def _copy_runs(emu: Emulator, dest: Path) -> int:
                                        tags={UI_RUN_TAG: run.id}, run_name=run.id)
         else:
             target = previous
-        _copy_data(client, target.info.run_id, source, sources, run)
+        for source, found_runs in stores:
+            _copy_data(client, target.info.run_id, source, found_runs, run)
         plot = run.plot_path
         if plot is not None:
             client.log_artifact(target.info.run_id, str(plot))
         if status.is_terminal:
-            ends = [r.info.end_time for r in sources if r.info.end_time]
+            ends = [r.info.end_time for _, found_runs in stores for r in found_runs if r.info.end_time]
             end = max(ends) if ends else int(run.events()[-1][0] * 1000)
             client.set_terminated(target.info.run_id, status=_MLFLOW_STATUS[status], end_time=end)
         # Last: a final status marks a complete copy, so a copy cut short is finished next time.
@@ -203,3 +207,35 @@ def _copy_data(client: Any, target_id: str, source: Any, sources: list[Any], run
 
 def ui_store_path(emu: Emulator) -> Path:
     return emu.home.root / "mlflow-ui" / "mlflow.db"
+
+
+# --- the nodes' stores into the run's record -----------------------------------------------------
+def merge_store(source_db: Path, dest_db: Path) -> int:
+    """Copy every MLflow run of a node's store (its experiment, params, tags, metric points with
+    their steps and timestamps, status) into the run record's store, as runs of their own: ranks on
+    other nodes logged into their own node's store. Returns how many runs were copied."""
+    from mlflow.entities import Metric, Param, ViewType  # noqa: PLC0415
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    source = MlflowClient(tracking_uri=f"sqlite:///{source_db}")
+    runs = _all_runs(source, ViewType.ACTIVE_ONLY)
+    if not runs:
+        return 0
+    dest = MlflowClient(tracking_uri=f"sqlite:///{dest_db}")
+    for src in sorted(runs, key=lambda r: r.info.start_time or 0):
+        name = source.get_experiment(src.info.experiment_id).name
+        found = dest.get_experiment_by_name(name)
+        experiment_id = found.experiment_id if found else dest.create_experiment(name)
+        target = dest.create_run(experiment_id, start_time=src.info.start_time, run_name=src.info.run_name,
+                                 tags={k: v for k, v in src.data.tags.items() if k not in _SKIP_TAGS})
+        run_id = target.info.run_id
+        for chunk in _chunks([Param(k, v) for k, v in src.data.params.items()], 100):
+            dest.log_batch(run_id, params=chunk)
+        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in src.data.metrics
+                  for m in source.get_metric_history(src.info.run_id, key)]
+        for chunk in _chunks(points, 1000):
+            dest.log_batch(run_id, metrics=chunk)
+        # Still RUNNING in the node's store: its process died without ending it.
+        dest.set_terminated(run_id, status="KILLED" if src.info.status == "RUNNING" else src.info.status,
+                            end_time=src.info.end_time)
+    return len(runs)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -19,90 +18,25 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from . import cluster as autoscale
+from . import nodefs
 from .backends import NodeRequest, get_backend
-from .contract import NodeSlot, launch_argv, node_env, rank_layout, run_env
+from .backends.base import software_paths
+from .contract import (NodeSlot, env_file_text, job_rel, launch_argv, node_env, node_env_file, rank_layout,
+                       run_env)
 from .datastores import Datastores
 from .errors import AmlEmuError
 from .faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
 from .home import Home, default_cache
 from .jobspec_io import job_from_record
-from .metrics import plot_run
+from .metrics import LIVE_DIR, merge_store, plot_run
 from .mounts import RunData
 from .nodecache import NodeCache, policy_from_env
+from .runlogs import RunLogs, failure_reason
 from .specs import DistributionType, JobSpec, RunStatus
 from .store import Store
 
 POLL = 0.1
 KILL_GRACE = 2.0
-TAG_SPLIT_RE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
-MPI_EXIT_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
-MPI_SIGNAL_RE = re.compile(r"rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
-
-
-class RunLogs:
-    """AML v2 layout: user_logs/std_log_process_<N>.txt per process, system_logs/ for the platform."""
-
-    def __init__(self, run_dir: Path, processes: int) -> None:
-        self.user = run_dir / "user_logs"
-        self.system = run_dir / "system_logs"
-        self.user.mkdir(parents=True, exist_ok=True)
-        self.system.mkdir(parents=True, exist_ok=True)
-        self._files = {n: open(self.user / f"std_log_process_{n}.txt", "a", buffering=1) for n in range(processes)}
-        self._mpi = open(self.system / "mpi_log.txt", "a", buffering=1)
-        self._platform = open(self.system / "lifecycle.txt", "a", buffering=1)
-
-    def platform(self, line: str) -> None:
-        self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
-
-    def pump(self, stream, tagged: bool) -> None:  # type: ignore[no-untyped-def]
-        """Split mpirun's --tag-output stream into per-rank files. Open MPI tags each chunk a rank
-        writes, not each line, so a line can hold several tags, and text before the first tag
-        continues the previous chunk unless that chunk ended its line (then it is mpirun's own)."""
-        current, open_chunk = None, False
-        for line in stream:
-            if not tagged:
-                self._files[0].write(line)
-                continue
-            parts = TAG_SPLIT_RE.split(line)
-            if parts[0]:
-                target = self._files.get(current, self._mpi) if open_chunk else self._mpi
-                target.write(parts[0])
-                open_chunk = open_chunk and not parts[0].endswith("\n")
-            for i in range(1, len(parts), 3):
-                current, text = int(parts[i]), parts[i + 2]
-                self._files.get(current, self._mpi).write(text)
-                open_chunk = not text.endswith("\n")
-
-    def close(self) -> None:
-        for fh in [*self._files.values(), self._mpi, self._platform]:
-            fh.close()
-
-
-def tail(path: Path, lines: int = 10) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
-        return ""
-
-
-def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, lost: list[str],
-                   killed: frozenset[str] = frozenset()) -> str:
-    """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log."""
-    if lost:
-        how = "was killed (an injected fault)" if set(lost) <= killed else \
-            "was lost (its container or processes stopped)"
-        return f"node {', '.join(lost)} {how} while the job ran; the job was stopped on all nodes"
-    match = MPI_EXIT_RE.search(mpi_log)
-    signal_match = MPI_SIGNAL_RE.search(mpi_log)
-    if match or signal_match:
-        rank = int((match or signal_match).group(1))
-        what = f"exit code {match.group(2)}" if match else f"signal {signal_match.group(3)}"
-        node = next((r.node for r in layout if r.rank == rank), "?")
-        log = user_logs / f"std_log_process_{rank}.txt"
-        return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
-                f"Last lines of {log.name}:\n{tail(log)}")
-    log = user_logs / "std_log_process_0.txt"
-    return f"the job exited with code {exit_code}. Last lines of {log.name}:\n{tail(log)}"
 
 
 class Supervisor:
@@ -118,6 +52,7 @@ class Supervisor:
         self.requests: list[NodeRequest] = []
         self.data: RunData | None = None
         self.attempt_since = 0.0
+        self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
         self.faults = FaultInjector(home, self.store)
 
     # --- helpers -----------------------------------------------------------------------------
@@ -131,8 +66,9 @@ class Supervisor:
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
 
     def job_dir(self, request: NodeRequest) -> Path:
-        """This run's folder on a node's disk, seen from the host (/mnt/azureml/cr/j/<run> inside)."""
-        return request.node_dir / "cr" / "j" / self.run_id
+        """This run's folder on a node's disk, seen from the host (/mnt/azureml/cr/j/<run> inside).
+        The job can write there: the host goes through nodefs, never following a link."""
+        return request.node_dir / job_rel(self.run_id)
 
     def canceled(self) -> bool:
         return self.status() is RunStatus.CANCEL_REQUESTED
@@ -180,37 +116,51 @@ class Supervisor:
                 self.logs.platform(f"notice: {note}")
             autoscale.create_nodes(self.store, self.backend, new)
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
-        snapshot = self.run_dir / "snapshot"
+        slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
+        env = run_env(self.job, self.run_id, self.store.workspace(), slots, node_cpus=self.requests[0].cpu_share)
         restarted = self.store.run(self.run_id).preemptions > 0
-        for request in self.requests:
-            job_dir = self.job_dir(request)
-            shutil.copytree(snapshot, job_dir / "exe" / "wd", dirs_exist_ok=True)
+        for request, slot in zip(self.requests, slots):
+            job_dir = nodefs.fresh_dir(request.node_dir, job_rel(self.run_id))
+            shutil.copytree(self.run_dir / "snapshot", job_dir / "exe" / "wd")
             for sub in ("outputs", "logs"):
                 (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
                 if restarted and (self.run_dir / sub).is_dir():  # what a preempted attempt left is put back
                     shutil.copytree(self.run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
+            (job_dir / "tracking").mkdir()
+            # The job's variables reach only the node: its shell sources this file (owner-only:
+            # variables may hold secrets).
+            env_file = job_dir / "amlemu-env.sh"
+            env_file.touch(mode=0o600)
+            env_file.write_text(env_file_text({**self.backend.node_env(request), **env, **node_env(self.job, slot)}))
         self.prepare_data()
-        slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
-        workspace = self.store.workspace()
-        plan = {
-            "backend": self.backend.name,
-            "as_root": os.geteuid() == 0,
-            "runs_dir": str(self.home.root / "runs"),
-            "env": run_env(self.job, self.run_id, workspace, slots, node_cpus=self.requests[0].cpu_share),
-            "hosts": {r.name: self._host_entry(r, slot) for r, slot in zip(self.requests, slots)},
-        }
+        plan = self.agent_plan()
         plan_file = self.run_dir / "agent-plan.json"
         plan_file.touch(mode=0o600)
-        plan_file.write_text(json.dumps(plan))  # job variables may hold secrets: owner-only file
+        plan_file.write_text(json.dumps(plan))
         if self.canceled():
             self.set(RunStatus.CANCELED, "canceled while preparing")
             self.cleanup_nodes(dead=set())
             return None
         return slots
 
-    def _host_entry(self, request: NodeRequest, slot: NodeSlot) -> dict:  # type: ignore[type-arg]
-        entry = self.backend.agent_entry(request)
-        return {**entry, "env": {**entry.get("env", {}), **node_env(self.job, slot)}}
+    def agent_plan(self) -> dict:  # type: ignore[type-arg]
+        """What the launch agent needs, all fixed by the platform: the tools it runs (absolute
+        paths, found on the supervisor's PATH) and the environment it runs them with. Nothing in
+        it comes from the job but the name of the env file on the node."""
+        sandbox_root = self.home.root / "process-nodes" / ".root"  # a mount point, private to each sandbox
+        sandbox_root.mkdir(parents=True, exist_ok=True)
+        tools = {"docker": shutil.which("docker"), "unshare": shutil.which("unshare"), "sh": "/bin/sh"}
+        return {
+            "backend": self.backend.name,
+            "as_root": os.geteuid() == 0,
+            "tools": {name: path for name, path in tools.items() if path},
+            "host_env": {k: v for k, v in os.environ.items()
+                         if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
+            "env_file": node_env_file(self.run_id),
+            "sandbox_root": str(sandbox_root),
+            "software": software_paths(),
+            "hosts": {r.name: self.backend.agent_entry(r) for r in self.requests},
+        }
 
     def prepare_data(self) -> None:
         """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
@@ -238,6 +188,16 @@ class Supervisor:
                 except AmlEmuError as exc:
                     self.logs.platform(f"warning: {exc}")
 
+    def mirror_metrics(self, stop: threading.Event) -> None:
+        """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR),
+        so metrics are seen before the end; the stores themselves are merged when the job ends."""
+        live = self.run_dir / LIVE_DIR
+        live.mkdir(exist_ok=True)
+        while not stop.wait(1.0):
+            for request in self.requests:
+                nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db",
+                                 live / f"{request.name}.db")
+
     def execute(self, slots: list[NodeSlot]) -> bool:
         """Run the job to its end; True when it was preempted and must be restarted."""
         if self.preempted():  # taken away while preparing
@@ -247,7 +207,6 @@ class Supervisor:
                            mpi_options=self.backend.mpi_options)
         (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
         env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
-        env.pop("MLFLOW_TRACKING_URI", None)  # a variable of the submitter's shell must not leak in
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(slots)} node(s)")
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -259,6 +218,8 @@ class Supervisor:
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
         refresher.start()
+        mirror = threading.Thread(target=self.mirror_metrics, args=(stop_refresh,), daemon=True)
+        mirror.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
         policy_preemptions = self.policy_preemptions()
@@ -286,6 +247,7 @@ class Supervisor:
         stop_refresh.set()
         pump.join(timeout=5)
         refresher.join(timeout=30)
+        mirror.join(timeout=30)
         if outcome is None and self.preempted():  # the kill ended the job before a poll saw the fault
             outcome = "preempted"
         if outcome == "preempted" and not self.canceled():
@@ -318,6 +280,7 @@ class Supervisor:
         fresh nodes (or fails past the cluster's limit). True when it is to be started again."""
         victims = self.preempted()
         self.logs.platform(f"preempted: node(s) {', '.join(victims)} taken away (low priority)")
+        self.quiesce()
         self.upload_outputs()
         self.collect()
         self.cleanup_nodes(dead={r.name for r in self.requests})
@@ -360,6 +323,7 @@ class Supervisor:
             outcome = "canceled"
         if outcome != "canceled":
             self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
+        self.quiesce()
         upload_error = self.upload_outputs()
         self.collect()
         cut_off = {f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}
@@ -402,19 +366,58 @@ class Supervisor:
             return f"uploading the outputs failed: {exc}"
         return None
 
+    def quiesce(self) -> None:
+        """Before the host reads a node's disk: no job process is left to change it (a daemon the
+        job started included), and every link or special file the job made there is removed, so
+        that copying and uploading cannot be led out of the run's folder."""
+        shutil.rmtree(self.run_dir / LIVE_DIR, ignore_errors=True)  # the merge replaces it
+
+        def one(request: NodeRequest) -> None:
+            self.backend.stop_processes(request)
+            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
+            removed = nodefs.strip_links(job_dir) if job_dir else []
+            made = [p for p in removed if not p.startswith(("cap/", "mounts/"))]  # the platform's own links
+            if made:
+                self.logs.platform(f"notice: {request.name}: not collected (links or special files, which "
+                                   f"Azure ML does not upload as such): {', '.join(made[:10])}")
+        self._each_node(one)
+        self.quiesced = True
+
+    def _each_node(self, action) -> None:  # type: ignore[no-untyped-def]
+        """Nodes are independent: the platform's steps on them run side by side."""
+        if self.requests:
+            with ThreadPoolExecutor(len(self.requests)) as pool:
+                list(pool.map(action, self.requests))
+
     def collect(self) -> None:
-        """./outputs and ./logs of every node into the run's record (also after a failure)."""
+        """./outputs and ./logs and the MLflow store of every node into the run's record (also
+        after a failure). Called after quiesce: only real files and folders are left."""
         for request in self.requests:
-            wd = self.job_dir(request) / "exe" / "wd"
+            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
+            if job_dir is None:
+                continue
             for sub in ("outputs", "logs"):
-                if (wd / sub).is_dir():
-                    shutil.copytree(wd / sub, self.run_dir / sub, dirs_exist_ok=True)
+                source = nodefs.inside(job_dir, f"exe/wd/{sub}")
+                if source is not None:
+                    shutil.copytree(source, self.run_dir / sub, dirs_exist_ok=True)
+            store = nodefs.inside(job_dir, "tracking")
+            if store is not None and (store / "mlflow.db").is_file():
+                try:
+                    merge_store(store / "mlflow.db", self.run_dir / "mlflow.db")
+                except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
+                    self.logs.platform(f"warning: the MLflow store of {request.name} could not be read: "
+                                       f"{type(exc).__name__}: {exc}")
 
     def cleanup_nodes(self, dead: set[str]) -> None:
-        """Stop the run's processes, drop its files from the nodes; lost or half-made nodes go."""
-        for request in self.requests:
-            self.backend.stop_processes(request)
-            shutil.rmtree(self.job_dir(request), ignore_errors=True)
+        """Stop the run's processes and empty the nodes' disks (the next run on a node finds
+        nothing of this one); lost or half-made nodes go."""
+        def one(request: NodeRequest) -> None:
+            if not self.quiesced:
+                self.backend.stop_processes(request)
+            nodefs.wipe(request.node_dir)
+            self.backend.reset_node(request)
+        self._each_node(one)
+        self.quiesced = False
         for node in autoscale.release(self.store, self.cluster.spec.name, self.run_id, dead):
             self.logs.platform(f"removing node {node.name}")
             self.backend.remove_node(autoscale.node_request(self.home, self.cluster.spec, node.idx))

@@ -15,7 +15,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${AMLEMU_VENV:-$ROOT/.venv}
 CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
 PY=${PYTHON:-python3}
-DEB_PACKAGES=(docker.io docker-compose openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make)
+DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make)
 
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }

@@ -139,6 +139,24 @@ def wait_until(predicate, timeout: float, what: str):  # type: ignore[no-untyped
     raise AssertionError(f"within {timeout} s: {what}")
 
 
+# A job that blocks until the host drops a file into its folder on every node (nodes see no shared
+# folder of the host): print "started", wait, print "released". `release(emu, run)` lets it go.
+BLOCK = """
+import os, time
+print("started", flush=True)
+release = os.path.join(os.environ["AZUREML_CR_EXECUTION_WORKING_DIR_PATH"], "..", "..", "release")
+while not os.path.exists(release):
+    time.sleep(0.05)
+print("released", flush=True)
+"""
+
+
+def release(emu: Emulator, run) -> None:  # type: ignore[no-untyped-def]
+    """Let a BLOCK-style job go on (it must have started: its run folders exist on its nodes)."""
+    for node in run.record.nodes:
+        (emu.home.node_dir(run.record.cluster, node) / "cr" / "j" / run.id / "release").touch()
+
+
 def job_processes(marker: str) -> list[int]:
     """Processes (on this machine or in any container: both are in /proc) running a job's script."""
     return [p.pid for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in (p.info["cmdline"] or []))]

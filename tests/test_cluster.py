@@ -13,7 +13,7 @@ import pytest
 
 from click.testing import CliRunner
 
-from conftest import REPO, job_processes, wait_until
+from conftest import REPO, job_processes, release, wait_until
 from emulator.api import Emulator
 from emulator.backends import get_backend
 from emulator.cli import cli
@@ -40,7 +40,7 @@ print(f"hello from rank {rank} on {socket.gethostname()}", flush=True)
 BLOCK = """
 import os, time
 print("started", flush=True)
-release = os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"], "release")
+release = os.path.join(os.environ["AZUREML_CR_EXECUTION_WORKING_DIR_PATH"], "..", "..", "release")
 while not os.path.exists(release):
     time.sleep(0.05)
 print("released", flush=True)
@@ -156,7 +156,7 @@ def test_jobs_queue_for_nodes_in_order_and_use_their_snapshot(emu: Emulator, clu
     wait_until(lambda: second.status is RunStatus.QUEUED and third.status is RunStatus.QUEUED, 5, "queued")
     third.cancel()
     assert third.wait(timeout=10) is RunStatus.CANCELED
-    (first.dir / "release").write_text("")
+    release(emu, first)
     assert first.wait(timeout=60) is RunStatus.COMPLETED
     assert second.wait(timeout=60) is RunStatus.COMPLETED, second.record.error
     assert "version 1" in second.logs(0) and "version 2" not in second.logs(0)

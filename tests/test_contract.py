@@ -1,12 +1,14 @@
 """The node contract and the platform-built launch, checked on the dry run (nothing started)."""
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from emulator.agent import NODE_SETUP, AgentError, agent_command
-from emulator.contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
+from emulator.agent import NODE_EXEC, SANDBOX, AgentError, agent_command
+from emulator.contract import (LOCAL_SOURCE, NodeSlot, bindings, env_file_text, launch_argv, node_env, rank_layout,
+                               run_env)
 from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}
@@ -26,7 +28,7 @@ def test_every_process_sees_the_amlcompute_variables() -> None:
         "sub", "rg", "ws")
     assert env["AZ_BATCH_MASTER_NODE"] == "10.0.0.2:6105" and "AZ_BATCHAI_MPI_MASTER_NODE" not in env
     assert env["MY_VAR"] == "x" and env["AZUREML_OUTPUT_DIRECTORY"] == "mine"  # the job's own win
-    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////mnt/amlemu/runs/run1/mlflow.db"
+    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////mnt/azureml/cr/j/run1/tracking/mlflow.db"
     assert env["OMP_NUM_THREADS"] == "2"
 
 
@@ -82,25 +84,42 @@ def test_launch_refuses_the_wrong_node_count() -> None:
         launch_argv(_job(), "r", NODES[:1], agent="a", as_root=True)
 
 
-PLAN = {"backend": "docker", "env": {"AZUREML_RUN_ID": "r", "SECRET": "s3cret"},
-        "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1", "env": {"AZ_BATCHAI_TASK_INDEX": "1"}}}}
+PLAN = {"backend": "docker", "as_root": True, "tools": {"docker": "/usr/bin/docker", "unshare": "/usr/bin/unshare",
+                                                        "sh": "/bin/sh"},
+        "host_env": {"PATH": "/usr/bin:/bin"}, "env_file": "/mnt/azureml/cr/j/r/amlemu-env.sh",
+        "sandbox_root": "/h/process-nodes/.root", "software": ["/usr", "/venv"],
+        "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1"},
+                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0"}}}
 
 
-def test_agent_execs_into_the_node_container_without_values_in_argv() -> None:
+def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -> None:
     argv, env = agent_command(PLAN, "c1-node-1", "orted -mca x")
-    assert argv == ["docker", "exec", "-i", "-e", "AZUREML_RUN_ID", "-e", "AZ_BATCHAI_TASK_INDEX", "-e", "SECRET",
-                    "amlemu-x-c1-node-1", "/bin/sh", "-c", "orted -mca x"]
-    assert env == {"AZUREML_RUN_ID": "r", "SECRET": "s3cret", "AZ_BATCHAI_TASK_INDEX": "1"}
+    assert argv == ["/usr/bin/docker", "exec", "-i", "amlemu-x-c1-node-1", "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
+                    "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted -mca x"]
+    assert env == {"PATH": "/usr/bin:/bin"}  # the job's variables never reach the host side
 
 
-def test_agent_gives_process_nodes_their_own_namespaces_and_a_read_only_cache() -> None:
-    plan = {"backend": "process", "as_root": False, "runs_dir": "/h/runs", "env": {},
-            "hosts": {"n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "env": {}}}}
-    argv, _ = agent_command(plan, "n0", "orted")
-    assert argv == ["unshare", "--mount", "--uts", "--propagation", "private", "--map-root-user",
-                    "/bin/sh", "-c", NODE_SETUP, "amlemu-node", "n0", "/h/nodes/c/n0", "/h/runs",
-                    "/h/caches/c/n0/data", "orted"]
-    assert 'mount --bind "$4" /mnt/amlemu/cache && mount -o remount,bind,ro /mnt/amlemu/cache' in NODE_SETUP
+def test_agent_enters_a_process_node_through_its_sandbox() -> None:
+    plan = {**PLAN, "backend": "process", "as_root": False}
+    argv, env = agent_command(plan, "n0", "orted")
+    assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
+                    "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
+                    "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted", "/usr", "/venv"]
+    assert env == {"PATH": "/usr/bin:/bin"}
+    script = SANDBOX.read_text()
+    assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
+    assert "--bounding-set=-all" in script and "env -i" in script
+
+
+def test_env_file_quotes_every_value_and_refuses_names_a_shell_cannot_set() -> None:
+    text = env_file_text({"A": "it's $HOME\nline2", "B_2": ""})
+    assert text == "export A='it'\"'\"'s $HOME\nline2'\nexport B_2=''\n"
+    out = subprocess.run(["/bin/sh", "-c", '. /dev/stdin; printf %s "$A"'], input=text, capture_output=True,
+                         text=True, check=True).stdout
+    assert out == "it's $HOME\nline2"
+    for bad in ("A=B", "1X", "", "A\nB", "A-B"):
+        with pytest.raises(ValueError, match="not valid"):
+            env_file_text({bad: "x"})
 
 
 def test_agent_refuses_hosts_outside_the_run() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import docker
 import pytest
 
-from conftest import REPO, job_processes, wait_until
+from conftest import REPO, job_processes, release, wait_until
 from emulator.api import Emulator
 from emulator.errors import BackendError, StateError
 from emulator.faults import PARTITION_TIMEOUT, preemption_delays
@@ -179,7 +179,7 @@ def test_a_slow_node(emu: Emulator, cluster, make_job, backend: str) -> None:
 
 READ_AFTER_RELEASE = """
 import errno, os, sys, time
-release = os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"], "release")
+release = os.path.join(os.environ["AZUREML_CR_EXECUTION_WORKING_DIR_PATH"], "..", "..", "release")
 print("started", flush=True)
 while not os.path.exists(release):
     time.sleep(0.05)
@@ -200,13 +200,13 @@ def test_a_failing_datastore_read(emu: Emulator, cluster, make_job) -> None:
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0), 60, "the job started")
     emu.faults.fail_data_read("c1", 0, "azureml://datastores/workspaceblobstore/paths/fault/v.txt")
-    (run.dir / "release").touch()
+    release(emu, run)
     assert run.wait(timeout=60) is RunStatus.FAILED
     assert f"read failed: {errno.errorcode[errno.ELOOP]}" in run.logs(0)
     assert "fault: data-error c1-node-0: reads of azureml://" in _faults_log(run)
     again = emu.submit(make_job(READ_AFTER_RELEASE, args="${{inputs.d}}",  # the next job's mount fetches it again
                                 extra="inputs:\n  d: {path: azureml://datastores/workspaceblobstore/paths/fault}\n"))
-    (again.dir / "release").touch()
+    release(emu, again)
     assert again.wait(timeout=60) is RunStatus.COMPLETED, again.record.error
 
 

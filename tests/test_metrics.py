@@ -17,7 +17,7 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from conftest import wait_until
+from conftest import release, wait_until
 from emulator.api import Emulator, Run
 from emulator.cli import cli
 from emulator.metrics import PLOT_NAME, UI_RUN_TAG, UI_STATUS_TAG, build_ui_store, plot_metrics, plot_run
@@ -40,7 +40,7 @@ STEPWISE = """
 import os, time, mlflow
 mlflow.log_metric("progress", 0.0, step=0)
 print("step 0 logged", flush=True)
-release = os.path.join("/mnt/amlemu/runs", os.environ["AZUREML_RUN_ID"], "release")
+release = os.path.join(os.environ["AZUREML_CR_EXECUTION_WORKING_DIR_PATH"], "..", "..", "release")
 while not os.path.exists(release):
     time.sleep(0.05)
 mlflow.log_metric("progress", 1.0, step=1)
@@ -203,7 +203,7 @@ def test_build_ui_store_copies_each_run_once_and_refreshes_active_ones(emu: Emul
     assert first[active.id].data.tags[UI_STATUS_TAG] == "Running" and first[active.id].info.status == "RUNNING"
     assert [(s, v) for s, v, _ in _history(client, first[active.id].info.run_id, "progress")] == [(0, 0.0)]
 
-    (active.dir / "release").touch()
+    release(emu, active)
     assert active.wait(timeout=60) is RunStatus.COMPLETED, active.record.error
     assert build_ui_store(emu, dest) == 1  # only the run that was active is brought up to date
     second = copies()

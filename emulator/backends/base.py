@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -10,6 +11,19 @@ from ..errors import BackendError
 from ..home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
+
+
+def software_paths() -> list[str]:
+    """This machine's software, mirrored read-only at the same paths onto nodes that use it (so
+    every path in the venv holds). Only what programs need: /etc/ssl/certs, not /etc/ssl/private."""
+    paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
+             str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
+    return [p for p in dict.fromkeys(paths) if Path(p).exists()]
+
+
+def software_bin() -> str:
+    """The emulator's venv bin folder, first on a mirrored node's PATH."""
+    return str(Path(sys.prefix, "bin"))
 
 
 @dataclass(frozen=True)
@@ -22,8 +36,7 @@ class NodeRequest:
     cpus: float
     memory_bytes: int
     cpu_share: float  # what its processes should plan threads on (nodes share this machine)
-    node_dir: Path  # the node's local disk on the host
-    runs_dir: Path  # the workspace's run records on the host
+    node_dir: Path  # the node's local disk on the host (the job can write it: see nodefs)
     cache_dir: Path  # the node's blob cache on the host (its data/ tree is what the node sees)
     gpus: tuple[str, ...] = ()
     image: str | None = None  # the job's image, when the engine has it
@@ -78,6 +91,14 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         """What the launch agent needs to run a command on this node."""
+
+    def node_env(self, request: NodeRequest) -> dict[str, str]:
+        """Variables the node's shell has before the run's (a container's image defaults)."""
+        return {}
+
+    def reset_node(self, request: NodeRequest) -> None:
+        """After a run, with no job process left: forget what the run left in the node outside its
+        disk (which the supervisor empties), so the next run on it starts clean."""
 
     @abc.abstractmethod
     def stop_processes(self, request: NodeRequest) -> int:

@@ -2,8 +2,10 @@
 
 No registry is reachable where this runs, so when the job names no image the engine already has,
 nodes use an offline "host mirror" image: an empty root file system (imported once) that sees this
-machine's /usr, Python and virtual environment read-only. Containers are unprivileged, never see
-the Docker socket, and carry labels from which state is rebuilt and leftovers are reaped.
+machine's /usr, Python and virtual environment read-only (its own root is read-only too, with
+private tmpfs folders that are emptied after each run). Containers are unprivileged, never see the
+Docker socket or the workspace's other runs (only the node's own disk), and carry labels from which
+state is rebuilt and leftovers are reaped.
 """
 from __future__ import annotations
 
@@ -19,12 +21,16 @@ from typing import Any
 
 import psutil
 
+from .. import nodefs
+from ..contract import node_base_env
 from ..errors import BackendError
-from .base import LABEL, NodeBackend, NodeInfo, NodeRequest
+from .base import LABEL, NodeBackend, NodeInfo, NodeRequest, software_bin, software_paths
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
 CPU_PERIOD = 100_000  # microseconds
+# The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
+SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
 
 
 def _client():  # type: ignore[no-untyped-def]
@@ -59,10 +65,7 @@ def mirror_rootfs() -> bytes:
 
 
 def _mirror_mounts() -> dict[str, dict[str, str]]:
-    """This machine's software, read-only, at the same paths (so every path in the venv holds)."""
-    paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl",
-             str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
-    return {p: {"bind": p, "mode": "ro"} for p in dict.fromkeys(paths) if Path(p).exists()}
+    return {p: {"bind": p, "mode": "ro"} for p in software_paths()}
 
 
 class DockerBackend(NodeBackend):
@@ -108,17 +111,13 @@ class DockerBackend(NodeBackend):
         use_job_image = bool(request.image) and self._has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
         volumes[str(request.node_dir)] = {"bind": "/mnt/azureml", "mode": "rw"}
-        volumes[str(request.runs_dir)] = {"bind": "/mnt/amlemu/runs", "mode": "rw"}
         # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
         volumes[str(request.cache_dir / "data")] = {"bind": "/mnt/amlemu/cache", "mode": "ro"}
         agent = Path(sys.prefix, "bin", "amlemu-agent")
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
             volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
-        env = {"HOME": "/root", "LANG": "C.UTF-8",
-               "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-        if not use_job_image:
-            env["PATH"] = f"{Path(sys.prefix, 'bin')}:/usr/local/bin:/usr/bin:/bin"
+        env = node_base_env(None if use_job_image else software_bin())
         return {
             "backend": self.name,
             "image": request.image if use_job_image else MIRROR_IMAGE,
@@ -133,6 +132,10 @@ class DockerBackend(NodeBackend):
             "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
             "init": use_job_image,
             "environment": env,
+            # A job image may expect to write anywhere; the mirror's root never changes.
+            "read_only": not use_job_image,
+            "tmpfs": {} if use_job_image else {d: "mode=1777" if "tmp" in d else "mode=0755" for d in SCRATCH},
+            "security_opt": ["no-new-privileges"],
             "volumes": volumes,
             # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.
             "cpu_period": CPU_PERIOD,
@@ -160,7 +163,6 @@ class DockerBackend(NodeBackend):
 
         plan = self.plan_node(request)
         request.node_dir.mkdir(parents=True, exist_ok=True)
-        request.runs_dir.mkdir(parents=True, exist_ok=True)
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._ensure_image(plan["image"])
@@ -170,7 +172,8 @@ class DockerBackend(NodeBackend):
             if plan["gpus"] else None
         host_config = api.create_host_config(
             binds=plan["volumes"], cpu_period=plan["cpu_period"], cpu_quota=plan["cpu_quota"], mem_limit=plan["mem_limit"],
-            shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests)
+            shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests,
+            read_only=plan["read_only"], tmpfs=plan["tmpfs"], security_opt=plan["security_opt"])
         networking = api.create_networking_config(
             {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})
         try:
@@ -196,6 +199,26 @@ class DockerBackend(NodeBackend):
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         return {"container": self.container_name(request)}
+
+    def reset_node(self, request: NodeRequest) -> None:
+        """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
+        can leave in the container). From the host through /proc/<pid>/root, without following a
+        link (nodefs), as no job process is left; by `find` in the container where the host may
+        not look (not root). A job image's root is its own and is left as it is."""
+        import docker  # noqa: PLC0415
+
+        try:
+            container = self.client.containers.get(self.container_name(request))
+            if container.status != "running" or container.attrs["Config"]["Image"] != MIRROR_IMAGE:
+                return
+            root = Path(f"/proc/{container.attrs['State']['Pid']}/root")
+            try:
+                for folder in SCRATCH:
+                    nodefs.wipe(root / folder.lstrip("/"))
+            except PermissionError:
+                container.exec_run(["find", *SCRATCH, "-mindepth", "1", "-delete"], user="0")
+        except docker.errors.APIError:
+            pass  # a node gone meanwhile has nothing left to empty
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""

@@ -1,5 +1,10 @@
 """Process backend: a node is a folder (its local disk) plus the processes the launch agent starts in
-their own UTS + mount namespaces, for machines without a Docker engine."""
+a sandbox of their own (emulator/sandbox.sh: mount, UTS and PID namespaces, a root holding only
+this machine's software, no capabilities), for machines without a Docker engine.
+
+The node's disk is the job's to write, so the backend keeps its own records of the node (its
+plan, the agents it started, whether it was killed) in a state folder the node never sees.
+"""
 from __future__ import annotations
 
 import json
@@ -12,10 +17,13 @@ from typing import Any
 
 import psutil
 
-from .base import NodeBackend, NodeInfo, NodeRequest
+from ..contract import node_base_env
+from .base import NodeBackend, NodeInfo, NodeRequest, software_bin
 
-PIDS_FILE = ".amlemu-pids"  # in the node folder: (pid, start time) of each agent started there
-DEAD_FILE = ".amlemu-dead"  # a killed node: its folder stays until the node is removed
+NODE_FILE = "node.json"  # in the node's state folder: its plan
+PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
+DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
+SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
 
 
 class ProcessBackend(NodeBackend):
@@ -26,9 +34,14 @@ class ProcessBackend(NodeBackend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        if not sys.platform.startswith("linux") or not shutil.which("unshare"):
-            return False, "needs Linux and unshare (util-linux) for per-node hostnames and paths"
+        missing = [tool for tool in SANDBOX_TOOLS if not shutil.which(tool)]
+        if not sys.platform.startswith("linux") or missing:
+            return False, (f"needs Linux and {', '.join(missing or SANDBOX_TOOLS)} (util-linux, coreutils, "
+                           f"tini) for the nodes' sandboxes")
         return True, "local process groups in their own namespaces"
+
+    def state_dir(self, cluster: str, node: str) -> Path:
+        return self.home.root / "process-nodes" / cluster / node
 
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
@@ -39,33 +52,41 @@ class ProcessBackend(NodeBackend):
     def create_node(self, request: NodeRequest) -> str:
         request.node_dir.mkdir(parents=True, exist_ok=True)
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
-        (request.node_dir / ".amlemu-node.json").write_text(json.dumps(self.plan_node(request)))
+        state = self.state_dir(request.cluster, request.name)
+        state.mkdir(parents=True, exist_ok=True)
+        (state / NODE_FILE).write_text(json.dumps(self.plan_node(request)))
         return "127.0.0.1"
 
     def remove_node(self, request: NodeRequest) -> None:
         self.stop_processes(request)
         shutil.rmtree(request.node_dir, ignore_errors=True)
         shutil.rmtree(request.cache_dir, ignore_errors=True)
+        shutil.rmtree(self.state_dir(request.cluster, request.name), ignore_errors=True)
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
-        # A process node runs this machine's software, with the emulator's environment first on
-        # PATH (as the mirror image of a docker node has it).
-        path = f"{Path(sys.prefix, 'bin')}:{os.environ.get('PATH', '/usr/bin:/bin')}"
-        # Its own GPUs only ("" hides every GPU from a node that has none), as a container gets.
-        env = {"PATH": path, "CUDA_VISIBLE_DEVICES": ",".join(request.gpus)}
-        return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"), "env": env}
+        return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
+                "state_dir": str(self.state_dir(request.cluster, request.name))}
+
+    def node_env(self, request: NodeRequest) -> dict[str, str]:
+        # This machine's software with the emulator's venv first (as a docker node's mirror image
+        # has it), and its own GPUs only ("" hides every GPU from a node that has none).
+        return {**node_base_env(software_bin()), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus)}
 
     def stop_processes(self, request: NodeRequest) -> int:
-        return self._kill_recorded(request.node_dir)
+        return self._kill_recorded(self.state_dir(request.cluster, request.name))
 
     def kill_node(self, request: NodeRequest) -> None:
-        (request.node_dir / DEAD_FILE).touch()
-        self._kill_recorded(request.node_dir)
+        state = self.state_dir(request.cluster, request.name)
+        state.mkdir(parents=True, exist_ok=True)
+        (state / DEAD_FILE).touch()
+        self._kill_recorded(state)
 
     @staticmethod
-    def _kill_recorded(node_dir: Path) -> int:
-        """Kill the trees of the agents recorded for a node (checked by start time: no reused pid)."""
-        pids_file = node_dir / PIDS_FILE
+    def _kill_recorded(state_dir: Path) -> int:
+        """Kill the trees of the agents recorded for a node (checked by start time: no reused pid).
+        Each agent is the `unshare` of a sandbox: its tree holds every process of the node's PID
+        namespace (orphans are re-parented to the namespace's init, not to the host's)."""
+        pids_file = state_dir / PIDS_FILE
         if not pids_file.exists():
             return 0
         victims: list[psutil.Process] = []
@@ -88,7 +109,7 @@ class ProcessBackend(NodeBackend):
 
     def list_nodes(self) -> list[NodeInfo]:
         found = []
-        for marker in sorted((self.home.root / "nodes").glob("*/*/.amlemu-node.json")):
+        for marker in sorted((self.home.root / "process-nodes").glob(f"*/*/{NODE_FILE}")):
             plan = json.loads(marker.read_text())
             found.append(NodeInfo(cluster=plan["labels"]["amlemu.cluster"], name=plan["hostname"],
                                   index=int(plan["labels"]["amlemu.index"]),
@@ -96,24 +117,25 @@ class ProcessBackend(NodeBackend):
         return found
 
     def remove_cluster(self, cluster: str) -> None:
-        shutil.rmtree(self.home.root / "nodes" / cluster, ignore_errors=True)
-        shutil.rmtree(self.home.root / "caches" / cluster, ignore_errors=True)
+        for sub in ("nodes", "caches", "process-nodes"):
+            shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
     def reap(self, all_homes: bool = False) -> list[str]:
         """This home's process nodes: their processes, then their folders (other homes are not ours
         to find: a process node is known only to the home that holds its folder)."""
         gone = []
         for node in self.list_nodes():
-            request_dir = self.home.node_dir(node.cluster, node.name)
-            self._kill_recorded(request_dir)
-            shutil.rmtree(request_dir, ignore_errors=True)
+            self._kill_recorded(self.state_dir(node.cluster, node.name))
+            shutil.rmtree(self.home.node_dir(node.cluster, node.name), ignore_errors=True)
             shutil.rmtree(self.home.cache_dir(node.cluster, node.name), ignore_errors=True)
+            shutil.rmtree(self.state_dir(node.cluster, node.name), ignore_errors=True)
             gone.append(f"process node {node.name}")
         return gone
 
 
-def record_agent(node_dir: str) -> None:
-    """Called by the agent just before it becomes the node's MPI daemon (same pid after exec)."""
+def record_agent(state_dir: str) -> None:
+    """Called by the agent just before it becomes the node's sandbox (same pid after exec)."""
     me = psutil.Process(os.getpid())
-    with open(Path(node_dir) / PIDS_FILE, "a") as fh:
+    Path(state_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(state_dir) / PIDS_FILE, "a") as fh:
         fh.write(f"{me.pid}:{me.create_time()}\n")

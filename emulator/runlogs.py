@@ -1,0 +1,76 @@
+"""A run's logs as Azure ML v2 lays them out, and the one sentence that says why a run failed."""
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+TAG_SPLIT_RE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
+MPI_EXIT_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:\s*(\d+)")
+MPI_SIGNAL_RE = re.compile(r"rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
+
+
+class RunLogs:
+    """AML v2 layout: user_logs/std_log_process_<N>.txt per process, system_logs/ for the platform."""
+
+    def __init__(self, run_dir: Path, processes: int) -> None:
+        self.user = run_dir / "user_logs"
+        self.system = run_dir / "system_logs"
+        self.user.mkdir(parents=True, exist_ok=True)
+        self.system.mkdir(parents=True, exist_ok=True)
+        self._files = {n: open(self.user / f"std_log_process_{n}.txt", "a", buffering=1) for n in range(processes)}
+        self._mpi = open(self.system / "mpi_log.txt", "a", buffering=1)
+        self._platform = open(self.system / "lifecycle.txt", "a", buffering=1)
+
+    def platform(self, line: str) -> None:
+        self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+    def pump(self, stream, tagged: bool) -> None:  # type: ignore[no-untyped-def]
+        """Split mpirun's --tag-output stream into per-rank files. Open MPI tags each chunk a rank
+        writes, not each line, so a line can hold several tags, and text before the first tag
+        continues the previous chunk unless that chunk ended its line (then it is mpirun's own)."""
+        current, open_chunk = None, False
+        for line in stream:
+            if not tagged:
+                self._files[0].write(line)
+                continue
+            parts = TAG_SPLIT_RE.split(line)
+            if parts[0]:
+                target = self._files.get(current, self._mpi) if open_chunk else self._mpi
+                target.write(parts[0])
+                open_chunk = open_chunk and not parts[0].endswith("\n")
+            for i in range(1, len(parts), 3):
+                current, text = int(parts[i]), parts[i + 2]
+                self._files.get(current, self._mpi).write(text)
+                open_chunk = not text.endswith("\n")
+
+    def close(self) -> None:
+        for fh in [*self._files.values(), self._mpi, self._platform]:
+            fh.close()
+
+
+def tail(path: Path, lines: int = 10) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return ""
+
+
+def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, lost: list[str],
+                   killed: frozenset[str] = frozenset()) -> str:
+    """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log."""
+    if lost:
+        how = "was killed (an injected fault)" if set(lost) <= killed else \
+            "was lost (its container or processes stopped)"
+        return f"node {', '.join(lost)} {how} while the job ran; the job was stopped on all nodes"
+    match = MPI_EXIT_RE.search(mpi_log)
+    signal_match = MPI_SIGNAL_RE.search(mpi_log)
+    if match or signal_match:
+        rank = int((match or signal_match).group(1))
+        what = f"exit code {match.group(2)}" if match else f"signal {signal_match.group(3)}"
+        node = next((r.node for r in layout if r.rank == rank), "?")
+        log = user_logs / f"std_log_process_{rank}.txt"
+        return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
+                f"Last lines of {log.name}:\n{tail(log)}")
+    log = user_logs / "std_log_process_0.txt"
+    return f"the job exited with code {exit_code}. Last lines of {log.name}:\n{tail(log)}"

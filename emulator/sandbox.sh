@@ -1,0 +1,61 @@
+# A process node, entered by the launch agent as `unshare --mount --uts --pid --kill-child ... sh
+# sandbox.sh HOST DISK CACHE ROOT ENVFILE COMMAND SOFTWARE...` (new mount, UTS and PID namespaces).
+#
+# It builds the view a docker node has, on a tmpfs at ROOT (a mount point only this namespace
+# sees): this machine's SOFTWARE paths read-only at their own paths, a private /tmp, /dev/shm and
+# /root, a minimal /dev, /proc of its own PID namespace (no other process is visible), the node's
+# disk at /mnt/azureml and its cache read-only at /mnt/amlemu/cache; nothing else of the host (no
+# home folders, no emulator state, no Docker socket). Then it changes root and drops every
+# capability, so the job's root can neither remount, mknod nor leave; the node's environment is
+# only what ENVFILE (written by the platform) sets. When the agent dies, --kill-child ends this
+# namespace's first process, and with it every process the job started, daemons included.
+set -eu
+chroot=$(command -v chroot) setpriv=$(command -v setpriv) tini=$(command -v tini)
+host=$1 disk=$2 cache=$3 root=$4 envfile=$5 command=$6
+shift 6
+
+mount -t tmpfs -o mode=0755 amlemu-node "$root"
+mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/tmp" "$root/var/tmp" "$root/root" "$root/run" \
+    "$root/etc" "$root/mnt/azureml" "$root/mnt/amlemu/cache"
+chmod 1777 "$root/tmp" "$root/var/tmp"
+
+bind_ro() {
+    if [ -d "$1" ]; then mkdir -p "$root$1"; else mkdir -p "$(dirname "$root$1")"; : >"$root$1"; fi
+    mount --bind "$1" "$root$1"
+    mount -o remount,bind,ro "$root$1"
+}
+for dir in bin sbin lib lib32 lib64 libx32; do  # usrmerge links as they are, real folders bound
+    if [ -L "/$dir" ]; then ln -s "$(readlink "/$dir")" "$root/$dir"; elif [ -d "/$dir" ]; then bind_ro "/$dir"; fi
+done
+for path in "$@"; do
+    [ -e "$path" ] && bind_ro "$path"
+done
+
+for dev in null zero full random urandom tty /dev/nvidia*; do
+    dev=/dev/${dev#/dev/}
+    [ -e "$dev" ] || continue
+    : >"$root$dev"
+    mount --bind "$dev" "$root$dev"
+done
+ln -s /proc/self/fd "$root/dev/fd"
+ln -s /proc/self/fd/0 "$root/dev/stdin"
+ln -s /proc/self/fd/1 "$root/dev/stdout"
+ln -s /proc/self/fd/2 "$root/dev/stderr"
+mount -t tmpfs -o mode=1777 amlemu-shm "$root/dev/shm"
+mount -t proc proc "$root/proc"
+mount --rbind /sys "$root/sys"
+mount -o remount,bind,ro "$root/sys" 2>/dev/null || true
+
+printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
+printf 'root:x:0:\n' >"$root/etc/group"
+printf '127.0.0.1 localhost %s\n' "$host" >"$root/etc/hosts"
+printf '%s\n' "$host" >"$root/etc/hostname"
+
+mount --bind "$disk" "$root/mnt/azureml"
+mount --bind "$cache" "$root/mnt/amlemu/cache"
+mount -o remount,bind,ro "$root/mnt/amlemu/cache"
+hostname "$host"
+
+exec /usr/bin/env -i "$chroot" "$root" \
+    "$setpriv" --bounding-set=-all --inh-caps=-all --no-new-privs -- \
+    "$tini" -- /bin/sh -c '. "$1" && exec /bin/sh -c "$2"' amlemu-node "$envfile" "$command"
