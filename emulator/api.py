@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -29,7 +30,7 @@ from .datastores import Datastores
 from .faults import FaultInjector
 from .home import Home, default_cache, new_run_id
 from .jobspec_io import job_from_record, job_to_record
-from .metrics import LIVE_DIR, PLOT_NAME
+from .metrics import LIVE_DIR, PLOT_NAME, read_metric_points
 from .sdkjobs import to_cluster, to_job
 from .specs import ClusterSpec, JobSpec, RunStatus
 from .store import Cluster, Node, RunRecord, Store
@@ -130,21 +131,13 @@ class Run:
         return stores
 
     def metric_history(self) -> dict[str, list[tuple[int, float]]]:
-        stores = self.metric_stores()
-        if not stores:
-            return {}
-        from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import (seconds), only when needed
-
+        """(step, value) of every metric the job logged, across its attempts and nodes."""
         history: dict[str, list[tuple[int, float]]] = {}
-        for db in stores:
+        for db in self.metric_stores():
             try:
-                client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-                experiments = [e.experiment_id for e in client.search_experiments()]
-                for mlrun in client.search_runs(experiment_ids=experiments):
-                    for name in mlrun.data.metrics:
-                        points = client.get_metric_history(mlrun.info.run_id, name)
-                        history.setdefault(name, []).extend((m.step, m.value) for m in points)
-            except Exception:  # noqa: BLE001 - a live copy taken mid-write: the next one will do
+                for name, step, value in read_metric_points(db):
+                    history.setdefault(name, []).append((step, value))
+            except sqlite3.DatabaseError:  # a live copy taken mid-write: the next one will do
                 if db.parent.name != LIVE_DIR:
                     raise
         return {name: sorted(points) for name, points in history.items()}

@@ -91,11 +91,33 @@ def strip_links(root: Path) -> list[str]:
 
 
 def wipe(root: Path) -> None:
-    """Empty a node's disk: nothing a run left there is seen by the next run on the node."""
-    if not root.is_dir() or root.is_symlink():
+    """Empty a node's disk or scratch folder: nothing a run left there is seen by the next run on
+    the node. Only what lies on root's own file system goes: a mount point under it (software
+    mirrored into a container's /root) is another file system, and removing it from the host
+    would detach it inside the node's mount namespace."""
+    try:
+        top = os.lstat(root)
+    except FileNotFoundError:
         return
-    for entry in os.scandir(root):
-        remove(Path(entry.path))
+    if stat.S_ISDIR(top.st_mode):
+        _clear(root, top.st_dev)
+
+
+def _clear(folder: Path, dev: int) -> bool:
+    """Remove what is in folder on device dev; True when folder is left empty."""
+    empty = True
+    for entry in os.scandir(folder):
+        info = entry.stat(follow_symlinks=False)
+        if info.st_dev != dev:
+            empty = False
+        elif stat.S_ISDIR(info.st_mode):
+            if _clear(Path(entry.path), dev):
+                os.rmdir(entry.path)
+            else:
+                empty = False
+        else:
+            os.unlink(entry.path)
+    return empty
 
 
 def copy_file(root: Path, rel: str, dest: Path) -> bool:

@@ -400,13 +400,17 @@ class Supervisor:
                 source = nodefs.inside(job_dir, f"exe/wd/{sub}")
                 if source is not None:
                     shutil.copytree(source, self.run_dir / sub, dirs_exist_ok=True)
-            store = nodefs.inside(job_dir, "tracking")
-            if store is not None and (store / "mlflow.db").is_file():
-                try:
-                    merge_store(store / "mlflow.db", self.run_dir / "mlflow.db")
-                except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
-                    self.logs.platform(f"warning: the MLflow store of {request.name} could not be read: "
-                                       f"{type(exc).__name__}: {exc}")
+            # A copy of its own name: MLflow caches a store per path, and the next attempt's node
+            # store will have this one's path.
+            copy = self.run_dir / f".merge-{request.name}-{time.time_ns()}.db"
+            try:
+                if nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db", copy):
+                    merge_store(copy, self.run_dir / "mlflow.db")
+            except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
+                self.logs.platform(f"warning: the MLflow store of {request.name} could not be read: "
+                                   f"{type(exc).__name__}: {exc}")
+            finally:
+                copy.unlink(missing_ok=True)
 
     def cleanup_nodes(self, dead: set[str]) -> None:
         """Stop the run's processes and empty the nodes' disks (the next run on a node finds

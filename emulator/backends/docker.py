@@ -134,7 +134,7 @@ class DockerBackend(NodeBackend):
             "environment": env,
             # A job image may expect to write anywhere; the mirror's root never changes.
             "read_only": not use_job_image,
-            "tmpfs": {} if use_job_image else {d: "mode=1777" if "tmp" in d else "mode=0755" for d in SCRATCH},
+            "tmpfs": {} if use_job_image else {d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
             "security_opt": ["no-new-privileges"],
             "volumes": volumes,
             # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.
