@@ -22,6 +22,7 @@ from typing import Any, TextIO
 import psutil
 
 from . import cluster as autoscale
+from . import snapshot
 from .backends import BACKENDS, backend_class, get_backend, resolve_backend
 from .contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
 from .errors import CapacityError, ConfigError, NotFoundError, StateError
@@ -33,9 +34,6 @@ from .metrics import PLOT_NAME
 from .sdkjobs import to_cluster, to_job
 from .specs import ClusterSpec, JobSpec, RunStatus
 from .store import Cluster, Node, RunRecord, Store
-
-SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "outputs", "logs", "mlruns",
-                                         "mlflow.db", ".venv")
 
 
 class Run:
@@ -262,6 +260,7 @@ class Emulator:
         job = self._job(job, overrides)
         cluster = self._check_fits(job)
         self._check_datastores(job)
+        snapshot.check_code(job.code)  # refused here as at submit: a link out of the code folder
         backend = get_backend(cluster.backend, self.home)
         slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
                  for i in range(job.instance_count)]
@@ -284,11 +283,16 @@ class Emulator:
         job = self._job(job, overrides)
         self._check_fits(job)
         self._check_datastores(job)
+        snapshot.check_code(job.code)  # before anything is created
         self.reconcile()
         run_id = new_run_id()
         run_dir = self.home.run_dir(run_id)
         # The snapshot: later edits of the source do not change a queued or running job.
-        shutil.copytree(job.code, run_dir / "snapshot", ignore=SNAPSHOT_IGNORE)
+        try:
+            snapshot.take_snapshot(job.code, run_dir / "snapshot")
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
+            raise
         (run_dir / "system_logs").mkdir(parents=True)
         self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
