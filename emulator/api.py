@@ -299,9 +299,19 @@ class Emulator:
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "emulator.supervisor", str(self.home.root), run_id],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)
         return Run(self, run_id)
+
+    def _supervisor_env(self) -> dict[str, str]:
+        """The submitter's environment less every variable holding a datastore secret: the
+        supervisor and all it starts live as long as the run, and any process of the same user
+        can read their /proc/<pid>/environ. The secrets reach the supervisor from the home's
+        owner-only files, never through its environment."""
+        folder = self.home.root / "secrets"
+        secrets = [p.read_text().strip() for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        secrets = [s for s in secrets if len(s) >= 8]  # a short value would match innocent variables
+        return {k: v for k, v in os.environ.items() if not any(s in v for s in secrets)}
 
     def run(self, run_id: str) -> Run:
         self.store.run(run_id)
