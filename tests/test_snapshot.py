@@ -92,6 +92,19 @@ def test_links_inside_arrive_as_regular_files_as_azure_ml_uploads_them(code: Pat
     assert (snap / "two").read_text() == (snap / "shared" / "back.py").read_text() == "print('train')\n"
 
 
+def test_the_snapshot_holds_what_azure_ml_would_upload(code: Path, tmp_path: Path) -> None:
+    """Inside links, the emulator's snapshot and azure-ai-ml's own upload list agree file for file."""
+    from azure.ai.ml._utils._asset_utils import get_upload_files_from_folder  # noqa: PLC0415
+
+    (code / "alias.py").symlink_to("train.py")
+    (code / "shared").symlink_to("lib")
+    (code / "lib" / "two.py").symlink_to("../alias.py")
+    take_snapshot(code, tmp_path / "snap")
+    uploaded = {dest: Path(src).read_bytes() for src, dest in get_upload_files_from_folder(code)}
+    snap = tmp_path / "snap"
+    assert {p.relative_to(snap).as_posix(): p.read_bytes() for p in snap.rglob("*") if p.is_file()} == uploaded
+
+
 def test_a_link_to_a_folder_it_is_in_is_refused(code: Path) -> None:
     (code / "lib" / "again").symlink_to("..")
     with pytest.raises(ConfigError, match=r"^code: 'lib/again' is a symbolic link to \.\., a folder it is in"):
