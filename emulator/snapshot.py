@@ -12,7 +12,8 @@ What the emulator does: the same for a link whose target, every link and `..` re
 the code folder (copied as a regular file or folder under the link's name, so the snapshot itself
 holds no links); a link whose target is outside is refused before anything is created, because
 here the "upload" lands on the same host and would copy the host's files into a node. A link that
-loops back to a folder it is in is refused too (Azure ML's walk would follow it forever).
+loops back to a folder it is in is refused too (Azure ML's walk would nest the folder in itself
+until the path grows too long).
 Fifos, sockets and devices are skipped without being opened (reading a fifo would block the copy),
 as are dangling links. Copied files keep only their executable bit: 0755 or 0644, never set-uid,
 set-gid, sticky or group/other write, and they belong to whoever submits, as a download would.
@@ -107,7 +108,7 @@ def _walk(plan: SnapshotPlan, real_dir: str, rel_dir: str, stack: tuple[str, ...
                 continue
             if stat.S_ISDIR(mode) and target in stack:
                 plan.refused.append(ConfigError("code", f"'{rel}' is a symbolic link to {shown}, a folder it is "
-                                                "in: copying it would never end", LOOP_FIX))
+                                                "in: the folder would be copied into itself", LOOP_FIX))
                 continue
             source = target
         if stat.S_ISDIR(mode):
