@@ -23,6 +23,7 @@ from typing import Any, TextIO
 import psutil
 
 from . import cluster as autoscale
+from . import snapshot
 from .backends import BACKENDS, backend_class, get_backend, resolve_backend
 from .contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
 from .errors import CapacityError, ConfigError, NotFoundError, StateError
@@ -34,9 +35,6 @@ from .metrics import LIVE_DIR, PLOT_NAME, read_metric_points
 from .sdkjobs import to_cluster, to_job
 from .specs import ClusterSpec, JobSpec, RunStatus
 from .store import Cluster, Node, RunRecord, Store
-
-SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", "outputs", "logs", "mlruns",
-                                         "mlflow.db", ".venv")
 
 
 class Run:
@@ -268,6 +266,7 @@ class Emulator:
         job = self._job(job, overrides)
         cluster = self._check_fits(job)
         self._check_datastores(job)
+        snapshot.check_code(job.code)  # refused here as at submit: a link out of the code folder
         backend = get_backend(cluster.backend, self.home)
         slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
                  for i in range(job.instance_count)]
@@ -290,20 +289,35 @@ class Emulator:
         job = self._job(job, overrides)
         self._check_fits(job)
         self._check_datastores(job)
+        snapshot.check_code(job.code)  # before anything is created
         self.reconcile()
         run_id = new_run_id()
         run_dir = self.home.run_dir(run_id)
         # The snapshot: later edits of the source do not change a queued or running job.
-        shutil.copytree(job.code, run_dir / "snapshot", ignore=SNAPSHOT_IGNORE)
+        try:
+            snapshot.take_snapshot(job.code, run_dir / "snapshot")
+        except BaseException:
+            shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
+            raise
         (run_dir / "system_logs").mkdir(parents=True)
         self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "emulator.supervisor", str(self.home.root), run_id],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)
         return Run(self, run_id)
+
+    def _supervisor_env(self) -> dict[str, str]:
+        """The submitter's environment less every variable holding a datastore secret: the
+        supervisor and all it starts live as long as the run, and any process of the same user
+        can read their /proc/<pid>/environ. The secrets reach the supervisor from the home's
+        owner-only files, never through its environment."""
+        folder = self.home.root / "secrets"
+        secrets = [p.read_text().strip() for p in folder.iterdir() if p.is_file()] if folder.is_dir() else []
+        secrets = [s for s in secrets if len(s) >= 8]  # a short value would match innocent variables
+        return {k: v for k, v in os.environ.items() if not any(s in v for s in secrets)}
 
     def run(self, run_id: str) -> Run:
         self.store.run(run_id)

@@ -4,6 +4,14 @@ the emulator itself for the datastores that need it: bound to 127.0.0.1, data an
 Facts it encodes (shared/research/storage.md): azure-storage-blob 12.31 sends an API version
 Azurite 3.37 rejects unless started with --skipApiVersionCheck; without --disableTelemetry it
 tries to reach the internet.
+
+Secrets: Azurite's debug log records every request URL, SAS tokens included, so it is off unless
+AMLEMU_AZURITE_DEBUG=1 (then <home>/azurite/azurite.log, owner-only, holds full request URLs with
+their SAS signatures: treat it like <home>/secrets). It is not redacted: that would need a second
+long-lived process between Azurite and the file, whose death would take the storage server down
+(Node exits on a broken pipe), for a log that is only read to debug Azurite itself, where the raw
+request is the point. Access logs stay off (--silent), so stdout.log holds start-up lines only;
+the folder and every file the emulator makes in it are owner-only anyway.
 """
 from __future__ import annotations
 
@@ -47,9 +55,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def azurite_argv(binary: Path, *, port: int, location: Path, log: Path) -> list[str]:
+DEBUG_ENV = "AMLEMU_AZURITE_DEBUG"
+
+
+def debug_enabled() -> bool:
+    return os.environ.get(DEBUG_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def azurite_argv(binary: Path, *, port: int, location: Path, log: Path | None) -> list[str]:
+    """`log`: the debug log (request URLs with their SAS tokens), None for none."""
+    debug = ["--debug", str(log)] if log else []
     return [str(binary), "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(location),
-            "--debug", str(log), "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"]
+            *debug, "--disableTelemetry", "--skipApiVersionCheck", "--loose", "--silent"]
+
+
+def owner_only(path: Path) -> Path:
+    """Create `path` (a file) readable by its owner alone, or make an existing one so."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600))
+    os.chmod(path, 0o600)
+    return path
 
 
 @dataclass(frozen=True)
@@ -96,8 +120,9 @@ class Azurite:
         if binary is None:
             raise BackendError("Azurite is not installed (needs Node.js and `make setup`); "
                                "datastores fall back to a local folder")
-        self.dir.mkdir(parents=True, exist_ok=True)
-        with open(self.dir / "start.lock", "a") as lock:
+        self.dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.dir, 0o700)  # blobs, and with debugging on, request URLs: the owner's alone
+        with open(owner_only(self.dir / "start.lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             running = self.running()  # started by whoever held the lock before us
             if running:
@@ -111,12 +136,12 @@ class Azurite:
 
     def _start(self, binary: Path, timeout: float) -> AzuriteEndpoint:
         port = free_port()
-        log = self.dir / "azurite.log"
-        with open(self.dir / "stdout.log", "ab") as out:
+        log = owner_only(self.dir / "azurite.log") if debug_enabled() else None
+        with open(owner_only(self.dir / "stdout.log"), "ab") as out:
             proc = subprocess.Popen(azurite_argv(binary, port=port, location=self.dir / "data", log=log),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        self.state.write_text(json.dumps({"pid": proc.pid, "port": port}))
+        owner_only(self.state).write_text(json.dumps({"pid": proc.pid, "port": port}))
         endpoint = AzuriteEndpoint(port)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -126,7 +151,7 @@ class Azurite:
                 return endpoint
             time.sleep(0.1)
         self.stop()
-        raise BackendError(f"Azurite did not answer within {timeout:g} s; see {log}")
+        raise BackendError(f"Azurite did not answer within {timeout:g} s; see {log or self.dir / 'stdout.log'}")
 
     def stop(self) -> bool:
         running = self.running()

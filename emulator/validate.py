@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from .contract import LOCAL_SOURCE, bindings
 from .errors import AmlEmuError, ConfigError
 from .jobyaml import load_job
+from .snapshot import plan_snapshot
 from .specs import DistributionType, JobSpec
 
 if TYPE_CHECKING:
@@ -66,7 +67,7 @@ def snapshot_files(code: Path) -> list[Path]:
 
 def check_snapshot(code: Path) -> list[Finding]:
     files = snapshot_files(code)
-    size = sum(f.stat().st_size for f in files)
+    size = sum(f.stat().st_size for f in files if f.exists())  # a dangling link has no size
     findings = []
     if len(files) > SNAPSHOT_MAX_FILES:
         findings.append(Finding("code", f"{len(files)} files in the snapshot, Azure ML takes at most {SNAPSHOT_MAX_FILES}",
@@ -75,6 +76,18 @@ def check_snapshot(code: Path) -> list[Finding]:
         findings.append(Finding("code", f"the snapshot is {size / MB:.0f} MB, Azure ML takes at most "
                                 f"{SNAPSHOT_MAX_BYTES // MB} MB", "move data to a datastore input and list big files in .amlignore"))
     return findings
+
+
+def check_links(code: Path, refuse_outside: bool) -> list[Finding]:
+    """Links and special files in the code folder, as emulator/snapshot.py copies them. A link out
+    of the folder is an error where the emulator runs the job (it refuses it); Azure ML would
+    upload the target from this machine, which is only worth a warning for a job going there."""
+    plan = plan_snapshot(code)
+    outside = "error" if refuse_outside else "warning"
+    return ([Finding(e.field, e.problem, e.fix or "", outside) for e in plan.outside]
+            + [Finding(e.field, e.problem, e.fix or "") for e in plan.refused]
+            + [Finding("code", note, "remove it from the code folder (Azure ML's upload would try to read it)",
+                       "warning") for note in plan.skipped])
 
 
 def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
@@ -86,6 +99,7 @@ def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
         findings.append(Finding("environment", f"cannot tell whether {job.image} has Open MPI, which mpi jobs need",
                                 "base it on an Azure ML image (mcr.microsoft.com/azureml/openmpi...)", "warning"))
     findings += check_snapshot(job.code)
+    findings += check_links(job.code, refuse_outside=emu is not None)
     if emu is not None:
         findings += check_against_workspace(job, emu)
     return findings
