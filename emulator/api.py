@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -374,6 +375,9 @@ def _ours(pid: int, run_id: str) -> bool:
     """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and any(run_id in part for part in proc.cmdline())
+        # The id as a whole word of the argv (an argument, a path component): a job may be named
+        # `a`, which a bare substring test would find in almost any process reusing the pid.
+        word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
+        return proc.status() != psutil.STATUS_ZOMBIE and any(word.search(part) for part in proc.cmdline())
     except psutil.NoSuchProcess:
         return False
