@@ -13,6 +13,7 @@ import posixpath
 import re
 import shutil
 import socket
+import warnings
 from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,6 +23,10 @@ from typing import Any
 from .azurite import Azurite
 from .errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
 from .names import check_datastore_name
+
+# adlfs warns on stderr when it cannot read a container's properties (a refused credential):
+# the error that follows says it in one line.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"adlfs\.")
 
 DEFAULT = "workspaceblobstore"
 KINDS = ("local", "azurite", "azure_blob")
@@ -178,8 +183,10 @@ class Datastores:
 
     def guard(self, name: str) -> Callable[[Exception], BackendError]:
         def wrap(exc: Exception) -> BackendError:
-            return BackendError(redact(f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0],
-                                       [self._secret(name)]))
+            text = f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0]
+            if not isinstance(exc, OSError):  # the storage service refused: its address or credential
+                text += f"; check how it is reached (`amlemu datastore show {name}`) and its secret"
+            return BackendError(redact(text, [self._secret(name)]))
         return wrap
 
     def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None,
@@ -195,7 +202,9 @@ class Datastores:
         source = (fsspec.filesystem("file"), str(local.resolve()))
         try:
             sync_tree(source, (fs, posixpath.join(root, path)), progress, overwrite=overwrite)
-        except (OSError, ValueError) as exc:
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
             raise self.guard(name)(exc) from None
         return sum(size for _, size in list_files(*source))
 
@@ -216,7 +225,9 @@ class Datastores:
                 done += size
                 if progress:
                     progress(done, total)
-        except (OSError, ValueError) as exc:
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as above
             raise self.guard(name)(exc) from None
         return total
 
@@ -224,7 +235,10 @@ class Datastores:
         name, path = parse_uri(uri)
         fs, root = self.filesystem(name)
         base = posixpath.join(root, path)
-        return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
+        try:
+            return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise self.guard(name)(exc) from None
 
 
 def list_files(fs: Any, base: str) -> list[tuple[str, int]]:
@@ -260,6 +274,7 @@ def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any
         fs = adlfs.AzureBlobFileSystem(account_name=spec.account, sas_token=secret)
     else:
         fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
+    bound_retries(fs)
     if not fs.exists(spec.container):
         fs.mkdir(spec.container)
     return fs, spec.container
@@ -276,6 +291,18 @@ def _make_folder(folder: Path) -> list[Path]:
         raise ConfigError("path", f"cannot create {folder}: {exc.strerror or exc}",
                           "give a folder you can write") from None
     return missing[-1:]  # the topmost new folder holds every other
+
+
+def bound_retries(fs: Any) -> Any:
+    """The storage SDK retries a failing request with backoff from 15 s (87 s for one call to a
+    server that resets every connection): here a failing datastore fails within seconds. adlfs
+    gives no option for it, so the client's own retry policy is set (private, hence guarded)."""
+    policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
+    for attr, value in (("total_retries", 2), ("connect_retries", 2), ("read_retries", 2), ("status_retries", 2),
+                        ("initial_backoff", 0.5), ("increment_base", 1.5), ("random_jitter_range", 0.5)):
+        if hasattr(policy, attr):
+            setattr(policy, attr, value)
+    return fs
 
 
 def _probe(spec: DatastoreSpec) -> None:

@@ -450,3 +450,61 @@ def test_the_real_command_prints_one_line_and_no_traceback(tmp_path: Path, argv:
                           env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home")})
     assert done.returncode in (1, 2) and "Traceback" not in done.stdout + done.stderr
     assert done.stderr.startswith("amlemu: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # adlfs on the refused credential (the CLI silences it)
+def test_a_refused_blob_credential_is_one_redacted_line(tmp_path: Path, monkeypatch) -> None:
+    """A SAS token the storage refuses (Azurite stands in for Azure) or cannot even parse."""
+    from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas  # noqa: PLC0415
+
+    from emulator.azurite import ACCOUNT, ACCOUNT_KEY  # noqa: PLC0415
+
+    monkeypatch.chdir(tmp_path)
+    emu = Emulator(tmp_path / "home", backend="process")
+    try:
+        endpoint = emu.datastores.azurite.ensure().blob_url
+        sas = generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(container=True, object=True),
+                                   AccountSasPermissions(read=True, list=True), expiry="2099-01-01")
+        bad = sas.replace("sig=", "sig=AAAA")
+        for name, secret in (("badsas", bad), ("garbled", "not;a=sas")):
+            emu.datastores.create(DatastoreSpec(name, "azure_blob", container="data", account=ACCOUNT,
+                                                credential="sas", endpoint=endpoint), secret)
+            started = time.monotonic()
+            result = run_cli(emu.home.root, "data", "ls", f"azureml://datastores/{name}/paths/x")
+            assert result.exit_code == 1 and time.monotonic() - started < 10
+            assert result.stderr.startswith(f"amlemu: error: datastore {name}: ") and result.stderr.count("\n") == 1
+            assert "Traceback" not in result.output and bad.split("sig=")[1].split("&")[0] not in result.output
+    finally:
+        emu.cleanup()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # adlfs, as above
+def test_a_blob_endpoint_that_resets_every_connection_fails_within_seconds(world) -> None:
+    """It answers the TCP connect (so the probe passes) and drops every request: the storage SDK's
+    own retries took 87 s per call, 247 s for one command; bounded, it is seconds."""
+    import socket  # noqa: PLC0415
+    import threading  # noqa: PLC0415
+
+    home, _ = world
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(64)
+
+    def drop() -> None:
+        while True:
+            try:
+                server.accept()[0].close()
+            except OSError:
+                return
+    threading.Thread(target=drop, daemon=True).start()
+    try:
+        emu = Emulator(home)
+        emu.datastores.create(DatastoreSpec("resetting", "azure_blob", container="data", account="acct",
+                                            credential="sas", endpoint=f"http://127.0.0.1:{server.getsockname()[1]}"), SAS)
+        started = time.monotonic()
+        result = run_cli(home, "data", "ls", "azureml://datastores/resetting/paths/x")
+        assert result.exit_code == 1 and time.monotonic() - started < 30, time.monotonic() - started
+        assert result.stderr.startswith("amlemu: error: datastore resetting: ") and result.stderr.count("\n") == 1
+        assert "Traceback" not in result.output and "NOTREAL" not in result.output
+    finally:
+        server.close()
