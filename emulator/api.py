@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -143,7 +144,11 @@ class Run:
     def download(self, dest: str | Path) -> Path:
         """Copy outputs, logs, the run's own logs and its metrics plot to `dest` (as `az ml job
         download` does)."""
+        if Path(dest).exists() and not Path(dest).is_dir():
+            raise ConfigError("--download-path", f"{dest} is a file", "give a folder (it is created if missing)")
         dest = Path(dest) / self.id
+        if dest.exists() and not dest.is_dir():
+            raise ConfigError("--download-path", f"{dest} is a file", "move it away or download elsewhere")
         for sub in ("outputs", "logs", "user_logs", "system_logs"):
             if (self.dir / sub).exists():
                 shutil.copytree(self.dir / sub, dest / sub, dirs_exist_ok=True)
@@ -260,6 +265,12 @@ class Emulator:
                 except NotFoundError as exc:
                     raise ConfigError(f"{b.ref}.path", str(exc)) from None
 
+    def _check_name(self, job: JobSpec) -> None:
+        """As az ml does: the YAML's name is the job's name, and a taken name is refused."""
+        if job.name and (self.store.run_exists(job.name) or self.home.run_dir(job.name).exists()):
+            raise ConfigError("name", f"a job named '{job.name}' already exists in this workspace",
+                              "pick another name, or leave name out for a generated one")
+
     def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
         """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
@@ -267,6 +278,8 @@ class Emulator:
         cluster = self._check_fits(job)
         self._check_datastores(job)
         snapshot.check_code(job.code)  # refused here as at submit: a link out of the code folder
+        self._check_name(job)
+        run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
         slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
                  for i in range(job.instance_count)]
@@ -290,8 +303,9 @@ class Emulator:
         self._check_fits(job)
         self._check_datastores(job)
         snapshot.check_code(job.code)  # before anything is created
+        self._check_name(job)
         self.reconcile()
-        run_id = new_run_id()
+        run_id = job.name or new_run_id()
         run_dir = self.home.run_dir(run_id)
         # The snapshot: later edits of the source do not change a queued or running job.
         try:
@@ -381,6 +395,9 @@ def _ours(pid: int, run_id: str) -> bool:
     """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
     try:
         proc = psutil.Process(pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and any(run_id in part for part in proc.cmdline())
+        # The id as a whole word of the argv (an argument, a path component): a job may be named
+        # `a`, which a bare substring test would find in almost any process reusing the pid.
+        word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
+        return proc.status() != psutil.STATUS_ZOMBIE and any(word.search(part) for part in proc.cmdline())
     except psutil.NoSuchProcess:
         return False

@@ -1,7 +1,6 @@
 """`amlemu`: the command line, with verbs shaped after `az ml` (compute, job, workspace)."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -9,12 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import click
-import yaml
 from rich.console import Console
 from rich.table import Table
 
+from . import safeyaml
 from .api import Emulator, Run
-from .errors import AmlEmuError, ConfigError
+from .cli_support import EmulatorFactory, OneLineGroup, handle_errors
+from .errors import ConfigError
 from .specs import ClusterSpec, Priority
 from .targets import TARGETS, Target, get_target, resolve_target
 
@@ -27,6 +27,8 @@ COMPUTE_FIELDS = {"$schema", "name", "type", "size", "min_instances", "max_insta
 
 def compute_from_dict(data: dict[str, Any]) -> ClusterSpec:
     """The `az ml compute create -f` YAML (v2 names) -> ClusterSpec."""
+    if not isinstance(data, dict):
+        raise ConfigError("compute", "the YAML must be a mapping of compute fields", "see `az ml compute create -f`")
     unknown = sorted(set(data) - COMPUTE_FIELDS)
     if unknown:
         raise ConfigError(unknown[0], "unknown field", f"known fields: {', '.join(sorted(COMPUTE_FIELDS))}")
@@ -41,17 +43,6 @@ def compute_from_dict(data: dict[str, Any]) -> ClusterSpec:
         idle_seconds_before_scaledown=data.get("idle_time_before_scale_down", 120))
 
 
-def handle_errors(fn):  # type: ignore[no-untyped-def]
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
-        try:
-            return fn(*args, **kwargs)
-        except AmlEmuError as exc:
-            click.echo(f"amlemu: error: {exc}", err=True)
-            sys.exit(1)
-    return wrapper
-
-
 def emit(data: Any, output: str, human) -> None:  # type: ignore[no-untyped-def]
     if output == "json":
         click.echo(json.dumps(data, indent=2, default=str))
@@ -63,13 +54,14 @@ output_option = click.option("-o", "--output", type=click.Choice(["table", "json
                              show_default=True, help="json for scripts")
 
 
-@click.group()
+@click.group(cls=OneLineGroup)
 @click.option("--home", envvar="AMLEMU_HOME", type=click.Path(path_type=Path), default=None,
-              help="emulator home (the emulated workspace); default $AMLEMU_HOME or ~/.amlemu")
+              help="emulator home (the emulated workspace); default $AMLEMU_HOME or ~/.amlemu, created on "
+                   "first use; a --home folder must exist already")
 @click.pass_context
 def cli(ctx: click.Context, home: Path | None) -> None:
     """amlemu: an Azure ML Compute cluster on this machine."""
-    ctx.obj = functools.partial(Emulator, home)
+    ctx.obj = EmulatorFactory(home, ctx.get_parameter_source("home"))
 
 
 def _emu(ctx: click.Context, backend: str | None = None) -> Emulator:
@@ -150,7 +142,7 @@ def compute_create(ctx: click.Context, file: Path | None, name: str | None, size
                    max_instances: int, idle_time_before_scale_down: int, tier: str, backend: str | None,
                    dry_run: bool, target_name: str | None, output: str) -> None:
     if file:
-        spec = compute_from_dict(yaml.safe_load(file.read_text()) or {})
+        spec = compute_from_dict(safeyaml.load_file(file, "-f", "compute YAML") or {})
     else:
         if not name:
             raise ConfigError("--name", "missing", "give --name or -f compute.yml")
@@ -372,17 +364,7 @@ def job_download(ctx: click.Context, name: str, download_path: Path, target_name
     console.print(f"downloaded to {_target(ctx, target_name).download(name, download_path)}", highlight=False)
 
 
-@cli.command()
-@click.option("--all", "all_homes", is_flag=True, help="also what other emulator homes left behind")
-@click.pass_context
-@handle_errors
-def cleanup(ctx: click.Context, all_homes: bool) -> None:
-    """Stop every job and remove every node, network and record the emulator created."""
-    gone = _emu(ctx).cleanup(all_homes=all_homes)
-    console.print(f"removed {len(gone)} item(s)" + "".join(f"\n  {g}" for g in gone), highlight=False)
-
-
-from . import cli_convert, cli_data, cli_faults, cli_sync, cli_ui, cli_validate  # noqa: E402,F401 - register their commands on the groups above
+from . import cli_cleanup, cli_convert, cli_data, cli_faults, cli_sync, cli_ui, cli_validate  # noqa: E402,F401 - register their commands on the groups above
 
 
 def main() -> None:

@@ -1,15 +1,18 @@
 """`amlemu datastore ...` and `amlemu data ...`: the workspace's datastores and the data on them."""
 from __future__ import annotations
 
+import contextlib
 import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from .cli import _emu, cli, console, emit, err_console, handle_errors, output_option
-from .datastores import DatastoreSpec, credential_from_env
+from .datastores import DatastoreSpec, credential_from_env, parse_uri
+from .errors import NotFoundError
 
 
 # --- datastores and data ---------------------------------------------------------------------------
@@ -72,6 +75,8 @@ def data() -> None:
 
 
 def _progress(label: str):  # type: ignore[no-untyped-def]
+    if not err_console.is_terminal:  # a pipe or a CI log: no bar (it would leave a stray blank line)
+        return contextlib.nullcontext(), None
     from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn  # noqa: PLC0415
 
     progress = Progress("[progress.description]{task.description}", BarColumn(), DownloadColumn(),
@@ -112,4 +117,7 @@ def data_download(ctx: click.Context, uri: str, local: Path) -> None:
 @handle_errors
 def data_ls(ctx: click.Context, uri: str, output: str) -> None:
     rows = [{"path": p, "size": size} for p, size in _emu(ctx).datastores.ls(uri)]
+    name, path = parse_uri(uri)
+    if not rows and path:  # a datastore's empty root is a listing; a missing path is an error
+        raise NotFoundError("path", uri, f"list what is there with `amlemu data ls azureml://datastores/{name}/paths/`")
     emit(rows, output, lambda d: [console.print(f"{r['size']:>12}  {r['path']}", highlight=False) for r in d])

@@ -12,19 +12,30 @@ import os
 import posixpath
 import re
 import shutil
+import socket
+import warnings
+from urllib.parse import urlsplit
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from .azurite import Azurite
-from .errors import BackendError, ConfigError, NotFoundError
+from .errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
+from .names import check_datastore_name
+
+# adlfs warns on stderr when it cannot read a container's properties (a refused credential):
+# the error that follows says it in one line.
+warnings.filterwarnings("ignore", category=UserWarning, module=r"adlfs\.")
 
 DEFAULT = "workspaceblobstore"
 KINDS = ("local", "azurite", "azure_blob")
 CREDENTIALS = ("none", "account_key", "sas", "identity")
 URI_RE = re.compile(r"^azureml://datastores/(?P<name>[^/]+)/paths/(?P<path>.*)$")
 CONTAINER_RE = re.compile(r"^[a-z0-9](?!.*--)[a-z0-9-]{1,61}[a-z0-9]$")
+# A storage endpoint that does not answer a TCP connect within this many seconds is reported at
+# once; the storage SDK would retry for minutes (up to 247 s seen) before failing.
+PROBE_TIMEOUT = 5.0
 
 
 @dataclass(frozen=True)
@@ -38,6 +49,7 @@ class DatastoreSpec:
     endpoint: str = ""  # a blob endpoint URL other than the public cloud's (sovereign cloud, Azurite)
 
     def __post_init__(self) -> None:
+        check_datastore_name(self.name)
         if self.kind not in KINDS:
             raise ConfigError("type", f"'{self.kind}' is not a datastore type", f"use one of: {', '.join(KINDS)}")
         if self.credential not in CREDENTIALS:
@@ -112,17 +124,33 @@ class Datastores:
         return DatastoreSpec(DEFAULT, "local", folder=str(self.home_root / "datastores" / DEFAULT))
 
     def create(self, spec: DatastoreSpec, secret: str | None = None) -> DatastoreSpec:
+        """Check everything, make the folder and the secret, and record the datastore last: a
+        refused datastore leaves no row, secret or folder behind."""
         if spec.credential in ("account_key", "sas") and not secret:
             raise ConfigError("credential", f"{spec.credential} needs a secret",
                               "pass it through the environment variable the CLI names")
-        self.store.add_datastore(spec.name, asdict(spec))
-        if secret:
-            self._secrets_dir.mkdir(mode=0o700, exist_ok=True)
-            path = self._secrets_dir / spec.name
-            path.touch(mode=0o600)
-            path.write_text(secret)
-        if spec.kind == "local":
-            Path(spec.folder).mkdir(parents=True, exist_ok=True)
+        if self.store.datastore(spec.name):
+            raise StateError(f"datastore '{spec.name}' already exists; pick another name")
+        made: list[Path] = []
+        try:
+            if spec.kind == "local":
+                made = _make_folder(Path(spec.folder))
+            if secret:
+                if not self._secrets_dir.exists():
+                    self._secrets_dir.mkdir(mode=0o700)
+                    made.append(self._secrets_dir)
+                path = self._secrets_dir / spec.name
+                made.append(path)
+                path.touch(mode=0o600)
+                path.write_text(secret)
+            self.store.add_datastore(spec.name, asdict(spec))
+        except BaseException:
+            for path in reversed(made):
+                if path.is_dir():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
+            raise
         return spec
 
     def _secret(self, name: str) -> str:
@@ -131,8 +159,18 @@ class Datastores:
 
     # --- filesystems -------------------------------------------------------------------------
     def filesystem(self, name: str) -> tuple[Any, str]:
-        """(fsspec filesystem, root within it) of a datastore; Azurite is started when needed."""
+        """(fsspec filesystem, root within it) of a datastore; Azurite is started when needed.
+        A storage error (unreachable, refused credential) is one redacted line naming the datastore."""
         spec = self.get(name)
+        try:
+            return self._filesystem(spec)
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
+            raise self.guard(name)(exc) from None
+
+    def _filesystem(self, spec: DatastoreSpec) -> tuple[Any, str]:
+        name = spec.name
         if spec.kind == "azurite":
             import adlfs  # noqa: PLC0415
 
@@ -145,8 +183,10 @@ class Datastores:
 
     def guard(self, name: str) -> Callable[[Exception], BackendError]:
         def wrap(exc: Exception) -> BackendError:
-            return BackendError(redact(f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0],
-                                       [self._secret(name)]))
+            text = f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0]
+            if not isinstance(exc, OSError):  # the storage service refused: its address or credential
+                text += f"; check how it is reached (`amlemu datastore show {name}`) and its secret"
+            return BackendError(redact(text, [self._secret(name)]))
         return wrap
 
     def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None,
@@ -162,7 +202,9 @@ class Datastores:
         source = (fsspec.filesystem("file"), str(local.resolve()))
         try:
             sync_tree(source, (fs, posixpath.join(root, path)), progress, overwrite=overwrite)
-        except (OSError, ValueError) as exc:
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
             raise self.guard(name)(exc) from None
         return sum(size for _, size in list_files(*source))
 
@@ -183,7 +225,9 @@ class Datastores:
                 done += size
                 if progress:
                     progress(done, total)
-        except (OSError, ValueError) as exc:
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - as above
             raise self.guard(name)(exc) from None
         return total
 
@@ -191,7 +235,10 @@ class Datastores:
         name, path = parse_uri(uri)
         fs, root = self.filesystem(name)
         base = posixpath.join(root, path)
-        return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
+        try:
+            return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
+        except Exception as exc:  # noqa: BLE001 - as above
+            raise self.guard(name)(exc) from None
 
 
 def list_files(fs: Any, base: str) -> list[tuple[str, int]]:
@@ -211,6 +258,7 @@ def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any
         return fsspec.filesystem("file"), spec.folder.rstrip("/")
     if spec.kind != "azure_blob":
         raise ConfigError("type", f"{spec.kind} datastores are opened by their registry")
+    _probe(spec)
     import adlfs  # noqa: PLC0415
 
     if spec.endpoint and spec.credential in ("account_key", "sas"):
@@ -226,9 +274,48 @@ def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any
         fs = adlfs.AzureBlobFileSystem(account_name=spec.account, sas_token=secret)
     else:
         fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
+    bound_retries(fs)
     if not fs.exists(spec.container):
         fs.mkdir(spec.container)
     return fs, spec.container
+
+
+def _make_folder(folder: Path) -> list[Path]:
+    """Create a local datastore's folder; returns what was created (to undo on a later failure)."""
+    if folder.exists() and not folder.is_dir():
+        raise ConfigError("path", f"{folder} is a file", "give a folder for a local datastore")
+    missing = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError("path", f"cannot create {folder}: {exc.strerror or exc}",
+                          "give a folder you can write") from None
+    return missing[-1:]  # the topmost new folder holds every other
+
+
+def bound_retries(fs: Any) -> Any:
+    """The storage SDK retries a failing request with backoff from 15 s (87 s for one call to a
+    server that resets every connection): here a failing datastore fails within seconds. adlfs
+    gives no option for it, so the client's own retry policy is set (private, hence guarded)."""
+    policy = getattr(getattr(getattr(fs, "service_client", None), "_config", None), "retry_policy", None)
+    for attr, value in (("total_retries", 2), ("connect_retries", 2), ("read_retries", 2), ("status_retries", 2),
+                        ("initial_backoff", 0.5), ("increment_base", 1.5), ("random_jitter_range", 0.5)):
+        if hasattr(policy, attr):
+            setattr(policy, attr, value)
+    return fs
+
+
+def _probe(spec: DatastoreSpec) -> None:
+    """Fail fast, in one line, when the storage endpoint does not answer at all."""
+    url = urlsplit(spec.endpoint or f"https://{spec.account}.blob.core.windows.net")
+    host, where = url.hostname or "", url.netloc or spec.endpoint
+    try:
+        port = url.port or (80 if url.scheme == "http" else 443)
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT).close()
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+        raise BackendError(f"datastore {spec.name}: cannot reach {where} ({reason}); check the endpoint and "
+                           "account name, and that this machine can reach it") from None
 
 
 def sync_tree(src: tuple[Any, str], dst: tuple[Any, str], progress: Callable[[int, int], None] | None = None,

@@ -33,3 +33,12 @@ class BackendError(AmlEmuError):
 
 class TargetError(AmlEmuError):
     """A submission target could not do what was asked (no workspace, no credential, a service error)."""
+
+
+class StateDbError(StateError):
+    """The home's state database cannot be used: corrupt, unreadable, or written by a newer amlemu."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        self.path = path
+        super().__init__(f"state database {path}: {problem}; run `amlemu cleanup --reset-state` to stop what "
+                         f"the home runs and move the database aside (or move {path} away yourself)")

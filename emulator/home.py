@@ -7,6 +7,8 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from .errors import ConfigError
+
 _ADJECTIVES = ("amiable", "brave", "calm", "eager", "gentle", "happy", "jolly", "keen", "lively", "nice",
                "polite", "quirky", "sharp", "sincere", "tender", "upbeat", "witty", "zen", "bold", "frank")
 _NOUNS = ("apple", "basket", "candle", "cloud", "garden", "kettle", "lamp", "lemon", "needle", "onion",
@@ -39,7 +41,15 @@ class Home:
     @classmethod
     def at(cls, root: str | Path | None = None) -> Home:
         home = cls(Path(root).expanduser().resolve() if root else default_home().resolve())
-        home.root.mkdir(parents=True, exist_ok=True)
+        fix = "point --home (or $AMLEMU_HOME) at a folder you can write"
+        if home.root.exists() and not home.root.is_dir():
+            raise ConfigError("home", f"{home.root} is a file, not a folder", fix)
+        try:
+            home.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError("home", f"cannot create {home.root}: {exc.strerror or exc}", fix) from None
+        if not os.access(home.root, os.R_OK | os.W_OK | os.X_OK):  # /proc/self, a read-only mount
+            raise ConfigError("home", f"{home.root} is not a folder this user can write", fix)
         return home
 
     @property

@@ -22,6 +22,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "outputs": {k: _data(v) for k, v in job.outputs.items()},
         "display_name": job.display_name,
         "max_run_duration_seconds": job.max_run_duration_seconds,
+        "name": job.name,
     }
 
 

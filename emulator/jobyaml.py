@@ -10,10 +10,10 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from . import safeyaml
 from .errors import ConfigError
 from .datastores import parse_uri
+from .names import check_environment_variables, check_job_name
 from .nodecache import policy_from_env
 from .specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
 
@@ -42,23 +42,13 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
             if not isinstance(child, dict):
                 raise ConfigError(f"--set {key}", f"{part} holds a value, not fields")
             node = child
-        node[last] = yaml.safe_load(raw) if raw else ""
+        node[last] = safeyaml.loads(raw, f"--set {key}") if raw else ""
     return data
 
 
 def load_job(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError("-f", f"{path} does not exist", "give the path of a job YAML file") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise ConfigError(str(path), f"YAML syntax error{where}: {problem}") from None
+    data = safeyaml.load_file(path, "-f", "job YAML")
     if overrides:
         data = apply_overrides(data if isinstance(data, dict) else {}, overrides)
     return job_from_dict(data, base_dir=path.parent)
@@ -219,7 +209,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     _check_fields(resources, RESOURCE_FIELDS, "resources.")
     instance_count = _int(resources.get("instance_count", 1), "resources.instance_count")
 
-    env_vars = {str(k): str(v) for k, v in _mapping(data.get("environment_variables"), "environment_variables").items()}
+    env_vars = check_environment_variables(_mapping(data.get("environment_variables"), "environment_variables"))
     policy_from_env(env_vars)  # the data runtime's knobs: a bad value fails here, not on the node
     limits = _mapping(data.get("limits"), "limits")
     timeout = limits.get("timeout")
@@ -228,6 +218,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         environment = environment.get("image") or environment.get("name")
 
     return JobSpec(
+        name=check_job_name(data.get("name")),
         command=command,
         code=code_dir,
         compute=compute,

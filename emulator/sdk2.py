@@ -81,7 +81,7 @@ def job_dict(job: Any) -> dict[str, Any]:
     if type(job).__name__ not in ("Command", "CommandJob"):
         raise ConfigError("job", f"an azure.ai.ml {type(job).__name__} is not emulated",
                           "give a command job (azure.ai.ml.command or load_job of a type: command YAML)")
-    data: dict[str, Any] = {"type": "command", "command": job.command, "code": str(_code_dir(job)),
+    data: dict[str, Any] = {"type": "command", "name": job.name, "command": job.command, "code": str(_code_dir(job)),
                             "compute": job.compute, "experiment_name": job.experiment_name,
                             "display_name": job.display_name, "environment": _environment(job.environment),
                             "environment_variables": dict(job.environment_variables or {}),

@@ -9,6 +9,7 @@ from typing import Any
 from . import sdk1, sdk2
 from .errors import ConfigError
 from .jobyaml import load_job
+from .names import check_environment_variables, check_job_name
 from .specs import ClusterSpec, JobSpec
 
 JOB_FORMS = ("a job YAML path, a JobSpec, an azure.ai.ml command job (command() / load_job()) "
@@ -16,15 +17,20 @@ JOB_FORMS = ("a job YAML path, a JobSpec, an azure.ai.ml command job (command() 
 
 
 def to_job(job: Any, overrides: list[str] | None = None) -> JobSpec:
-    if isinstance(job, JobSpec):
-        return job
     if isinstance(job, (str, Path)):
-        return load_job(job, overrides)
-    if sdk2.is_v2(job):
-        return sdk2.job_from_v2(job)
-    if sdk1.is_job_config(job):
-        return sdk1.job_from_v1(job)
-    raise ConfigError("job", f"a {type(job).__name__} is not a job", f"give {JOB_FORMS}")
+        return load_job(job, overrides)  # the YAML loader checks names and variables itself
+    if isinstance(job, JobSpec):
+        spec = job
+    elif sdk2.is_v2(job):
+        spec = sdk2.job_from_v2(job)
+    elif sdk1.is_job_config(job):
+        spec = sdk1.job_from_v1(job)
+    else:
+        raise ConfigError("job", f"a {type(job).__name__} is not a job", f"give {JOB_FORMS}")
+    # Whatever form the job came in, the same rules: a name Azure ML takes, variables a node can hold.
+    check_job_name(spec.name)
+    check_environment_variables(spec.environment_variables)
+    return spec
 
 
 def to_cluster(compute: Any, name: str | None = None) -> ClusterSpec:

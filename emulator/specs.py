@@ -171,6 +171,7 @@ class JobSpec:
     outputs: dict[str, DataInput] = field(default_factory=dict)
     display_name: str | None = None
     max_run_duration_seconds: int | None = None
+    name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
 
     def __post_init__(self) -> None:
         if not self.command.strip():

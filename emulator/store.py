@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import NotFoundError, StateError
+from .errors import ConfigError, NotFoundError, StateDbError, StateError
+from .names import check_workspace_field
 from .specs import ClusterSpec, Priority, RunStatus
 
 SCHEMA = """
@@ -41,6 +42,9 @@ CREATE TABLE IF NOT EXISTS preemption_policies (
     cluster TEXT PRIMARY KEY, rate_per_node_hour REAL NOT NULL, seed INTEGER NOT NULL,
     max_preemptions INTEGER NOT NULL);
 """
+# PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
+# A database of a newer version is refused with a way out, never half-read.
+SCHEMA_VERSION = 1
 MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0"}
 
 WORKSPACE_DEFAULTS = {
@@ -100,14 +104,36 @@ def _cluster_from_json(text: str) -> ClusterSpec:
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        try:
+            self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateDbError(path, f"cannot be opened ({exc})") from None
+        try:
+            self._open()
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise
+            raise StateDbError(path, f"cannot be opened ({exc})") from None
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+            self._db.close()
+            raise StateDbError(path, f"is corrupt ({exc})") from None
+
+    def _open(self) -> None:
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA busy_timeout=30000")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self._db.close()
+            raise StateDbError(self.path, f"was written by a newer amlemu (schema {version}; this one reads up "
+                               f"to {SCHEMA_VERSION}): upgrade amlemu")
         self._db.executescript(SCHEMA)
         for (table, column), statement in MIGRATIONS.items():
             if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
                 self._db.execute(statement)
+        if version < SCHEMA_VERSION:
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         self._db.close()
@@ -139,6 +165,8 @@ class Store:
         unknown = set(values) - set(WORKSPACE_DEFAULTS)
         if unknown:
             raise StateError(f"unknown workspace field(s): {', '.join(sorted(unknown))}")
+        for key, value in values.items():
+            check_workspace_field(key, value)
         with self.transaction() as db:
             for key, value in values.items():
                 db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
@@ -199,6 +227,9 @@ class Store:
     # --- runs --------------------------------------------------------------------------------
     def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any]) -> RunRecord:
         with self.transaction() as db:
+            if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+                raise ConfigError("name", f"a job named '{run_id}' already exists in this workspace",
+                                  "pick another name, or leave name out for a generated one")
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
             now = time.time()
             db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at) "
@@ -216,6 +247,9 @@ class Store:
         data["job"] = json.loads(data["job"])
         data["nodes"] = json.loads(data["nodes"])
         return RunRecord(**data)
+
+    def run_exists(self, run_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 
     def runs(self, experiment: str | None = None, cluster: str | None = None) -> list[RunRecord]:
         query, args = "SELECT id FROM runs WHERE 1=1", []

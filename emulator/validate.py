@@ -113,6 +113,9 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
         names = ", ".join(c.spec.name for c in emu.computes()) or "none"
         return [Finding("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",
                         "create it with `amlemu compute create` or fix the name")]
+    if job.name and emu.store.run_exists(job.name):
+        findings.append(Finding("name", f"a job named '{job.name}' already exists in this workspace",
+                                "pick another name, or leave name out for a generated one"))
     if job.instance_count > cluster.spec.max_nodes:
         findings.append(Finding("resources.instance_count", f"{job.instance_count} nodes, compute {job.compute} "
                                 f"has at most {cluster.spec.max_nodes}", "lower instance_count or raise max_instances"))

@@ -16,6 +16,7 @@ from emulator.cli import cli
 @pytest.fixture
 def amlemu(tmp_path: Path):
     home = tmp_path / "home"
+    home.mkdir()  # an explicit --home must exist (only $AMLEMU_HOME and ~/.amlemu are created on first use)
     runner = CliRunner()
 
     def invoke(*args: str, code: int = 0) -> str:

@@ -116,6 +116,7 @@ def test_secrets_stay_out_of_the_cli_and_the_database(tmp_path: Path, monkeypatc
     secret = "sv=2030-01-01&sig=TOPSECRETSIGNATURE"
     monkeypatch.setenv("MY_SAS", secret)
     runner = CliRunner()
+    (tmp_path / "home").mkdir()
     home = ["--home", str(tmp_path / "home")]
     created = runner.invoke(cli, [*home, "datastore", "create", "--name", "realblob", "--type", "azure_blob",
                                   "--account-name", "acct", "--container-name", "data", "--sas-token-env", "MY_SAS"])

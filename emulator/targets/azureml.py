@@ -17,9 +17,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-import yaml
-
-from .. import sdk1, sdk2
+from .. import safeyaml, sdk1, sdk2
 from ..datastores import DatastoreSpec, redact
 from ..errors import ConfigError, TargetError
 from ..specs import ClusterSpec, JobSpec
@@ -269,7 +267,7 @@ def _override(item: str) -> dict[str, Any]:
     key, sep, raw = item.partition("=")
     if not sep or not key:
         raise ConfigError("--set", f"'{item}' is not key=value", "write e.g. --set inputs.epochs=3")
-    return {key: yaml.safe_load(raw) if raw else ""}
+    return {key: safeyaml.loads(raw, f"--set {key}") if raw else ""}
 
 
 def _schema_error(exc: Exception) -> tuple[str, str]:

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from ..api import Emulator
+from ..errors import StateError
 from ..sdkjobs import to_job
 from ..specs import ClusterSpec
 from ..validate import check_job
@@ -29,6 +30,8 @@ class EmulatorTarget(Target):
         return self.emu.submit(plan.payload).id
 
     def plan_compute(self, spec: ClusterSpec) -> Plan:
+        if any(c.spec.name == spec.name for c in self.emu.computes()):  # refused before any notice is printed
+            raise StateError(f"compute '{spec.name}' already exists; delete it first or pick another name")
         return Plan(self.name, "compute", self.emu.plan_compute(spec), payload=spec)
 
     def run_compute(self, plan: Plan) -> None:
