@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from emulator.api import Emulator  # noqa: E402
-from emulator.mpi import MpiLaunch, mpirun_argv  # noqa: E402
+from emulator.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
 from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
 from fixtures import mnist  # noqa: E402
 

@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from emulator.api import Emulator  # noqa: E402
-from emulator.datastores import DEFAULT  # noqa: E402
-from emulator.nodecache import CachePolicy, NodeCache, Source  # noqa: E402
 from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
+from emulator.storage.datastores import DEFAULT  # noqa: E402
+from emulator.storage.nodecache import CachePolicy, NodeCache, Source  # noqa: E402
 from fixtures import mnist  # noqa: E402
 
 WS = f"azureml://datastores/{DEFAULT}/paths"

@@ -1,4 +1,4 @@
 """`python -m emulator`: the `amlemu` command line (what the console script runs)."""
-from .cli import main
+from emulator.cli import main
 
 main()

@@ -13,7 +13,6 @@ import os
 import re
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -23,19 +22,19 @@ from typing import Any, TextIO
 
 import psutil
 
-from . import cluster as autoscale
-from . import snapshot
-from .backends import BACKENDS, backend_class, get_backend, resolve_backend
-from .contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
-from .errors import CapacityError, ConfigError, NotFoundError, StateError
-from .datastores import Datastores
-from .faults import FaultInjector
-from .home import Home, default_cache, new_run_id
-from .jobspec_io import job_from_record, job_to_record
-from .metrics import LIVE_DIR, PLOT_NAME, read_metric_points
-from .sdkjobs import to_cluster, to_job
-from .specs import ClusterSpec, JobSpec, RunStatus
-from .store import Cluster, Node, RunRecord, Store
+from emulator.backends import BACKENDS, backend_class, get_backend, resolve_backend
+from emulator.cluster import allocation as autoscale
+from emulator.cluster.faults import FaultInjector
+from emulator.cluster.store import Cluster, Node, RunRecord, Store
+from emulator.errors import CapacityError, ConfigError, NotFoundError, StateError
+from emulator.home import Home, default_cache, new_run_id
+from emulator.jobs import snapshot
+from emulator.jobs.jobspec_io import job_from_record, job_to_record
+from emulator.jobs.sdkjobs import to_cluster, to_job
+from emulator.runs.contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
+from emulator.runs.metrics import PLOT_NAME, metric_history, metric_stores
+from emulator.specs import JobSpec, RunStatus
+from emulator.storage.datastores import Datastores
 
 
 class Run:
@@ -122,24 +121,11 @@ class Run:
         return {name: values[-1][1] for name, values in self.metric_history().items()}
 
     def metric_stores(self) -> list[Path]:
-        """The run's MLflow stores: its record's (merged from every node as each attempt ended)
-        and, while it runs, the copies of its nodes' own stores."""
-        stores = [self.dir / "mlflow.db"] if (self.dir / "mlflow.db").exists() else []
-        if not self.status.is_terminal:
-            stores += sorted((self.dir / LIVE_DIR).glob("*.db"))
-        return stores
+        return metric_stores(self.dir, active=not self.status.is_terminal)
 
     def metric_history(self) -> dict[str, list[tuple[int, float]]]:
         """(step, value) of every metric the job logged, across its attempts and nodes."""
-        history: dict[str, list[tuple[int, float]]] = {}
-        for db in self.metric_stores():
-            try:
-                for name, step, value in read_metric_points(db):
-                    history.setdefault(name, []).append((step, value))
-            except sqlite3.DatabaseError:  # a live copy taken mid-write: the next one will do
-                if db.parent.name != LIVE_DIR:
-                    raise
-        return {name: sorted(points) for name, points in history.items()}
+        return metric_history(self.dir, active=not self.status.is_terminal)
 
     def download(self, dest: str | Path) -> Path:
         """Copy outputs, logs, the run's own logs and its metrics plot to `dest` (as `az ml job
@@ -317,7 +303,7 @@ class Emulator:
         self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "emulator.supervisor", str(self.home.root), run_id],
+            proc = subprocess.Popen([sys.executable, "-m", "emulator.runs.supervisor", str(self.home.root), run_id],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)

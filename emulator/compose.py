@@ -17,11 +17,11 @@ from typing import Any
 
 import yaml
 
-from .backends.docker import DockerBackend
-from .cluster import node_request
-from .home import Home
-from .skus import GIB
-from .specs import ClusterSpec
+from emulator.backends.docker import DockerBackend
+from emulator.cluster.allocation import node_request
+from emulator.home import Home
+from emulator.skus import GIB
+from emulator.specs import ClusterSpec
 
 PLACEHOLDER_HOME = Path("/amlemu-home-placeholder")
 

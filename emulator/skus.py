@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import ConfigError
+from emulator.errors import ConfigError
 
 GIB = 1024**3
 

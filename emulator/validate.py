@@ -13,14 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .contract import LOCAL_SOURCE, bindings
-from .errors import AmlEmuError, ConfigError
-from .jobyaml import load_job
-from .snapshot import plan_snapshot
-from .specs import DistributionType, JobSpec
+from emulator.errors import AmlEmuError, ConfigError
+from emulator.jobs.jobyaml import load_job
+from emulator.jobs.snapshot import plan_snapshot
+from emulator.runs.contract import LOCAL_SOURCE, bindings
+from emulator.specs import DistributionType, JobSpec
 
 if TYPE_CHECKING:
-    from .api import Emulator
+    from emulator.api import Emulator
 
 MB = 1024 * 1024
 SNAPSHOT_MAX_BYTES = 300 * MB  # Azure ML refuses larger code snapshots ("Snapshot size limit exceeded")

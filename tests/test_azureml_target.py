@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
+
 from fixtures.amlservice import FakeAzureML
 
 AMLEMU = Path(sys.prefix, "bin", "amlemu")

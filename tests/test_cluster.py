@@ -10,18 +10,17 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-
 from click.testing import CliRunner
-
 from conftest import REPO, job_processes, release, wait_until
+
 from emulator.api import Emulator
 from emulator.backends import get_backend
 from emulator.cli import cli
 from emulator.errors import CapacityError
-from emulator.jobspec_io import job_to_record
-from emulator.jobyaml import load_job
+from emulator.jobs.jobspec_io import job_to_record
+from emulator.jobs.jobyaml import load_job
+from emulator.runs.supervisor import Supervisor
 from emulator.specs import RunStatus
-from emulator.supervisor import Supervisor
 
 pytestmark = pytest.mark.slow
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 import yaml
-
 from conftest import REPO
+
 from emulator.compose import cluster_compose
 
 COMPOSE = REPO / "compose"

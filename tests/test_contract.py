@@ -6,9 +6,17 @@ from pathlib import Path
 
 import pytest
 
-from emulator.agent import NODE_EXEC, SANDBOX, AgentError, agent_command
-from emulator.contract import (LOCAL_SOURCE, NodeSlot, bindings, env_file_text, launch_argv, node_env, rank_layout,
-                               run_env)
+from emulator.runs.agent import NODE_EXEC, SANDBOX, AgentError, agent_command
+from emulator.runs.contract import (
+    LOCAL_SOURCE,
+    NodeSlot,
+    bindings,
+    env_file_text,
+    launch_argv,
+    node_env,
+    rank_layout,
+    run_env,
+)
 from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}

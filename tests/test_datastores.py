@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 from emulator.cli import cli
-from emulator.datastores import DEFAULT, Datastores, DatastoreSpec, parse_uri, redact
+from emulator.cluster.store import Store
 from emulator.errors import ConfigError, NotFoundError
 from emulator.home import default_cache
-from emulator.store import Store
+from emulator.storage.datastores import DEFAULT, Datastores, DatastoreSpec, parse_uri, redact
 
 
 @pytest.mark.parametrize(("uri", "expected"), [

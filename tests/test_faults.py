@@ -10,11 +10,11 @@ from pathlib import Path
 
 import docker
 import pytest
-
 from conftest import REPO, job_processes, release, wait_until
+
 from emulator.api import Emulator
+from emulator.cluster.faults import PARTITION_TIMEOUT, preemption_delays
 from emulator.errors import BackendError, StateError
-from emulator.faults import PARTITION_TIMEOUT, preemption_delays
 from emulator.specs import RunStatus
 
 pytestmark = pytest.mark.slow

@@ -5,7 +5,6 @@ import importlib.util
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
 
 _spec = importlib.util.spec_from_file_location("horovod_wheel", REPO / "scripts" / "horovod_wheel.py")

@@ -23,8 +23,8 @@ from click.testing import CliRunner
 
 from emulator.api import Emulator
 from emulator.cli import cli
-from emulator.datastores import DatastoreSpec
 from emulator.specs import ClusterSpec
+from emulator.storage.datastores import DatastoreSpec
 
 JOB = ("code: src\ncommand: python train.py\ncompute: azureml:c1\n"
        "environment: azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest\n")

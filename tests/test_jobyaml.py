@@ -4,11 +4,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from emulator.contract import resolve_command
+
 from emulator.errors import ConfigError
-from emulator.jobyaml import apply_overrides, load_job, script_of
+from emulator.jobs.jobyaml import apply_overrides, load_job, script_of
+from emulator.runs.contract import resolve_command
 from emulator.specs import DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"

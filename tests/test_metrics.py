@@ -16,11 +16,12 @@ from typing import Any
 import psutil
 import pytest
 from click.testing import CliRunner
-
 from conftest import release, wait_until
+
 from emulator.api import Emulator, Run
 from emulator.cli import cli
-from emulator.metrics import PLOT_NAME, UI_RUN_TAG, UI_STATUS_TAG, build_ui_store, plot_metrics, plot_run
+from emulator.runs.metrics import PLOT_NAME, plot_metrics, plot_run
+from emulator.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
 from emulator.specs import RunStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -103,15 +104,18 @@ def test_a_failure_to_plot_is_logged_not_raised(tmp_path: Path) -> None:
     mlrun = client.create_run(client.create_experiment("exp"))
     client.log_metric(mlrun.info.run_id, "loss", 0.5, step=0)
     log: list[str] = []
-    assert plot_run(emu.home.root, "r1", "Completed", log.append) == run_dir / PLOT_NAME
+    assert plot_run(run_dir, "r1 (exp): Completed", log.append) == run_dir / PLOT_NAME
     assert log == [f"metrics plotted: {run_dir / PLOT_NAME}"]
     (run_dir / PLOT_NAME).unlink()
     (run_dir / PLOT_NAME / "in-the-way").mkdir(parents=True)  # the PNG cannot be put in place
-    assert plot_run(emu.home.root, "r1", "Failed", log.append) is None
+    assert plot_run(run_dir, "r1 (exp): Failed", log.append) is None
     assert log[-1].startswith("warning: could not plot the run's metrics: ")
     assert sorted(p.name for p in run_dir.iterdir()) == ["metrics.png", "mlflow.db"]  # no partial file
-    assert plot_run(emu.home.root, "no-such-run", "Failed", log.append) is None
-    assert "no-such-run" in log[-1]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "mlflow.db").write_text("not a database")
+    assert plot_run(broken, "r2: Failed", log.append) is None
+    assert "DatabaseError" in log[-1]
 
 
 # --- runs keep their plot --------------------------------------------------------------------------

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import fsspec
 import pytest
-
 from conftest import wait_until
-from emulator.datastores import DEFAULT, Datastores
+
+from emulator.cluster.store import Store
 from emulator.errors import NotFoundError
 from emulator.home import default_cache
-from emulator.nodecache import CacheError, CachePolicy, NodeCache, Source, policy_from_env
-from emulator.store import Store
+from emulator.storage.datastores import DEFAULT, Datastores
+from emulator.storage.nodecache import CacheError, CachePolicy, NodeCache, Source, policy_from_env
 
 BLOBFUSE = CachePolicy(ttl=120)
 

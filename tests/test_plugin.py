@@ -13,12 +13,12 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-
 from conftest import REPO
-from emulator import cluster as autoscale
-from emulator import gpus
+
 from emulator.api import Emulator
 from emulator.backends import get_backend
+from emulator.cluster import allocation as autoscale
+from emulator.cluster import gpus
 from emulator.specs import ClusterSpec
 from fixtures.plugin import _sessions_dir, command_line, reap_dead_sessions
 

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from emulator import sdk1
 from emulator.cli import cli
 from emulator.errors import ConfigError
-from emulator.jobyaml import load_job
+from emulator.jobs import sdk1
+from emulator.jobs.jobyaml import load_job
 from emulator.specs import ClusterSpec, DataInput, DataMode, Distribution, DistributionType, Priority
 
 with warnings.catch_warnings():  # azureml.data warns about its own enums on import

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO
-from emulator import sdk1
+
 from emulator.api import Emulator
+from emulator.jobs import sdk1
 from emulator.specs import ClusterSpec, RunStatus
 
 IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04"

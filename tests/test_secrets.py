@@ -17,8 +17,8 @@ import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
 from emulator.api import Emulator
-from emulator.azurite import ACCOUNT, ACCOUNT_KEY, DEBUG_ENV, Azurite
-from emulator.datastores import DEFAULT
+from emulator.storage.azurite import ACCOUNT, ACCOUNT_KEY, DEBUG_ENV, Azurite
+from emulator.storage.datastores import DEFAULT
 
 pytestmark = pytest.mark.slow
 AMLEMU = [sys.executable, "-c", "from emulator.cli import main; main()"]

@@ -17,7 +17,7 @@ import pytest
 
 from emulator.api import Emulator
 from emulator.errors import ConfigError
-from emulator.snapshot import check_code, plan_snapshot, take_snapshot
+from emulator.jobs.snapshot import check_code, plan_snapshot, take_snapshot
 from emulator.specs import ClusterSpec, RunStatus
 from emulator.validate import check_links
 

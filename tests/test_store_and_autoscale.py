@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from emulator import cluster as autoscale
-from emulator.contract import Rank
+from emulator.cluster import allocation as autoscale
+from emulator.cluster.store import WORKSPACE_DEFAULTS, Node, Store
 from emulator.errors import NotFoundError, StateError
+from emulator.runs.contract import Rank
+from emulator.runs.supervisor import RunLogs, failure_reason
 from emulator.specs import ClusterSpec, RunStatus
-from emulator.store import WORKSPACE_DEFAULTS, Node, Store
-from emulator.supervisor import RunLogs, failure_reason
 
 
 @pytest.fixture

@@ -3,19 +3,19 @@ against the emulator's reading of the same job, SDK v2 objects on the emulator, 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 import pytest
 import yaml
 from click.testing import CliRunner
-
 from conftest import REPO
+
 from emulator.api import Emulator
-from emulator.cli import cli, compute_from_dict
-from emulator.datastores import DatastoreSpec, sync_tree
+from emulator.cli import cli
+from emulator.cli.common import compute_from_dict
 from emulator.errors import ConfigError, TargetError
 from emulator.specs import ClusterSpec, RunStatus
+from emulator.storage.datastores import DatastoreSpec, sync_tree
 from emulator.targets import get_target, resolve_target
 from emulator.targets.azureml import AzureMLTarget, WorkspaceRef, datastore_spec, resolve_workspace
 
@@ -226,7 +226,7 @@ class AzuriteWorkspace(AzureMLTarget):
 
 @pytest.mark.filterwarnings("ignore:Failed to fetch container properties")  # the wrong-key case
 def test_data_sync_copies_the_emulator_datastore_and_then_only_changes(tmp_path: Path, mnist_subset: Path) -> None:
-    from emulator.datasync import sync
+    from emulator.targets.datasync import sync
 
     emu = Emulator(home=tmp_path / "home", backend="process")
     try:
@@ -270,7 +270,7 @@ def test_v1_script_run_config_dry_run_is_the_serialized_run_config(tmp_path: Pat
     from azureml.core import ScriptRunConfig
     from azureml.core.runconfig import MpiConfiguration
 
-    from emulator import sdk1
+    from emulator.jobs import sdk1
 
     with sdk1.quiet():
         src = ScriptRunConfig(source_directory=str(REPO / "trainer"), script="train.py",

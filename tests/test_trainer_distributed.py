@@ -8,9 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import TRAINER_DIR
-from emulator.mpi import MpiLaunch, launch_env, mpirun_argv
+
+from emulator.runs.mpi import MpiLaunch, launch_env, mpirun_argv
 
 pytestmark = pytest.mark.slow
 

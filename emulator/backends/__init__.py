@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import importlib
 
-from ..errors import ConfigError
-from ..home import Home
-from .base import NodeBackend, NodeInfo, NodeRequest
+from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest
+from emulator.errors import ConfigError
+from emulator.home import Home
 
 __all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "get_backend", "resolve_backend"]
 

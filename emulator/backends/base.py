@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..errors import BackendError
-from ..home import Home
+from emulator.errors import BackendError
+from emulator.home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
 
@@ -19,6 +19,15 @@ def software_paths() -> list[str]:
     paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
              str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
     return [p for p in dict.fromkeys(paths) if Path(p).exists()]
+
+
+def node_base_env(software_bin: str | None) -> dict[str, str]:
+    """What a node's shell has before the run's variables: a container's image defaults. With
+    `software_bin` (the emulator's venv, mirrored onto the node) first on PATH."""
+    env = {"HOME": "/root", "LANG": "C.UTF-8", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+    if software_bin:
+        env["PATH"] = f"{software_bin}:/usr/local/bin:/usr/bin:/bin"
+    return env
 
 
 def software_bin() -> str:

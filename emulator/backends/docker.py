@@ -21,10 +21,10 @@ from typing import Any
 
 import psutil
 
-from .. import nodefs
-from ..contract import node_base_env
-from ..errors import BackendError
-from .base import LABEL, NodeBackend, NodeInfo, NodeRequest, software_bin, software_paths
+from emulator.backends import nodefs
+from emulator.backends.base import (LABEL, NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin,
+                                    software_paths)
+from emulator.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm

@@ -17,8 +17,7 @@ from typing import Any
 
 import psutil
 
-from ..contract import node_base_env
-from .base import NodeBackend, NodeInfo, NodeRequest, software_bin
+from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from .base import JobSource, Plan, Target
+from emulator.errors import ConfigError
+from emulator.targets.base import JobSource, Plan, Target
 
 __all__ = ["TARGETS", "JobSource", "Plan", "Target", "get_target", "project_config", "resolve_target"]
 

@@ -17,14 +17,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .. import safeyaml, sdk1, sdk2
-from ..datastores import DatastoreSpec, redact
-from ..errors import ConfigError, TargetError
-from ..specs import ClusterSpec, JobSpec
-from ..jobyaml import load_job
-from ..validate import Finding, check_job
-from . import project_config
-from .base import JobSource, Plan, Target
+from emulator import safeyaml
+from emulator.errors import ConfigError, TargetError
+from emulator.jobs import sdk1, sdk2
+from emulator.jobs.jobyaml import load_job
+from emulator.specs import ClusterSpec, JobSpec
+from emulator.storage.datastores import DatastoreSpec, redact
+from emulator.targets import project_config
+from emulator.targets.base import JobSource, Plan, Target
+from emulator.validate import Finding, check_job
 
 ENV_KEYS = ("AZUREML_ARM_SUBSCRIPTION", "AZUREML_ARM_RESOURCEGROUP", "AZUREML_ARM_WORKSPACE_NAME")
 WORKSPACE_FIX = ("write config.json (Azure portal: the workspace's 'Download config.json'), or set "
@@ -110,7 +111,11 @@ class AzureMLTarget(Target):
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one SDK call; its errors become one line (with any secret redacted)."""
         from azure.core.exceptions import (  # noqa: PLC0415
-            ClientAuthenticationError, HttpResponseError, ResourceNotFoundError, ServiceRequestError)
+            ClientAuthenticationError,
+            HttpResponseError,
+            ResourceNotFoundError,
+            ServiceRequestError,
+        )
 
         try:
             return fn()

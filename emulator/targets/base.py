@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from ..specs import ClusterSpec
+from emulator.specs import ClusterSpec
 
 # What a job can be given as: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job, or an
 # SDK v1 ScriptRunConfig / estimator. Each target reads all of them.

@@ -5,12 +5,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..api import Emulator
-from ..errors import StateError
-from ..sdkjobs import to_job
-from ..specs import ClusterSpec
-from ..validate import check_job
-from .base import JobSource, Plan, Target
+from emulator.api import Emulator
+from emulator.errors import StateError
+from emulator.jobs.sdkjobs import to_job
+from emulator.specs import ClusterSpec
+from emulator.targets.base import JobSource, Plan, Target
+from emulator.validate import check_job
 
 
 class EmulatorTarget(Target):

@@ -1,0 +1,21 @@
+"""The `amlemu` command line, with verbs shaped after `az ml`. One module per command group; every
+module imports its groups and helpers from cli.common and none imports another."""
+from __future__ import annotations
+
+from emulator.cli import (  # noqa: F401 - each registers
+    cleanup,
+    compute,
+    convert,
+    data,
+    faults,
+    jobs,
+    sync,
+    ui,
+    validate,  # its commands on the groups of cli.common
+    workspace,
+)
+from emulator.cli.common import cli
+
+
+def main() -> None:
+    cli(prog_name="amlemu")

@@ -1,0 +1,32 @@
+"""`amlemu data sync`: the emulator's datastore content -> the real workspace's datastores."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from emulator.cli.common import _emu, console, data, handle_errors, progress_bar
+from emulator.errors import ConfigError
+from emulator.targets.azureml import AzureMLTarget
+from emulator.targets.datasync import job_data_uris, sync
+
+
+@data.command("sync")
+@click.argument("uris", nargs=-1, metavar="[azureml://datastores/<ds>/paths/<path>]...")
+@click.option("-f", "--file", "job_file", type=click.Path(path_type=Path), help="sync every datastore input of this job")
+@click.pass_context
+@handle_errors
+def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None) -> None:
+    """Copy datastore paths from the emulator to the real workspace's datastore of the same name
+    (workspace and credential as for --target azureml); files already there with the same size
+    are skipped."""
+    wanted = list(uris) + (job_data_uris(job_file) if job_file else [])
+    if not wanted:
+        raise ConfigError("URI", "nothing to sync", "give azureml://datastores/<ds>/paths/<path> or -f job.yml")
+    emu, target = _emu(ctx), AzureMLTarget()
+    for uri in wanted:
+        bar, update = progress_bar(f"sync {uri.rsplit('/', 1)[-1] or uri}")
+        with bar:
+            result = sync(emu, target, uri, update)
+        console.print(f"{uri} -> {result.destination}: {len(result.copied)} file(s) copied, "
+                      f"{len(result.skipped)} already there", highlight=False)

@@ -1,0 +1,165 @@
+"""`amlemu ui`: MLflow's own UI over every run of the emulator (emulator/metrics.py builds its store).
+
+The server runs in a session of its own, so a Ctrl-C in the terminal reaches only this command,
+which then stops the server's whole process group (the server and its workers) itself.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import click
+import psutil
+
+from emulator.cli.common import _emu, cli, console, err_console, handle_errors
+from emulator.errors import AmlEmuError, ConfigError
+from emulator.uistore import build_ui_store, ui_store_path
+
+READY_TIMEOUT = 60.0
+STOP_GRACE = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def check_port_free(host: str, port: int) -> None:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will bind it
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            raise ConfigError("--port", f"cannot listen on {host}:{port} ({exc.strerror})",
+                              "choose another port with --port") from None
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def server_argv(store: Path, host: str, port: int) -> list[str]:
+    """The installed mlflow's own server (an argv list: no shell), over the combined store. Each
+    experiment's artifacts live at a file URI under the home, so no artifact proxy is needed."""
+    mlflow = Path(sys.executable).with_name("mlflow")
+    launcher = [str(mlflow)] if mlflow.exists() else [sys.executable, "-m", "mlflow"]
+    return [*launcher, "server", "--backend-store-uri", f"sqlite:///{store}",
+            "--default-artifact-root", (store.parent / "artifacts").as_uri(), "--no-serve-artifacts",
+            "--host", host, "--port", str(port), "--workers", "1"]
+
+
+def server_env() -> dict[str, str]:
+    # A read-only view over copies needs none of MLflow's background job runners (a dozen
+    # processes, seconds of start-up, their own queue files).
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+
+
+def wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:  # type: ignore[type-arg]
+    deadline = time.monotonic() + READY_TIMEOUT
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
+            raise AmlEmuError(f"the MLflow server exited with code {proc.returncode}"
+                              + (f": {tail[0]}" if tail else "") + f" (its log: {log})")
+        try:
+            with urllib.request.urlopen(f"{url}/health", timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise AmlEmuError(f"the MLflow server did not answer on {url} within {READY_TIMEOUT:g} s (its log: {log})")
+
+
+def stop_server(proc: subprocess.Popen) -> None:  # type: ignore[type-arg]
+    """SIGTERM the server's process group, SIGKILL what is left after a grace. Its workers are
+    known by pid before the signal, so one that left the group is still found (never by name)."""
+    try:
+        workers = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        workers = []
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(proc.pid, sig)  # start_new_session: the group id is the server's pid
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(timeout=STOP_GRACE)  # the server reaps its own workers as it shuts down
+        except subprocess.TimeoutExpired:
+            continue
+        _, workers = psutil.wait_procs(workers, timeout=STOP_GRACE if sig == signal.SIGTERM else 2)
+        if not workers:
+            return
+    for worker in workers:
+        try:
+            worker.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(workers, timeout=5)
+
+
+def _interrupt(signum: int, frame) -> None:  # type: ignore[no-untyped-def]
+    raise KeyboardInterrupt  # the server goes with this command, however it is stopped
+
+
+@cli.command("ui")
+@click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="interface to listen on; only loopback unless --allow-remote")
+@click.option("--allow-remote", is_flag=True,
+              help="allow a non-loopback --host: the MLflow UI has no login, anyone who reaches it sees every run")
+@click.pass_context
+@handle_errors
+def ui(ctx: click.Context, port: int, host: str, allow_remote: bool) -> None:
+    """MLflow's UI over every run of this emulator, until Ctrl-C."""
+    if not is_loopback(host) and not allow_remote:
+        raise ConfigError("--host", f"{host} is not a loopback address and the MLflow UI has no login",
+                          "use 127.0.0.1, or add --allow-remote to serve it to other machines")
+    check_port_free(host, port)
+    emu = _emu(ctx)
+    emu.reconcile()
+    store = ui_store_path(emu)
+    import mlflow  # noqa: F401,PLC0415 - it sets its loggers up on import: quieted after that
+
+    logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its notes on creating its tables
+    with err_console.status("copying the runs' MLflow data"):
+        copied = build_ui_store(emu, store)
+    err_console.print(f"{copied} run(s) copied or refreshed into {store}", highlight=False)
+    log = store.parent / "server.log"
+    # Also SIGINT: a shell that started this in the background set it to be ignored, yet the
+    # contract is "runs until Ctrl-C / SIGINT".
+    previous = {sig: signal.signal(sig, _interrupt) for sig in (signal.SIGINT, signal.SIGTERM)}
+    proc = None
+    try:
+        with open(log, "ab") as out:
+            proc = subprocess.Popen(server_argv(store, host, port), stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, cwd=store.parent, start_new_session=True,
+                                    env=server_env())
+        url = url_of(host, port)
+        wait_ready(proc, url, log)
+        console.print(f"MLflow UI: {url}  (server pid {proc.pid}; Ctrl-C stops it)", highlight=False)
+        while proc.poll() is None:
+            time.sleep(0.5)
+        raise AmlEmuError(f"the MLflow server exited with code {proc.returncode} (its log: {log})")
+    except KeyboardInterrupt:
+        err_console.print("stopping the MLflow UI", highlight=False)
+    finally:
+        for sig in previous:  # a second Ctrl-C must not cut the stop short and leave the server
+            signal.signal(sig, signal.SIG_IGN)
+        if proc is not None:
+            stop_server(proc)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,1 @@
+"""The emulated cluster: the state store, node allocation and autoscale, faults, GPUs."""

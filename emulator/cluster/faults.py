@@ -1,0 +1,140 @@
+"""Faults as AmlCompute has them, injected on purpose (a small chaos API, one call and one CLI
+command each): preemption of low-priority nodes (the run is restarted on fresh nodes), a node
+killed, a node cut off from the others, a slow node, a datastore read that fails.
+
+Each fault is recorded in the store (the run's supervisor reacts to it) and in the run's
+`system_logs/faults.txt` with a timestamp, before it is carried out.
+"""
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from emulator.backends import NodeBackend, NodeRequest, get_backend
+from emulator.cluster import allocation as autoscale
+from emulator.cluster.store import Node, Store
+from emulator.errors import ConfigError, NotFoundError, StateError
+from emulator.home import Home
+from emulator.specs import Priority
+from emulator.storage.datastores import parse_uri
+
+PARTITION_TIMEOUT = 20.0  # a job still running this long after a node was cut off fails (seconds)
+MAX_PREEMPTIONS = 3  # restarts allowed when no preemption policy says otherwise
+
+
+def preemption_delays(rate_per_node_hour: float, seed: int, run_seq: int, attempt: int, nodes: int) -> list[float]:
+    """Seconds after Running at which each node is preempted (Poisson arrivals, one per node).
+    The same seed, run and attempt always give the same delays."""
+    if rate_per_node_hour <= 0:
+        return [float("inf")] * nodes
+    return [random.Random(f"{seed}/{run_seq}/{attempt}/{n}").expovariate(rate_per_node_hour / 3600)
+            for n in range(nodes)]
+
+
+def fault_log(home: Home, run_id: str, line: str) -> None:
+    folder = home.run_dir(run_id) / "system_logs"
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "faults.txt", "a") as fh:
+        fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+class FaultInjector:
+    def __init__(self, home: Home, store: Store) -> None:
+        self.home, self.store = home, store
+
+    def _nodes(self, cluster: str, node: int | str | None) -> list[Node]:
+        nodes = [n for n in self.store.nodes(cluster) if n.state in ("busy", "idle")]
+        if node is None:
+            return nodes
+        chosen = [n for n in nodes if str(node) in (str(n.idx), n.name)]
+        if not chosen:
+            names = ", ".join(n.name for n in nodes) or "none"
+            raise NotFoundError("node", f"{node} of compute {cluster}", f"nodes up now: {names}")
+        return chosen
+
+    def _record(self, cluster: str, node: Node, kind: str, detail: str) -> None:
+        self.store.add_fault(cluster, node.name, node.run_id, kind, detail)
+        if node.run_id:
+            fault_log(self.home, node.run_id, f"fault: {kind} {node.name}: {detail}")
+
+    def _backend_and_request(self, cluster: str, node: Node):  # type: ignore[no-untyped-def]
+        record = self.store.cluster(cluster)
+        return get_backend(record.backend, self.home), autoscale.node_request(self.home, record.spec, node.idx)
+
+    # --- the faults --------------------------------------------------------------------------
+    def preempt(self, cluster: str, node: int | str | None = None, reason: str = "requested") -> list[str]:
+        """Low-priority preemption: the node is taken away without a signal the job could handle.
+        A busy node's run is restarted on fresh nodes; an idle node just goes. Returns the nodes."""
+        spec = self.store.cluster(cluster).spec
+        if spec.vm_priority is not Priority.LOW_PRIORITY:
+            raise StateError(f"compute {cluster} is dedicated: only low-priority nodes are preempted; "
+                             "create the compute with vm_priority lowpriority (tier: low_priority)")
+        victims = self._nodes(cluster, node)
+        for victim in victims:
+            self._record(cluster, victim, "preempt", reason)
+            self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
+        return [v.name for v in victims]
+
+    def _take_down(self, cluster: str, node: Node, fault: Callable[[NodeBackend, NodeRequest], None]) -> None:
+        """A busy node's supervisor reacts to the fault (restart, gang failure) and removes the node;
+        an idle node has nobody to do that: it is removed now, so no job lands on a broken node."""
+        backend, request = self._backend_and_request(cluster, node)
+        fault(backend, request)
+        if not node.run_id:
+            with self.store.transaction() as db:
+                self.store.delete_node(db, cluster, node.idx)
+            backend.remove_node(request)
+
+    def kill_node(self, cluster: str, node: int | str) -> str:
+        [victim] = self._nodes(cluster, node)
+        self._record(cluster, victim, "kill", "the node was killed")
+        self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
+        return victim.name
+
+    def partition(self, cluster: str, node: int | str) -> str:
+        [victim] = self._nodes(cluster, node)
+        backend, request = self._backend_and_request(cluster, victim)
+        backend.partition_node(request)  # raises on backends that cannot do it honestly
+        self._record(cluster, victim, "partition", f"cut off from the cluster network; a job still running "
+                     f"{PARTITION_TIMEOUT:g} s later fails")
+        if not victim.run_id:
+            self._take_down(cluster, victim, lambda backend, request: None)
+        return victim.name
+
+    def slow(self, cluster: str, node: int | str, cpus: float) -> str:
+        if cpus <= 0:
+            raise ConfigError("--cpus", f"must be positive, got {cpus}")
+        [victim] = self._nodes(cluster, node)
+        backend, request = self._backend_and_request(cluster, victim)
+        backend.slow_node(request, cpus)
+        self._record(cluster, victim, "slow", f"throttled to {cpus:g} CPU(s)")
+        return victim.name
+
+    def fail_data_read(self, cluster: str, node: int | str, uri: str) -> Path:
+        """Reads of one cached file on one node fail (ELOOP: the entry becomes a symlink to itself)
+        until the cache fetches it again (the next job, or a refresh after the TTL)."""
+        [victim] = self._nodes(cluster, node)
+        datastore, path = parse_uri(uri)
+        cached = self.home.cache_dir(cluster, victim.name) / "data" / datastore / path
+        if not cached.is_file():
+            raise NotFoundError("cached file", f"{uri} on {victim.name}",
+                                "a read fault applies to a file the node has cached (start the job first)")
+        broken = cached.with_name(f".{cached.name}.fault")
+        os.symlink(cached.name, broken)
+        os.replace(broken, cached)
+        self._record(cluster, victim, "data-error", f"reads of {uri} fail with ELOOP")
+        return cached
+
+    def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int = 0,
+                              max_preemptions: int = MAX_PREEMPTIONS) -> None:
+        """Random preemption of a low-priority cluster's busy nodes, reproducible with `seed`, and
+        how many preemptions a run survives before it fails."""
+        spec = self.store.cluster(cluster).spec
+        if spec.vm_priority is not Priority.LOW_PRIORITY and rate_per_node_hour > 0:
+            raise StateError(f"compute {cluster} is dedicated: only low-priority nodes are preempted")
+        if rate_per_node_hour < 0 or max_preemptions < 0:
+            raise ConfigError("preemption policy", "rate and limit must not be negative")
+        self.store.set_preemption_policy(cluster, rate_per_node_hour, seed, max_preemptions)

@@ -1,0 +1,310 @@
+"""All emulator state in one SQLite database, shared by the CLI, the Python API and run supervisors.
+
+Writers take `BEGIN IMMEDIATE` transactions, so node allocation across concurrent supervisors is
+serialised by SQLite itself; WAL lets readers (`amlemu job list`) go on meanwhile.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import ConfigError, NotFoundError, StateDbError, StateError
+from emulator.names import check_workspace_field
+from emulator.specs import ClusterSpec, Priority, RunStatus
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS workspace (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS clusters (
+    name TEXT PRIMARY KEY, spec TEXT NOT NULL, backend TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS nodes (
+    cluster TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,
+    run_id TEXT, idle_since REAL, created_at REAL NOT NULL, address TEXT,
+    PRIMARY KEY (cluster, idx));
+CREATE TABLE IF NOT EXISTS runs (
+    id TEXT PRIMARY KEY, seq INTEGER NOT NULL, experiment TEXT NOT NULL, cluster TEXT NOT NULL,
+    status TEXT NOT NULL, job TEXT NOT NULL, created_at REAL NOT NULL, error TEXT,
+    supervisor_pid INTEGER, launch_pid INTEGER, nodes TEXT NOT NULL DEFAULT '[]', exit_code INTEGER);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
+CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS faults (
+    id INTEGER PRIMARY KEY, ts REAL NOT NULL, cluster TEXT NOT NULL, node TEXT NOT NULL,
+    run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
+CREATE INDEX IF NOT EXISTS faults_run ON faults (run_id, kind);
+CREATE TABLE IF NOT EXISTS preemption_policies (
+    cluster TEXT PRIMARY KEY, rate_per_node_hour REAL NOT NULL, seed INTEGER NOT NULL,
+    max_preemptions INTEGER NOT NULL);
+"""
+# PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
+# A database of a newer version is refused with a way out, never half-read.
+SCHEMA_VERSION = 1
+MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0"}
+
+WORKSPACE_DEFAULTS = {
+    "workspace_name": "amlemu-ws",
+    "subscription_id": "00000000-0000-0000-0000-000000000000",
+    "resource_group": "amlemu-rg",
+    "location": "local",
+}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    spec: ClusterSpec
+    backend: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class Node:
+    cluster: str
+    idx: int
+    name: str
+    state: str  # creating | idle | busy | removing
+    run_id: str | None
+    idle_since: float | None
+    created_at: float
+    address: str | None
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    id: str
+    seq: int
+    experiment: str
+    cluster: str
+    status: RunStatus
+    job: dict[str, Any]
+    created_at: float
+    error: str | None = None
+    supervisor_pid: int | None = None
+    launch_pid: int | None = None
+    nodes: list[str] = field(default_factory=list)
+    exit_code: int | None = None
+    preemptions: int = 0
+
+
+def _cluster_to_json(spec: ClusterSpec) -> str:
+    return json.dumps({**spec.__dict__, "vm_priority": spec.vm_priority.value})
+
+
+def _cluster_from_json(text: str) -> ClusterSpec:
+    data = json.loads(text)
+    data["vm_priority"] = Priority(data["vm_priority"])
+    return ClusterSpec(**data)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise StateDbError(path, f"cannot be opened ({exc})") from None
+        try:
+            self._open()
+        except sqlite3.OperationalError as exc:
+            self._db.close()
+            if "locked" in str(exc) or "busy" in str(exc):
+                raise
+            raise StateDbError(path, f"cannot be opened ({exc})") from None
+        except sqlite3.DatabaseError as exc:  # "file is not a database", "disk image is malformed"
+            self._db.close()
+            raise StateDbError(path, f"is corrupt ({exc})") from None
+
+    def _open(self) -> None:
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA busy_timeout=30000")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self._db.close()
+            raise StateDbError(self.path, f"was written by a newer amlemu (schema {version}; this one reads up "
+                               f"to {SCHEMA_VERSION}): upgrade amlemu")
+        self._db.executescript(SCHEMA)
+        for (table, column), statement in MIGRATIONS.items():
+            if column not in {r["name"] for r in self._db.execute(f"PRAGMA table_info({table})")}:
+                self._db.execute(statement)
+        if version < SCHEMA_VERSION:
+            self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def reset(self, keep_data: bool = False) -> None:
+        """Forget everything; with keep_data, the workspace and its datastores stay (`amlemu cleanup`)."""
+        tables = ["clusters", "nodes", "runs", "events", "faults", "preemption_policies"] + (
+            [] if keep_data else ["workspace", "datastores"])
+        with self.transaction() as db:
+            for table in tables:
+                db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
+
+    # --- workspace ---------------------------------------------------------------------------
+    def workspace(self) -> dict[str, str]:
+        stored = {r["key"]: r["value"] for r in self._db.execute("SELECT key, value FROM workspace")}
+        return {**WORKSPACE_DEFAULTS, **stored}
+
+    def set_workspace(self, **values: str) -> dict[str, str]:
+        unknown = set(values) - set(WORKSPACE_DEFAULTS)
+        if unknown:
+            raise StateError(f"unknown workspace field(s): {', '.join(sorted(unknown))}")
+        for key, value in values.items():
+            check_workspace_field(key, value)
+        with self.transaction() as db:
+            for key, value in values.items():
+                db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
+        return self.workspace()
+
+    # --- datastores (specs only: secrets never enter the database) ----------------------------
+    def datastore(self, name: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT spec FROM datastores WHERE name = ?", (name,)).fetchone()
+        return json.loads(row["spec"]) if row else None
+
+    def datastores(self) -> list[dict[str, Any]]:
+        return [json.loads(r["spec"]) for r in self._db.execute("SELECT spec FROM datastores ORDER BY name")]
+
+    def add_datastore(self, name: str, spec: dict[str, Any]) -> None:
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM datastores WHERE name = ?", (name,)).fetchone():
+                raise StateError(f"datastore '{name}' already exists; pick another name")
+            db.execute("INSERT INTO datastores VALUES (?, ?)", (name, json.dumps(spec)))
+
+    # --- clusters ----------------------------------------------------------------------------
+    def add_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM clusters WHERE name = ?", (spec.name,)).fetchone():
+                raise StateError(f"compute '{spec.name}' already exists; delete it first or pick another name")
+            db.execute("INSERT INTO clusters VALUES (?, ?, ?, ?)",
+                       (spec.name, _cluster_to_json(spec), backend, time.time()))
+        return self.cluster(spec.name)
+
+    def cluster(self, name: str) -> Cluster:
+        row = self._db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
+        if row is None:
+            raise NotFoundError("compute", name, "create it with `amlemu compute create`")
+        return Cluster(_cluster_from_json(row["spec"]), row["backend"], row["created_at"])
+
+    def clusters(self) -> list[Cluster]:
+        rows = self._db.execute("SELECT name FROM clusters ORDER BY name").fetchall()
+        return [self.cluster(r["name"]) for r in rows]
+
+    def delete_cluster(self, name: str) -> None:
+        with self.transaction() as db:
+            db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))
+            db.execute("DELETE FROM preemption_policies WHERE cluster = ?", (name,))
+            db.execute("DELETE FROM clusters WHERE name = ?", (name,))
+
+    # --- nodes -------------------------------------------------------------------------------
+    def nodes(self, cluster: str, db: sqlite3.Connection | None = None) -> list[Node]:
+        rows = (db or self._db).execute("SELECT * FROM nodes WHERE cluster = ? ORDER BY idx", (cluster,))
+        return [Node(**dict(r)) for r in rows.fetchall()]
+
+    def set_node(self, db: sqlite3.Connection, node: Node) -> None:
+        db.execute("INSERT OR REPLACE INTO nodes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                   (node.cluster, node.idx, node.name, node.state, node.run_id, node.idle_since,
+                    node.created_at, node.address))
+
+    def delete_node(self, db: sqlite3.Connection, cluster: str, idx: int) -> None:
+        db.execute("DELETE FROM nodes WHERE cluster = ? AND idx = ?", (cluster, idx))
+
+    # --- runs --------------------------------------------------------------------------------
+    def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any]) -> RunRecord:
+        with self.transaction() as db:
+            if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
+                raise ConfigError("name", f"a job named '{run_id}' already exists in this workspace",
+                                  "pick another name, or leave name out for a generated one")
+            seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
+            now = time.time()
+            db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, seq, experiment, cluster, RunStatus.NOT_STARTED.value, json.dumps(job), now))
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, now, RunStatus.NOT_STARTED.value, ""))
+        return self.run(run_id)
+
+    def run(self, run_id: str, db: sqlite3.Connection | None = None) -> RunRecord:
+        row = (db or self._db).execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise NotFoundError("job", run_id, "list jobs with `amlemu job list`")
+        data = dict(row)
+        data["status"] = RunStatus(data["status"])
+        data["job"] = json.loads(data["job"])
+        data["nodes"] = json.loads(data["nodes"])
+        return RunRecord(**data)
+
+    def run_exists(self, run_id: str) -> bool:
+        return self._db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
+
+    def runs(self, experiment: str | None = None, cluster: str | None = None) -> list[RunRecord]:
+        query, args = "SELECT id FROM runs WHERE 1=1", []
+        if experiment:
+            query, args = query + " AND experiment = ?", [*args, experiment]
+        if cluster:
+            query, args = query + " AND cluster = ?", [*args, cluster]
+        return [self.run(r["id"]) for r in self._db.execute(query + " ORDER BY seq", args).fetchall()]
+
+    def set_status(self, run_id: str, status: RunStatus, detail: str = "",
+                   db: sqlite3.Connection | None = None, **fields: Any) -> RunRecord:
+        """Validated transition, recorded with its time; a no-op when already in `status`."""
+        if db is None:
+            with self.transaction() as tx:
+                return self.set_status(run_id, status, detail, db=tx, **fields)
+        current = self.run(run_id, db).status
+        if current is not status:
+            current.check_transition(status)
+            db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, time.time(), status.value, detail))
+        self._update(db, run_id, status=status.value, **fields)
+        return self.run(run_id, db)
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        with self.transaction() as db:
+            self._update(db, run_id, **fields)
+
+    @staticmethod
+    def _update(db: sqlite3.Connection, run_id: str, **fields: Any) -> None:
+        if "nodes" in fields:
+            fields["nodes"] = json.dumps(fields["nodes"])
+        if fields:
+            columns = ", ".join(f"{name} = ?" for name in fields)
+            db.execute(f"UPDATE runs SET {columns} WHERE id = ?", (*fields.values(), run_id))  # noqa: S608
+
+    # --- faults ------------------------------------------------------------------------------
+    def add_fault(self, cluster: str, node: str, run_id: str | None, kind: str, detail: str = "") -> None:
+        with self.transaction() as db:
+            db.execute("INSERT INTO faults (ts, cluster, node, run_id, kind, detail) VALUES (?, ?, ?, ?, ?, ?)",
+                       (time.time(), cluster, node, run_id, kind, detail))
+
+    def faults(self, run_id: str, kind: str | None = None, since: float = 0.0) -> list[dict[str, Any]]:
+        query = "SELECT * FROM faults WHERE run_id = ? AND ts >= ?" + (" AND kind = ?" if kind else "")
+        args = (run_id, since, kind) if kind else (run_id, since)
+        return [dict(r) for r in self._db.execute(query + " ORDER BY id", args).fetchall()]
+
+    def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int, max_preemptions: int) -> None:
+        with self.transaction() as db:
+            db.execute("INSERT OR REPLACE INTO preemption_policies VALUES (?, ?, ?, ?)",
+                       (cluster, rate_per_node_hour, seed, max_preemptions))
+
+    def preemption_policy(self, cluster: str) -> dict[str, Any] | None:
+        row = self._db.execute("SELECT * FROM preemption_policies WHERE cluster = ?", (cluster,)).fetchone()
+        return dict(row) if row else None
+
+    def events(self, run_id: str) -> list[tuple[float, RunStatus, str]]:
+        rows = self._db.execute("SELECT ts, status, detail FROM events WHERE run_id = ? ORDER BY ts, rowid",
+                                (run_id,))
+        return [(r["ts"], RunStatus(r["status"]), r["detail"]) for r in rows.fetchall()]

@@ -1,0 +1,39 @@
+"""JobSpec <-> the JSON kept in a run's record (the job exactly as it was submitted)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+
+
+def _data(value: DataInput) -> dict[str, str]:
+    return {"type": value.type, "path": value.path, "mode": value.mode.value}
+
+
+def job_to_record(job: JobSpec) -> dict[str, Any]:
+    return {
+        "command": job.command, "code": str(job.code), "compute": job.compute,
+        "experiment_name": job.experiment_name, "instance_count": job.instance_count,
+        "distribution": {"type": job.distribution.type.value,
+                         "process_count_per_instance": job.distribution.process_count_per_instance},
+        "environment": job.environment, "environment_variables": dict(job.environment_variables),
+        "inputs": {k: _data(v) if isinstance(v, DataInput) else v for k, v in job.inputs.items()},
+        "outputs": {k: _data(v) for k, v in job.outputs.items()},
+        "display_name": job.display_name,
+        "max_run_duration_seconds": job.max_run_duration_seconds,
+        "name": job.name,
+    }
+
+
+def job_from_record(data: dict[str, Any]) -> JobSpec:
+    dist = data["distribution"]
+
+    def load(v: dict[str, str]) -> DataInput:
+        return DataInput(v["type"], v["path"], DataMode(v["mode"]))
+
+    inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
+    outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
+    return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs, "outputs": outputs,
+                      "distribution": Distribution(DistributionType(dist["type"]),
+                                                   dist["process_count_per_instance"])})

@@ -1,0 +1,234 @@
+"""Azure ML CLI v2 command-job YAML -> JobSpec, with errors that name the field.
+
+The same file goes to `az ml job create -f job.yml`; fields the emulator does not use but Azure
+accepts are accepted, fields Azure would reject are rejected here too.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from emulator import safeyaml
+from emulator.errors import ConfigError
+from emulator.names import check_environment_variables, check_job_name
+from emulator.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
+from emulator.storage.datastores import parse_uri
+from emulator.storage.nodecache import policy_from_env
+
+KNOWN_FIELDS = {
+    "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",
+    "code", "command", "environment", "compute", "distribution", "resources", "environment_variables",
+    "inputs", "outputs", "limits", "services", "identity", "queue_settings",
+}
+DISTRIBUTION_FIELDS = {"type", "process_count_per_instance"}
+RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
+BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
+INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
+OUTPUT_FIELDS = {"type", "path", "mode", "description", "name", "version"}
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """`az ml job create --set a.b.c=value`: set (or add) a nested field before validation."""
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError("--set", f"'{item}' is not key=value", "write e.g. --set inputs.data.path=./data")
+        node = data
+        *parents, last = key.split(".")
+        for part in parents:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"--set {key}", f"{part} holds a value, not fields")
+            node = child
+        node[last] = safeyaml.loads(raw, f"--set {key}") if raw else ""
+    return data
+
+
+def load_job(path: str | Path, overrides: list[str] | None = None) -> JobSpec:
+    path = Path(path)
+    data = safeyaml.load_file(path, "-f", "job YAML")
+    if overrides:
+        data = apply_overrides(data if isinstance(data, dict) else {}, overrides)
+    return job_from_dict(data, base_dir=path.parent)
+
+
+def _mapping(value: Any, field: str) -> dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ConfigError(field, f"must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _check_fields(data: dict[str, Any], known: set[str], where: str) -> None:
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}{unknown[0]}", "unknown field", f"known fields: {', '.join(sorted(known))}")
+
+
+def _int(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(field, f"must be an integer, got {value!r}")
+    return value
+
+
+def check_bindings(command: str, inputs: dict[str, Any], outputs: dict[str, Any] | None = None) -> None:
+    """Every ${{...}} in the command must name a defined input or output."""
+    defined = {"inputs": inputs, "outputs": outputs or {}}
+    for match in BINDING_RE.finditer(command):
+        ref = match.group(1)
+        kind, _, name = ref.partition(".")
+        if name not in defined.get(kind, {}):
+            known = [f"{k}.{n}" for k, names in defined.items() for n in names]
+            raise ConfigError("command", f"${{{{{ref}}}}} refers to nothing",
+                              f"define it under inputs or outputs (known: {', '.join(known) or 'none'})")
+
+
+def substitute_bindings(command: str, values: dict[str, str]) -> str:
+    """Replace ${{inputs.x}} / ${{outputs.y}} by values keyed 'inputs.x' / 'outputs.y'."""
+    return BINDING_RE.sub(lambda m: values[m.group(1)], command)
+
+
+def _mode(value: dict[str, Any], field: str, allowed: tuple[DataMode, ...], default: DataMode) -> DataMode:
+    mode = str(value.get("mode", default.value))
+    names = ", ".join(m.value for m in allowed)
+    try:
+        parsed = DataMode(mode)
+    except ValueError:
+        raise ConfigError(f"{field}.mode", f"'{mode}' is not a data mode", f"use one of: {names}") from None
+    if parsed not in allowed:
+        raise ConfigError(f"{field}.mode", f"{mode} is not allowed here", f"use one of: {names}")
+    return parsed
+
+
+def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
+    field = f"inputs.{name}"
+    _check_fields(value, INPUT_FIELDS, f"{field}.")
+    path = value.get("path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError(f"{field}.path", "missing", "give a local path or an azureml://datastores/... URI")
+    kind = str(value.get("type", "uri_folder"))
+    mode = _mode(value, field, INPUT_MODES, DataMode.RO_MOUNT)
+    if path.startswith("azureml://"):
+        try:
+            parse_uri(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
+        return DataInput(kind, path.strip(), mode)
+    if path.startswith(("azureml:", "https:", "http:", "wasbs:", "abfss:")):
+        raise ConfigError(f"{field}.path", f"{path}: only azureml://datastores/<ds>/paths/<p> URIs and local "
+                          "paths are emulated", "register the storage as a datastore (`amlemu datastore create`)")
+    if mode is DataMode.DIRECT:
+        raise ConfigError(f"{field}.mode", "direct passes a storage URI to the job; a local path has none",
+                          "use ro_mount or download, or upload the data to a datastore")
+    local = (base_dir / Path(path).expanduser()).resolve()
+    if not (local.is_dir() if kind == "uri_folder" else local.is_file()):
+        raise ConfigError(f"{field}.path", f"{local} is not an existing {'folder' if kind == 'uri_folder' else 'file'}")
+    return DataInput(kind, str(local), mode)
+
+
+def _data_output(name: str, value: dict[str, Any]) -> DataInput:
+    field = f"outputs.{name}"
+    _check_fields(value, OUTPUT_FIELDS, f"{field}.")
+    path = str(value.get("path") or "")
+    if path:
+        if not path.startswith("azureml://"):
+            raise ConfigError(f"{field}.path", f"'{path}' is not a datastore URI",
+                              "write azureml://datastores/<ds>/paths/<path>, or leave it out for the default")
+        try:
+            parse_uri(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
+    return DataInput(str(value.get("type", "uri_folder")), path.strip(), _mode(value, field, OUTPUT_MODES, DataMode.RW_MOUNT))
+
+
+def script_of(command: str) -> str | None:
+    """The script a `python [opts] script.py ...` command runs, to check that it exists."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return None
+    if not words or not Path(words[0]).name.startswith("python"):
+        return None
+    for word in words[1:]:
+        if word in ("-m", "-c"):
+            return None
+        if not word.startswith("-"):
+            return word
+    return None
+
+
+def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
+    if not isinstance(data, dict):
+        raise ConfigError("job", "the YAML must be a mapping of job fields")
+    _check_fields(data, KNOWN_FIELDS, "")
+    if data.get("type", "command") != "command":
+        raise ConfigError("type", f"'{data['type']}' jobs are not supported", "use type: command")
+    command = data.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise ConfigError("command", "missing", "give the command that starts the job")
+
+    code = data.get("code")
+    if code is None:
+        raise ConfigError("code", "missing", "point code at the folder that holds the job's source")
+    code_dir = (base_dir / str(code)).resolve()
+    if not code_dir.is_dir():
+        raise ConfigError("code", f"{code_dir} is not a folder", "point code at the job's source folder")
+
+    compute = data.get("compute")
+    if not isinstance(compute, str) or not compute.strip():
+        raise ConfigError("compute", "missing", "set compute: azureml:<cluster name>")
+    compute = compute.removeprefix("azureml:")
+
+    inputs: dict[str, Any] = {}
+    for name, value in _mapping(data.get("inputs"), "inputs").items():
+        inputs[name] = _data_input(name, value, base_dir) if isinstance(value, dict) else value
+    outputs = {name: _data_output(name, _mapping(value, f"outputs.{name}"))
+               for name, value in _mapping(data.get("outputs"), "outputs").items()}
+    check_bindings(command, inputs, outputs)
+    placeholders = {f"{kind}.{n}": "DATA" for kind, names in (("inputs", inputs), ("outputs", outputs)) for n in names}
+    script = script_of(substitute_bindings(command, placeholders))
+    if script and not (code_dir / script).is_file():
+        raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
+                          "fix the script path (it is relative to code)")
+
+    dist_data = _mapping(data.get("distribution"), "distribution")
+    _check_fields(dist_data, DISTRIBUTION_FIELDS, "distribution.")
+    dist_type = str(dist_data.get("type", "none")).lower()
+    try:
+        kind = DistributionType(dist_type)
+    except ValueError:
+        raise ConfigError("distribution.type", f"'{dist_type}' is not supported",
+                          "use mpi or pytorch (tensorflow and ray are not emulated)") from None
+    per_node = _int(dist_data.get("process_count_per_instance", 1), "distribution.process_count_per_instance")
+    distribution = Distribution(kind, per_node)
+
+    resources = _mapping(data.get("resources"), "resources")
+    _check_fields(resources, RESOURCE_FIELDS, "resources.")
+    instance_count = _int(resources.get("instance_count", 1), "resources.instance_count")
+
+    env_vars = check_environment_variables(_mapping(data.get("environment_variables"), "environment_variables"))
+    policy_from_env(env_vars)  # the data runtime's knobs: a bad value fails here, not on the node
+    limits = _mapping(data.get("limits"), "limits")
+    timeout = limits.get("timeout")
+    environment = data.get("environment")
+    if isinstance(environment, dict):
+        environment = environment.get("image") or environment.get("name")
+
+    return JobSpec(
+        name=check_job_name(data.get("name")),
+        command=command,
+        code=code_dir,
+        compute=compute,
+        experiment_name=str(data.get("experiment_name") or code_dir.name),
+        instance_count=instance_count,
+        distribution=distribution,
+        environment=str(environment) if environment else None,
+        environment_variables=env_vars,
+        inputs=inputs,
+        outputs=outputs,
+        display_name=data.get("display_name"),
+        max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
+    )

@@ -1,0 +1,224 @@
+"""The AmlCompute node contract, as pure functions: paths on a node, the environment every process
+sees, the placement of ranks, and the launch command the platform builds (users never write mpirun).
+
+Both backends give every node the same view: its local disk at /mnt/azureml (which holds only the
+folder of the run it serves) and its own blob cache, read-only, at /mnt/amlemu/cache; so a path
+resolved once (a working directory, an input) is valid on every node, as on AmlCompute. Nothing of
+the workspace (other runs, secrets) is visible on a node.
+"""
+from __future__ import annotations
+
+import re
+import shlex
+from dataclasses import dataclass
+
+from emulator.jobs.jobyaml import substitute_bindings
+from emulator.runs.mpi import MpiLaunch, mpirun_argv
+from emulator.specs import DataInput, DataMode, DistributionType, JobSpec
+from emulator.storage.datastores import DEFAULT as DEFAULT_DATASTORE
+from emulator.storage.datastores import parse_uri
+
+NODE_ROOT = "/mnt/azureml"
+CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
+LOCAL_SOURCE = "_local"  # the cache folder of inputs given as local paths
+MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
+
+
+@dataclass(frozen=True)
+class NodeSlot:
+    """A node as a launch sees it: its hostname and the address the other nodes reach it at."""
+
+    index: int
+    name: str
+    address: str
+
+
+@dataclass(frozen=True)
+class Rank:
+    rank: int
+    node: str
+    local_rank: int
+
+
+def job_rel(run_id: str) -> str:
+    """The run's folder on a node's disk, relative to the disk (the host's node_dir)."""
+    return f"cr/j/{run_id}"
+
+
+def node_job_dir(run_id: str) -> str:
+    return f"{NODE_ROOT}/{job_rel(run_id)}"
+
+
+def node_workdir(run_id: str) -> str:
+    return f"{node_job_dir(run_id)}/exe/wd"
+
+
+def node_env_file(run_id: str) -> str:
+    """The file the platform writes the run's environment to; each node's shell sources it."""
+    return f"{node_job_dir(run_id)}/amlemu-env.sh"
+
+
+def data_dir(run_id: str, name: str) -> str:
+    """Where AmlCompute materialises a data input (INPUT_<name>) or output (<name>) on the node."""
+    return f"{NODE_ROOT}/cr/j/{run_id}/cap/data-capability/wd/{name}"
+
+
+def mount_dir(run_id: str, datastore: str) -> str:
+    """A datastore as the run sees it mounted (it points into the node's read-only cache)."""
+    return f"{NODE_ROOT}/cr/j/{run_id}/mounts/{datastore}"
+
+
+@dataclass(frozen=True)
+class Binding:
+    """One data input or output of a run, as the node sees it: pure data, shown by the dry run."""
+
+    ref: str  # inputs.<name> | outputs.<name>
+    type: str  # uri_folder | uri_file
+    mode: DataMode
+    datastore: str  # LOCAL_SOURCE for an input from a local path
+    path: str  # within the datastore (a local input: its absolute path without the leading /)
+    uri: str  # as the job gave it (outputs without a path: Azure ML's default)
+    node_path: str  # what ${{<ref>}} and $AZUREML_DATAREFERENCE_<name> resolve to
+
+    @property
+    def name(self) -> str:
+        return self.ref.partition(".")[2]
+
+    @property
+    def is_output(self) -> bool:
+        return self.ref.startswith("outputs.")
+
+
+def default_output_uri(run_id: str, name: str) -> str:
+    return f"azureml://datastores/{DEFAULT_DATASTORE}/paths/azureml/{run_id}/{name}/"
+
+
+def bindings(job: JobSpec, run_id: str) -> list[Binding]:
+    found = []
+    for kind, items in (("inputs", job.inputs), ("outputs", job.outputs)):
+        for name, data in items.items():
+            if not isinstance(data, DataInput):
+                continue
+            uri = data.path or default_output_uri(run_id, name)
+            datastore, path = parse_uri(uri) if data.on_datastore or not data.path else \
+                (LOCAL_SOURCE, data.path.lstrip("/"))
+            folder = data_dir(run_id, f"INPUT_{name}" if kind == "inputs" else name)
+            leaf = f"{folder}/{path.rsplit('/', 1)[-1]}" if data.type == "uri_file" else folder
+            node_path = uri if data.mode is DataMode.DIRECT else leaf
+            found.append(Binding(f"{kind}.{name}", data.type, data.mode, datastore, path, uri, node_path))
+    return found
+
+
+def resolve_command(job: JobSpec, run_id: str) -> str:
+    """The command with ${{inputs.x}} / ${{outputs.y}} replaced: literals by their value, data by its
+    node path."""
+    values = {f"inputs.{name}": str(v) for name, v in job.inputs.items()}
+    values.update({b.ref: b.node_path for b in bindings(job, run_id)})
+    return substitute_bindings(job.command, values)
+
+
+def node_tracking_dir(run_id: str) -> str:
+    """Each node's own MLflow store (nodes see no shared folder); the host merges them into the
+    run's record when the job ends."""
+    return f"{node_job_dir(run_id)}/tracking"
+
+
+def tracking_uri(run_id: str) -> str:
+    return f"sqlite:///{node_tracking_dir(run_id)}/mlflow.db"
+
+
+def rank_layout(job: JobSpec, nodes: list[NodeSlot]) -> list[Rank]:
+    """Ranks fill node 0 first, then node 1 (mpirun --map-by slot with P slots per host)."""
+    per_node = job.process_count // job.instance_count
+    return [Rank(n * per_node + local, node.name, local) for n, node in enumerate(nodes) for local in range(per_node)]
+
+
+def threads_per_process(job: JobSpec, node_cpus: float) -> int:
+    return max(1, int(node_cpus) // (job.process_count // job.instance_count))
+
+
+def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[NodeSlot],
+            node_cpus: float) -> dict[str, str]:
+    """What every process of the run sees, whatever its node. Unlike real nodes, emulated nodes
+    share this machine's cores: OMP_NUM_THREADS tells each process its share (the job may override)."""
+    head = nodes[0]
+    env = {
+        "AZUREML_RUN_ID": run_id,
+        "AZUREML_ARM_SUBSCRIPTION": workspace["subscription_id"],
+        "AZUREML_ARM_RESOURCEGROUP": workspace["resource_group"],
+        "AZUREML_ARM_WORKSPACE_NAME": workspace["workspace_name"],
+        "AZUREML_ARM_PROJECT_NAME": job.experiment_name,
+        "AZUREML_EXPERIMENT_NAME": job.experiment_name,
+        "AZUREML_OUTPUT_DIRECTORY": "outputs",
+        "AZUREML_CR_EXECUTION_WORKING_DIR_PATH": node_workdir(run_id),
+        "AZUREML_NODE_COUNT": str(job.instance_count),
+        "MLFLOW_TRACKING_URI": tracking_uri(run_id),
+        "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
+        "OMP_NUM_THREADS": str(threads_per_process(job, node_cpus)),
+    }
+    # v1's DataReference.as_mount() puts $AZUREML_DATAREFERENCE_<name> in the arguments.
+    env.update({f"AZUREML_DATAREFERENCE_{b.name}": b.node_path for b in bindings(job, run_id)})
+    if job.instance_count > 1:
+        env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
+    else:
+        env["AZ_BATCHAI_MPI_MASTER_NODE"] = head.address
+    if job.distribution.type is DistributionType.PYTORCH:
+        env.update(MASTER_ADDR=head.address, MASTER_PORT=str(MASTER_PORT), WORLD_SIZE=str(job.process_count))
+    env.update(job.environment_variables)  # the job's own variables win, as on AmlCompute
+    return env
+
+
+ENV_NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def env_file_text(env: dict[str, str]) -> str:
+    """The environment as a POSIX shell file of `export NAME='value'` lines (any value, newlines
+    included, survives the quoting). Names that are not shell identifiers are refused: the
+    validator names them first, this is the last guard before a node's shell reads the file."""
+    bad = [name for name in env if not ENV_NAME_RE.match(name)]
+    if bad:
+        raise ValueError(f"environment variable name(s) {', '.join(map(repr, bad))} are not valid")
+    return "".join(f"export {name}={shlex.quote(str(value))}\n" for name, value in env.items())
+
+
+def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:
+    """What differs per node; the launch agent sets it on the node's processes."""
+    env = {"AZ_BATCHAI_TASK_INDEX": str(node.index), "AZ_BATCH_NODE_ID": node.name}
+    if job.distribution.type is DistributionType.PYTORCH:
+        env["NODE_RANK"] = str(node.index)
+    return env
+
+
+# bash runs the job's command, as AmlCompute does. For PyTorch distribution the platform gives
+# each process RANK and LOCAL_RANK; mpirun places the processes, this maps its numbering over.
+_PYTORCH_RANKS = 'export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"'
+
+
+def process_argv(job: JobSpec, run_id: str) -> list[str]:
+    command = resolve_command(job, run_id)
+    if job.distribution.type is DistributionType.PYTORCH:
+        return ["/bin/bash", "-c", _PYTORCH_RANKS, "amlemu-rank", command]
+    return ["/bin/bash", "-c", command]
+
+
+def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool,
+                mpi_options: tuple[str, ...] = ()) -> list[str]:
+    """The command the platform runs on the host to start the job on its nodes. The agent gives each
+    node's processes run_env + node_env (ranks inherit them from the node's MPI daemon)."""
+    if len(nodes) != job.instance_count:
+        raise ValueError(f"{job.instance_count} nodes needed, {len(nodes)} given")
+    if job.distribution.type is DistributionType.NONE:
+        # One process, no MPI: the agent runs it on the node (the command travels as ssh's would).
+        return [agent, nodes[0].name, f"cd {shlex.quote(node_workdir(run_id))} && exec {shlex.join(process_argv(job, run_id))}"]
+    per_node = job.process_count // job.instance_count
+    launch = MpiLaunch(program=process_argv(job, run_id), nprocs=job.process_count,
+                       hosts=[(node.name, per_node) for node in nodes], as_root=as_root,
+                       tag_output=True)
+    argv = mpirun_argv(launch)
+    at = argv.index("-np")
+    platform = ["--mca", "plm_rsh_agent", agent,
+                # mpirun starts every node's daemon itself through the agent (no sshd on nodes),
+                # and keeps them attached so killing the launch kills the whole job.
+                "--mca", "plm_rsh_no_tree_spawn", "1", "--leave-session-attached",
+                "--map-by", "slot", "-wdir", node_workdir(run_id), *mpi_options]
+    return argv[:at] + platform + argv[at:]

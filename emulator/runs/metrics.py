@@ -1,0 +1,154 @@
+"""A run's metrics: the MLflow stores it has (each node's own, mirrored while it runs and merged into
+the run's record as it ends), their points, and a PNG of its curves. matplotlib and mlflow are
+imported only when used: both are slow to import and most commands need neither.
+"""
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from pathlib import Path
+from typing import Any
+
+PLOT_NAME = "metrics.png"  # in the run's record, next to its mlflow.db
+LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each node's store
+# Tags of a source run that would be wrong in the combined store (the name is the emulator run
+# id; parent ids point into the source store).
+SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId"}
+
+
+# --- the plot ------------------------------------------------------------------------------------
+def plot_metrics(history: dict[str, list[tuple[int, float]]], path: Path, title: str) -> Path | None:
+    """One subplot per metric (x = step), written as a PNG with the Agg backend; None when there is
+    nothing to plot. Written to a temporary name and renamed: a reader never sees half a file."""
+    series = {name: points for name, points in sorted(history.items()) if points}
+    if not series:
+        return None
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415
+    from matplotlib.figure import Figure  # noqa: PLC0415 - no pyplot: no global state, no display
+    from matplotlib.ticker import MaxNLocator  # noqa: PLC0415
+
+    cols = 1 if len(series) <= 3 else 2
+    rows = math.ceil(len(series) / cols)
+    fig = Figure(figsize=(6.4 * cols, 2.6 * rows + 0.6), layout="constrained")
+    FigureCanvasAgg(fig)
+    fig.suptitle(title)
+    axes = fig.subplots(rows, cols, squeeze=False).flatten()
+    for ax, (name, points) in zip(axes, series.items()):
+        steps = [step for step, _ in points]
+        # An infinite value would flatten the whole curve: it is drawn as a gap, as NaN is.
+        values = [v if math.isfinite(v) else math.nan for _, v in points]
+        ax.plot(steps, values, marker="o" if len(points) <= 50 else None, markersize=3, linewidth=1.2)
+        ax.set_title(name, fontsize=10)
+        ax.set_xlabel("step")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
+        ax.grid(True, alpha=0.3)
+    for ax in axes[len(series):]:
+        ax.set_visible(False)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.partial")
+    try:
+        fig.savefig(partial, format="png", dpi=100)
+        os.replace(partial, path)
+    finally:
+        partial.unlink(missing_ok=True)
+    return path
+
+
+def metric_stores(run_dir: Path, active: bool) -> list[Path]:
+    """A run's MLflow stores: its record's (merged from every node as each attempt ended) and,
+    while it is active, the copies of its nodes' own stores."""
+    stores = [run_dir / "mlflow.db"] if (run_dir / "mlflow.db").exists() else []
+    if active:
+        stores += sorted((run_dir / LIVE_DIR).glob("*.db"))
+    return stores
+
+
+def metric_history(run_dir: Path, active: bool) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of every metric the job logged, across its attempts and nodes."""
+    history: dict[str, list[tuple[int, float]]] = {}
+    for db in metric_stores(run_dir, active):
+        try:
+            for name, step, value in read_metric_points(db):
+                history.setdefault(name, []).append((step, value))
+        except sqlite3.DatabaseError:  # a live copy taken mid-write: the next one will do
+            if db.parent.name != LIVE_DIR:
+                raise
+    return {name: sorted(points) for name, points in history.items()}
+
+
+def plot_run(run_dir: Path, title: str, log: Callable[[str], None]) -> Path | None:
+    """The run's metrics.png from its whole history (every attempt of a preempted run). Never
+    raises: a plot must not fail a run, so a failure goes to `log` (the run's system_logs)."""
+    try:
+        path = plot_metrics(metric_history(run_dir, active=False), run_dir / PLOT_NAME, title)
+        if path:
+            log(f"metrics plotted: {path}")
+        return path
+    except Exception as exc:  # noqa: BLE001 - whatever broke, only the picture is missing
+        log(f"warning: could not plot the run's metrics: {type(exc).__name__}: {exc}")
+        return None
+
+
+# --- MLflow stores -----------------------------------------------------------------
+def chunks(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start:start + size]
+
+
+def all_runs(client: Any, view_type: int) -> list[Any]:
+    experiments = [e.experiment_id for e in client.search_experiments(view_type=view_type)]
+    found, token = [], None
+    while experiments:
+        page = client.search_runs(experiments, run_view_type=view_type, max_results=1000, page_token=token)
+        found += list(page)
+        token = page.token
+        if not token:
+            break
+    return found
+
+
+# --- reading and merging the stores --------------------------------------------------------------
+def read_metric_points(db: Path) -> list[tuple[str, int, float]]:
+    """(name, step, value) of every metric point of the active runs in an MLflow sqlite store, read
+    with sqlite itself: no MLflow import (seconds) for `job show`, and no cached MLflow engine that
+    would keep reading a store replaced since (the live copies are replaced every second)."""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as db_conn:
+        rows = db_conn.execute(
+            "SELECT m.key, m.step, m.value, m.is_nan FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+            "JOIN experiments e ON e.experiment_id = r.experiment_id "
+            "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'").fetchall()
+    return [(key, int(step), math.nan if is_nan else float(value)) for key, step, value, is_nan in rows]
+
+def merge_store(source_db: Path, dest_db: Path) -> int:
+    """Copy every MLflow run of a node's store (its experiment, params, tags, metric points with
+    their steps and timestamps, status) into the run record's store, as runs of their own: ranks on
+    other nodes logged into their own node's store. Returns how many runs were copied."""
+    from mlflow.entities import Metric, Param, ViewType  # noqa: PLC0415
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    source = MlflowClient(tracking_uri=f"sqlite:///{source_db}")
+    runs = all_runs(source, ViewType.ACTIVE_ONLY)
+    if not runs:
+        return 0
+    dest = MlflowClient(tracking_uri=f"sqlite:///{dest_db}")
+    for src in sorted(runs, key=lambda r: r.info.start_time or 0):
+        name = source.get_experiment(src.info.experiment_id).name
+        found = dest.get_experiment_by_name(name)
+        experiment_id = found.experiment_id if found else dest.create_experiment(name)
+        target = dest.create_run(experiment_id, start_time=src.info.start_time, run_name=src.info.run_name,
+                                 tags={k: v for k, v in src.data.tags.items() if k not in SKIP_TAGS})
+        run_id = target.info.run_id
+        for chunk in chunks([Param(k, v) for k, v in src.data.params.items()], 100):
+            dest.log_batch(run_id, params=chunk)
+        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in src.data.metrics
+                  for m in source.get_metric_history(src.info.run_id, key)]
+        for chunk in chunks(points, 1000):
+            dest.log_batch(run_id, metrics=chunk)
+        # Still RUNNING in the node's store: its process died without ending it.
+        dest.set_terminated(run_id, status="KILLED" if src.info.status == "RUNNING" else src.info.status,
+                            end_time=src.info.end_time)
+    return len(runs)

@@ -1,0 +1,133 @@
+"""A run's data on its nodes, done by the host (nodes never hold a credential or a privilege):
+
+- ro_mount: the input is synced into each node's blob cache (`nodecache`); the run's mount
+  (`.../mounts/<datastore>`) and `INPUT_<name>` point into the cache, which the node sees read-only;
+- download: the input is copied onto the node's disk before the job starts (never refreshed);
+- direct: the URI is passed through, the job reads it itself;
+- rw_mount / upload outputs: a writable folder on each node, written back to the datastore when
+  the job ends, whatever the ending (outputs written before a failure are kept).
+"""
+from __future__ import annotations
+
+import os
+import posixpath
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from emulator.errors import AmlEmuError, BackendError
+from emulator.runs.contract import CACHE_ROOT, LOCAL_SOURCE, NODE_ROOT, Binding, bindings, mount_dir
+from emulator.specs import DataMode, JobSpec
+from emulator.storage.datastores import Datastores
+from emulator.storage.nodecache import WORKERS, CachePolicy, NodeCache, Source
+
+
+def host_path(node_dir: Path, node_path: str) -> Path:
+    """A path inside the node (under /mnt/azureml) as the host sees it on the node's disk."""
+    return node_dir / Path(node_path).relative_to(NODE_ROOT)
+
+
+class RunData:
+    def __init__(self, datastores: Datastores, job: JobSpec, run_id: str, policy: CachePolicy,
+                 log: Callable[[str], None]) -> None:
+        self.datastores, self.run_id, self.policy, self.log = datastores, run_id, policy, log
+        self.bindings = bindings(job, run_id)
+        self._sources: dict[str, Source] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def mounted(self) -> list[Binding]:
+        return [b for b in self.bindings if not b.is_output and b.mode is DataMode.RO_MOUNT]
+
+    def source(self, name: str) -> Source:
+        with self._lock:  # nodes are prepared in parallel threads: one filesystem per datastore
+            if name not in self._sources:
+                if name == LOCAL_SOURCE:
+                    import fsspec  # noqa: PLC0415
+
+                    self._sources[name] = Source(name, fsspec.filesystem("file"), "/")
+                else:
+                    fs, root = self.datastores.filesystem(name)
+                    self._sources[name] = Source(name, fs, root)
+            return self._sources[name]
+
+    def _guarded(self, binding: Binding, action: Callable[[], Any]) -> Any:
+        """Run one data step; its error names the binding, with no secret in it."""
+        try:
+            return action()
+        except AmlEmuError as exc:
+            raise BackendError(f"{binding.ref} ({binding.uri}): {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - storage SDK errors are many; each one is redacted
+            raise BackendError(f"{binding.ref} ({binding.uri}): {self.datastores.guard(binding.datastore)(exc)}") from None
+
+    # --- before the job ----------------------------------------------------------------------
+    def prepare_node(self, node: str, node_dir: Path, cache: NodeCache) -> None:
+        for b in self.bindings:
+            if b.mode is DataMode.DIRECT:
+                continue
+            target = host_path(node_dir, b.node_path)
+            folder = target if b.type == "uri_folder" else target.parent
+            if b.is_output:
+                folder.mkdir(parents=True, exist_ok=True)
+            elif b.mode is DataMode.RO_MOUNT:
+                report = self._guarded(b, lambda b=b: cache.sync(self.source(b.datastore), b.path, self.policy))
+                self._link(node_dir, b, target)
+                self.log(f"{b.ref}: ro_mount of {b.uri} on {node}: {report.line()}")
+            else:
+                self._guarded(b, lambda b=b, f=folder: self._download(b, f))
+                self.log(f"{b.ref}: downloaded {b.uri} to {node}")
+
+    def _link(self, node_dir: Path, b: Binding, target: Path) -> None:
+        """The run's mounts/<ds> and INPUT_<name> (or the file in it) point into the node's cache
+        of <ds>, each in one hop (every open resolves it: a chain of links costs read speed)."""
+        cached = f"{CACHE_ROOT}/{b.datastore}"
+        link = host_path(node_dir, mount_dir(self.run_id, b.datastore))
+        if not link.is_symlink():
+            link.parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(cached, link)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(posixpath.join(cached, b.path) if b.path else cached, target)
+
+    def _download(self, b: Binding, folder: Path) -> None:
+        source = self.source(b.datastore)
+        base = source.remote(b.path)
+        files = [base] if source.fs.isfile(base) else \
+            [p for p, info in source.fs.find(base, detail=True).items() if info.get("type") == "file"]
+        if not files:
+            raise BackendError(f"nothing at {b.path or '/'} in datastore {b.datastore}")
+
+        def fetch(remote: str) -> None:
+            local = folder / (posixpath.basename(remote) if remote == base else posixpath.relpath(remote, base))
+            local.parent.mkdir(parents=True, exist_ok=True)
+            source.fs.get_file(remote, str(local))
+
+        folder.mkdir(parents=True, exist_ok=True)
+        with ThreadPoolExecutor(WORKERS) as pool:
+            list(pool.map(fetch, files))
+
+    def refresh(self, node: str, cache: NodeCache) -> None:
+        """While the job runs: entries past the TTL are revalidated, as a mount would on the next open."""
+        for b in self.mounted:
+            report = self._guarded(b, lambda b=b: cache.sync(self.source(b.datastore), b.path, self.policy))
+            if report.downloaded or report.removed:
+                self.log(f"{b.ref}: refreshed on {node} after the TTL: {report.line()}")
+
+    # --- after the job -----------------------------------------------------------------------
+    def upload_outputs(self, node_dirs: dict[str, Path]) -> None:
+        """Every node's output folder goes to the datastore (a file written by two nodes: the last
+        node's copy wins, as with concurrent writers on a blob mount)."""
+        for b in self.bindings:
+            if not b.is_output or b.mode is DataMode.DIRECT:
+                continue
+            for node, node_dir in node_dirs.items():
+                target = host_path(node_dir, b.node_path)
+                folder = target if b.type == "uri_folder" else target.parent
+                if not folder.is_dir() or not any(p.is_file() for p in folder.rglob("*")):
+                    continue
+                local, uri = (folder, b.uri) if b.type == "uri_folder" else \
+                    (target, b.uri.rsplit("/", 1)[0] + "/")
+                size = self._guarded(b, lambda local=local, uri=uri: self.datastores.upload(local, uri, overwrite=True))
+                self.log(f"{b.ref}: {b.mode.value} wrote {size} bytes from {node} to {b.uri}")
+

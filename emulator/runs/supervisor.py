@@ -1,0 +1,456 @@
+"""One process per run, detached from whoever submitted it: it waits for nodes (Queued), prepares
+them (Preparing), launches the job the way AmlCompute does (Running), collects outputs and logs
+(Finalizing), sets the final status, and then stays to scale idle nodes down.
+
+    python -m emulator.runs.supervisor <home> <run id>
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from emulator.backends import NodeRequest, get_backend, nodefs
+from emulator.backends.base import software_paths
+from emulator.cluster import allocation as autoscale
+from emulator.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
+from emulator.cluster.store import Store
+from emulator.errors import AmlEmuError
+from emulator.home import Home, default_cache
+from emulator.jobs.jobspec_io import job_from_record
+from emulator.runs.contract import (
+    NodeSlot,
+    env_file_text,
+    job_rel,
+    launch_argv,
+    node_env,
+    node_env_file,
+    rank_layout,
+    run_env,
+)
+from emulator.runs.metrics import LIVE_DIR, merge_store, plot_run
+from emulator.runs.mounts import RunData
+from emulator.runs.runlogs import RunLogs, failure_reason
+from emulator.specs import DistributionType, JobSpec, RunStatus
+from emulator.storage.datastores import Datastores
+from emulator.storage.nodecache import NodeCache, policy_from_env
+
+POLL = 0.1
+KILL_GRACE = 2.0
+
+
+class Supervisor:
+    def __init__(self, home: Home, run_id: str) -> None:
+        self.home, self.run_id = home, run_id
+        self.store = Store(home.db)
+        record = self.store.run(run_id)
+        self.job: JobSpec = job_from_record(record.job)
+        self.cluster = self.store.cluster(record.cluster)
+        self.backend = get_backend(self.cluster.backend, home)
+        self.run_dir = home.run_dir(run_id)
+        self.logs = RunLogs(self.run_dir, self.job.process_count)
+        self.requests: list[NodeRequest] = []
+        self.data: RunData | None = None
+        self.attempt_since = 0.0
+        self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
+        self.faults = FaultInjector(home, self.store)
+
+    # --- helpers -----------------------------------------------------------------------------
+    def status(self) -> RunStatus:
+        return self.store.run(self.run_id).status
+
+    def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
+        if status.is_terminal:  # plotted first: whoever sees the run ended also finds its plot
+            plot_run(self.run_dir, f"{self.run_id} ({self.job.experiment_name}): {status.value}", self.logs.platform)
+        self.store.set_status(self.run_id, status, detail, **fields)
+        self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
+
+    def job_dir(self, request: NodeRequest) -> Path:
+        """This run's folder on a node's disk, seen from the host (/mnt/azureml/cr/j/<run> inside).
+        The job can write there: the host goes through nodefs, never following a link."""
+        return request.node_dir / job_rel(self.run_id)
+
+    def canceled(self) -> bool:
+        return self.status() is RunStatus.CANCEL_REQUESTED
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            while True:  # one pass per attempt: a preempted run goes round again
+                allocation = self.wait_for_nodes()
+                slots = self.prepare(allocation) if allocation else None
+                if not slots or not self.execute(slots):
+                    break
+        except AmlEmuError as exc:  # bad data, a node that would not start: the message says it all
+            self.logs.platform(f"error: {exc}")
+            self.fail_or_cancel(str(exc))
+            self.cleanup_nodes(dead=set())
+        except Exception as exc:  # noqa: BLE001 - whatever broke, the run must end in a terminal state
+            self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
+            self.fail_or_cancel(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
+            self.cleanup_nodes(dead=set())
+        finally:
+            self.logs.close()
+        self.linger()
+
+    def wait_for_nodes(self) -> autoscale.Allocation | None:
+        self.attempt_since = time.time()  # faults recorded from now on concern this attempt
+        self.logs.platform(f"waiting for {self.job.instance_count} node(s) of {self.cluster.spec.name}")
+        while True:
+            if self.canceled():
+                self.set(RunStatus.CANCELED, "canceled while queued")
+                return None
+            allocation = autoscale.try_allocate(self.store, self.cluster.spec, self.run_id, self.job.instance_count)
+            if allocation:
+                return allocation
+            time.sleep(POLL)
+
+    def prepare(self, allocation: autoscale.Allocation) -> list[NodeSlot] | None:
+        spec = self.cluster.spec
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image) for n in allocation.nodes]
+        new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
+        if new:
+            self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
+            note = self.backend.plan_node(new[0]).get("image_note")
+            if note:
+                self.logs.platform(f"notice: {note}")
+            autoscale.create_nodes(self.store, self.backend, new)
+        addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
+        slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
+        env = run_env(self.job, self.run_id, self.store.workspace(), slots, node_cpus=self.requests[0].cpu_share)
+        restarted = self.store.run(self.run_id).preemptions > 0
+        for request, slot in zip(self.requests, slots):
+            job_dir = nodefs.fresh_dir(request.node_dir, job_rel(self.run_id))
+            shutil.copytree(self.run_dir / "snapshot", job_dir / "exe" / "wd")
+            for sub in ("outputs", "logs"):
+                (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
+                if restarted and (self.run_dir / sub).is_dir():  # what a preempted attempt left is put back
+                    shutil.copytree(self.run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
+            (job_dir / "tracking").mkdir()
+            # The job's variables reach only the node: its shell sources this file (owner-only:
+            # variables may hold secrets).
+            env_file = job_dir / "amlemu-env.sh"
+            env_file.touch(mode=0o600)
+            env_file.write_text(env_file_text({**self.backend.node_env(request), **env, **node_env(self.job, slot)}))
+        self.prepare_data()
+        plan = self.agent_plan()
+        plan_file = self.run_dir / "agent-plan.json"
+        plan_file.touch(mode=0o600)
+        plan_file.write_text(json.dumps(plan))
+        if self.canceled():
+            self.set(RunStatus.CANCELED, "canceled while preparing")
+            self.cleanup_nodes(dead=set())
+            return None
+        return slots
+
+    def agent_plan(self) -> dict:  # type: ignore[type-arg]
+        """What the launch agent needs, all fixed by the platform: the tools it runs (absolute
+        paths, found on the supervisor's PATH) and the environment it runs them with. Nothing in
+        it comes from the job but the name of the env file on the node."""
+        sandbox_root = self.home.root / "process-nodes" / ".root"  # a mount point, private to each sandbox
+        sandbox_root.mkdir(parents=True, exist_ok=True)
+        tools = {"docker": shutil.which("docker"), "unshare": shutil.which("unshare"), "sh": "/bin/sh"}
+        return {
+            "backend": self.backend.name,
+            "as_root": os.geteuid() == 0,
+            "tools": {name: path for name, path in tools.items() if path},
+            "host_env": {k: v for k, v in os.environ.items()
+                         if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
+            "env_file": node_env_file(self.run_id),
+            "sandbox_root": str(sandbox_root),
+            "software": software_paths(),
+            "hosts": {r.name: self.backend.agent_entry(r) for r in self.requests},
+        }
+
+    def prepare_data(self) -> None:
+        """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
+        policy, notices = policy_from_env(self.job.environment_variables, job_start=time.time())
+        for notice in notices:
+            self.logs.platform(f"notice: {notice}")
+        self.data = RunData(Datastores(self.store, self.home.root, default_cache()), self.job, self.run_id,
+                            policy, self.logs.platform)
+        if not self.data.bindings:
+            return
+        with ThreadPoolExecutor(len(self.requests)) as pool:
+            list(pool.map(lambda r: self.data.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir)),
+                          self.requests))
+
+    def refresh_data(self, stop: threading.Event) -> None:
+        """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
+        within TTL + TTL/2); with the default (the job's lifetime) nothing is refreshed."""
+        ttl = self.data.policy.ttl if self.data and self.data.mounted else None
+        if ttl is None:
+            return
+        while not stop.wait(max(1.0, ttl / 2)):
+            for request in self.requests:
+                try:
+                    self.data.refresh(request.name, NodeCache(request.cache_dir))
+                except AmlEmuError as exc:
+                    self.logs.platform(f"warning: {exc}")
+
+    def mirror_metrics(self, stop: threading.Event) -> None:
+        """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR),
+        so metrics are seen before the end; the stores themselves are merged when the job ends."""
+        live = self.run_dir / LIVE_DIR
+        live.mkdir(exist_ok=True)
+        while not stop.wait(1.0):
+            for request in self.requests:
+                nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db",
+                                 live / f"{request.name}.db")
+
+    def execute(self, slots: list[NodeSlot]) -> bool:
+        """Run the job to its end; True when it was preempted and must be restarted."""
+        if self.preempted():  # taken away while preparing
+            return self.restart()
+        agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
+        argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0,
+                           mpi_options=self.backend.mpi_options)
+        (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
+        env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
+        # Running is set before the launch: a cancel racing with it then finds nothing started.
+        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(slots)} node(s)")
+        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, errors="replace")
+        self.store.update_run(self.run_id, launch_pid=proc.pid)
+        tagged = self.job.distribution.type is not DistributionType.NONE
+        pump = threading.Thread(target=self.logs.pump, args=(proc.stdout, tagged), daemon=True)
+        pump.start()
+        stop_refresh = threading.Event()
+        refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
+        refresher.start()
+        mirror = threading.Thread(target=self.mirror_metrics, args=(stop_refresh,), daemon=True)
+        mirror.start()
+        started, outcome = time.monotonic(), None
+        limit = self.job.max_run_duration_seconds
+        policy_preemptions = self.policy_preemptions()
+        while proc.poll() is None:
+            if self.canceled():
+                outcome = "canceled"
+            elif limit and time.monotonic() - started > limit:
+                outcome = "timeout"
+            elif self.preempted():
+                outcome = "preempted"
+            elif self.partitioned_too_long():
+                outcome = "partitioned"
+            if outcome:
+                self.stop(proc)
+                break
+            for due, node in list(policy_preemptions):
+                if time.monotonic() - started >= due:
+                    policy_preemptions.remove((due, node))
+                    try:
+                        self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
+                    except AmlEmuError as exc:  # the node went meanwhile: nothing to preempt
+                        self.logs.platform(f"preemption policy: {exc}")
+            time.sleep(POLL)
+        exit_code = proc.wait()
+        stop_refresh.set()
+        pump.join(timeout=5)
+        refresher.join(timeout=30)
+        mirror.join(timeout=30)
+        if outcome is None and self.preempted():  # the kill ended the job before a poll saw the fault
+            outcome = "preempted"
+        if outcome == "preempted" and not self.canceled():
+            self.stop(proc)
+            return self.restart()
+        lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
+        self.finalize(outcome, exit_code, lost)
+        return False
+
+    # --- faults ------------------------------------------------------------------------------
+    def preempted(self) -> list[str]:
+        return sorted({f["node"] for f in self.store.faults(self.run_id, "preempt", since=self.attempt_since)})
+
+    def partitioned_too_long(self) -> bool:
+        return any(time.time() - f["ts"] > PARTITION_TIMEOUT
+                   for f in self.store.faults(self.run_id, "partition", since=self.attempt_since))
+
+    def policy_preemptions(self) -> list[tuple[float, str]]:
+        """(seconds after Running, node) of this attempt's preemptions under the cluster's policy."""
+        policy = self.store.preemption_policy(self.cluster.spec.name)
+        if not policy or policy["rate_per_node_hour"] <= 0:
+            return []
+        record = self.store.run(self.run_id)
+        delays = preemption_delays(policy["rate_per_node_hour"], policy["seed"], record.seq, record.preemptions,
+                                   len(self.requests))
+        return [(d, r.name) for d, r in zip(delays, self.requests) if d != float("inf")]
+
+    def restart(self) -> bool:
+        """Preempted: outputs and logs so far are kept, the run's nodes go, and the run waits for
+        fresh nodes (or fails past the cluster's limit). True when it is to be started again."""
+        victims = self.preempted()
+        self.logs.platform(f"preempted: node(s) {', '.join(victims)} taken away (low priority)")
+        self.quiesce()
+        self.upload_outputs()
+        self.collect()
+        self.cleanup_nodes(dead={r.name for r in self.requests})
+        count = self.store.run(self.run_id).preemptions + 1
+        policy = self.store.preemption_policy(self.cluster.spec.name)
+        limit = policy["max_preemptions"] if policy else MAX_PREEMPTIONS
+        if self.canceled():
+            self.set(RunStatus.CANCELED, "canceled by request", preemptions=count)
+            return False
+        if count > limit:
+            reason = (f"preempted {count} times, more than the {limit} restarts allowed (set them with "
+                      f"`amlemu compute preemption-policy --max-preemptions`); outputs so far are kept")
+            self.set(RunStatus.FAILED, reason, error=reason, preemptions=count)
+            return False
+        self.set(RunStatus.QUEUED, f"preempted (node(s) {', '.join(victims)}); restart {count} of at most "
+                 f"{limit} on fresh nodes", preemptions=count)
+        return True
+
+    def stop(self, proc: subprocess.Popen) -> None:
+        """SIGTERM the launch (mpirun passes it to every rank), SIGKILL what is left after a grace."""
+        for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5)):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                proc.wait(timeout=wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for request in self.requests:
+            self.backend.stop_processes(request)
+
+    def node_states(self) -> list[bool]:
+        alive = {n.name: n.running for n in self.backend.list_nodes() if n.cluster == self.cluster.spec.name}
+        return [alive.get(r.name, False) for r in self.requests]
+
+    def finalize(self, outcome: str | None, exit_code: int, lost: list[str]) -> None:
+        if self.canceled():  # a cancel that came as the job was ending still wins
+            outcome = "canceled"
+        if outcome != "canceled":
+            self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
+        self.quiesce()
+        upload_error = self.upload_outputs()
+        self.collect()
+        cut_off = {f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}
+        self.cleanup_nodes(dead=set(lost) | cut_off)  # a node cut off from its cluster is no use to the next job
+        if outcome == "canceled":
+            self.set(RunStatus.CANCELED, "canceled by request; every process was stopped", exit_code=exit_code)
+        elif outcome == "partitioned":
+            names = ", ".join(sorted({f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}))
+            reason = (f"node {names} was cut off from the cluster network and the job did not end within "
+                      f"{PARTITION_TIMEOUT:g} s; it was stopped on all nodes")
+            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
+        elif outcome == "timeout":
+            self.set(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
+                     f"{self.job.max_run_duration_seconds}) and was stopped", exit_code=exit_code,
+                     error=f"exceeded max_run_duration_seconds={self.job.max_run_duration_seconds}")
+        elif exit_code == 0 and not lost and upload_error:
+            self.set(RunStatus.FAILED, upload_error, exit_code=0, error=upload_error)
+        elif exit_code == 0 and not lost:
+            self.set(RunStatus.COMPLETED, exit_code=0)
+        else:
+            layout = rank_layout(self.job, [NodeSlot(i, r.name, "") for i, r in enumerate(self.requests)])
+            mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
+            killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
+            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
+            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
+
+    def fail_or_cancel(self, reason: str) -> None:
+        status = RunStatus.CANCELED if self.canceled() else RunStatus.FAILED
+        if not self.status().is_terminal:
+            self.set(status, reason, error=reason)
+
+    def upload_outputs(self) -> str | None:
+        """rw_mount / upload outputs to their datastore, whatever the ending; an error is returned."""
+        if self.data is None:
+            return None
+        try:
+            self.data.upload_outputs({r.name: r.node_dir for r in self.requests})
+        except AmlEmuError as exc:
+            self.logs.platform(f"error: {exc}")
+            return f"uploading the outputs failed: {exc}"
+        return None
+
+    def quiesce(self) -> None:
+        """Before the host reads a node's disk: no job process is left to change it (a daemon the
+        job started included), and every link or special file the job made there is removed, so
+        that copying and uploading cannot be led out of the run's folder."""
+        shutil.rmtree(self.run_dir / LIVE_DIR, ignore_errors=True)  # the merge replaces it
+
+        def one(request: NodeRequest) -> None:
+            self.backend.stop_processes(request)
+            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
+            removed = nodefs.strip_links(job_dir) if job_dir else []
+            made = [p for p in removed if not p.startswith(("cap/", "mounts/"))]  # the platform's own links
+            if made:
+                self.logs.platform(f"notice: {request.name}: not collected (links or special files, which "
+                                   f"Azure ML does not upload as such): {', '.join(made[:10])}")
+        self._each_node(one)
+        self.quiesced = True
+
+    def _each_node(self, action) -> None:  # type: ignore[no-untyped-def]
+        """Nodes are independent: the platform's steps on them run side by side."""
+        if self.requests:
+            with ThreadPoolExecutor(len(self.requests)) as pool:
+                list(pool.map(action, self.requests))
+
+    def collect(self) -> None:
+        """./outputs and ./logs and the MLflow store of every node into the run's record (also
+        after a failure). Called after quiesce: only real files and folders are left."""
+        for request in self.requests:
+            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
+            if job_dir is None:
+                continue
+            for sub in ("outputs", "logs"):
+                source = nodefs.inside(job_dir, f"exe/wd/{sub}")
+                if source is not None:
+                    shutil.copytree(source, self.run_dir / sub, dirs_exist_ok=True)
+            # A copy of its own name: MLflow caches a store per path, and the next attempt's node
+            # store will have this one's path.
+            copy = self.run_dir / f".merge-{request.name}-{time.time_ns()}.db"
+            try:
+                if nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db", copy):
+                    merge_store(copy, self.run_dir / "mlflow.db")
+            except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
+                self.logs.platform(f"warning: the MLflow store of {request.name} could not be read: "
+                                   f"{type(exc).__name__}: {exc}")
+            finally:
+                copy.unlink(missing_ok=True)
+
+    def cleanup_nodes(self, dead: set[str]) -> None:
+        """Stop the run's processes and empty the nodes' disks (the next run on a node finds
+        nothing of this one); lost or half-made nodes go."""
+        def one(request: NodeRequest) -> None:
+            if not self.quiesced:
+                self.backend.stop_processes(request)
+            nodefs.wipe(request.node_dir)
+            self.backend.reset_node(request)
+        self._each_node(one)
+        self.quiesced = False
+        for node in autoscale.release(self.store, self.cluster.spec.name, self.run_id, dead):
+            self.logs.platform(f"removing node {node.name}")
+            self.backend.remove_node(autoscale.node_request(self.home, self.cluster.spec, node.idx))
+
+    def linger(self) -> None:
+        """Stay while this cluster has idle nodes to scale down; the last supervisor out removes them."""
+        spec = self.cluster.spec
+        while (expiry := autoscale.next_expiry(self.store, spec)) is not None:
+            time.sleep(max(POLL, min(expiry - time.time(), 5.0)))
+            try:
+                self.store.cluster(spec.name)
+            except AmlEmuError:
+                return  # the cluster was deleted meanwhile
+            autoscale.scale_down(self.store, spec, lambda n: self.backend.remove_node(
+                autoscale.node_request(self.home, spec, n.idx)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    home_root, run_id = (sys.argv[1:] if argv is None else argv)[:2]
+    Supervisor(Home.at(home_root), run_id).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

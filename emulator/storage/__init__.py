@@ -1,0 +1,1 @@
+"""Datastores: the registry, Azurite, and the blobfuse-style node cache."""

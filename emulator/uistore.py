@@ -1,0 +1,121 @@
+"""One MLflow store over every run, for MLflow's own UI (`amlemu ui`).
+
+Each run has its own sqlite MLflow store (runs.metrics), so no single MLflow server sees them all:
+build_ui_store copies them into one store under the home, incrementally.
+"""
+from __future__ import annotations
+
+import fcntl
+from pathlib import Path
+from typing import Any
+
+from emulator.api import Emulator, Run
+from emulator.runs.metrics import SKIP_TAGS, all_runs, chunks
+from emulator.specs import RunStatus
+
+UI_RUN_TAG = "amlemu.run_id"
+UI_STATUS_TAG = "amlemu.status"
+_MLFLOW_STATUS = {RunStatus.COMPLETED: "FINISHED", RunStatus.FAILED: "FAILED", RunStatus.CANCELED: "KILLED"}
+_FINAL = {s.value for s in _MLFLOW_STATUS}
+
+
+def _point(metric: Any) -> tuple[str, int, int, str]:
+    # repr: NaN != NaN, and a point must compare equal to its own copy.
+    return metric.key, metric.step, metric.timestamp, repr(metric.value)
+
+
+def build_ui_store(emu: Emulator, dest: Path) -> int:
+    """Copy every run's MLflow data (experiment, params, metrics with steps and timestamps, tags)
+    into the sqlite store `dest`, one MLflow run per emulator run, named after it and tagged
+    amlemu.run_id / amlemu.status. A run copied in a terminal state is not copied again; one that
+    was still active is brought up to date. Returns how many runs were copied or refreshed."""
+    dest = Path(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # Two `amlemu ui` starting at once must not both copy the same run.
+    with open(dest.parent / ".copy.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _copy_runs(emu, dest)
+
+
+def _copy_runs(emu: Emulator, dest: Path) -> int:
+    from mlflow.entities import ViewType  # noqa: PLC0415
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    artifacts = (dest.parent / "artifacts").as_uri()
+    client = MlflowClient(tracking_uri=f"sqlite:///{dest}")
+    # Deleted copies count too: a run the user deleted in the UI is not brought back.
+    copies = {r.data.tags[UI_RUN_TAG]: r for r in all_runs(client, ViewType.ALL) if UI_RUN_TAG in r.data.tags}
+    copied = 0
+    for run in emu.runs():
+        status = run.status  # read before the data: a run ending meanwhile is refreshed next time
+        previous = copies.get(run.id)
+        if previous is not None and (previous.info.lifecycle_stage == "deleted"
+                                     or previous.data.tags.get(UI_STATUS_TAG) in _FINAL):
+            continue
+        stores = []
+        for db in run.metric_stores():
+            source = MlflowClient(tracking_uri=f"sqlite:///{db}")
+            found_runs = sorted(all_runs(source, ViewType.ACTIVE_ONLY), key=lambda r: r.info.start_time or 0)
+            if found_runs:
+                stores.append((source, found_runs))
+        if not stores:
+            continue  # the job logged nothing with MLflow
+        source, sources = stores[0]
+        experiment = source.get_experiment(sources[0].info.experiment_id).name
+        if experiment == "Default":  # the job set no experiment of its own: the job's is meant
+            experiment = run.record.experiment
+        if previous is None:
+            found = client.get_experiment_by_name(experiment)
+            if found is not None and found.lifecycle_stage == "deleted":
+                continue  # deleted in the UI: it stays deleted
+            experiment_id = found.experiment_id if found else client.create_experiment(
+                experiment, artifact_location=artifacts)
+            target = client.create_run(experiment_id, start_time=sources[0].info.start_time,
+                                       tags={UI_RUN_TAG: run.id}, run_name=run.id)
+        else:
+            target = previous
+        for source, found_runs in stores:
+            _copy_data(client, target.info.run_id, source, found_runs, run)
+        plot = run.plot_path
+        if plot is not None:
+            client.log_artifact(target.info.run_id, str(plot))
+        if status.is_terminal:
+            ends = [r.info.end_time for _, found_runs in stores for r in found_runs if r.info.end_time]
+            end = max(ends) if ends else int(run.events()[-1][0] * 1000)
+            client.set_terminated(target.info.run_id, status=_MLFLOW_STATUS[status], end_time=end)
+        # Last: a final status marks a complete copy, so a copy cut short is finished next time.
+        client.set_tag(target.info.run_id, UI_STATUS_TAG, status.value)
+        copied += 1
+    return copied
+
+
+def _copy_data(client: Any, target_id: str, source: Any, sources: list[Any], run: Run) -> None:
+    """Params, tags and metric points of `sources` that `target_id` does not have yet."""
+    from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415
+
+    have = client.get_run(target_id).data
+    params: dict[str, str] = {}
+    tags = {"amlemu.compute": run.record.cluster}
+    for src in sources:
+        for key, value in src.data.params.items():
+            params.setdefault(key, value)  # params are immutable: the first attempt's value stays
+        tags.update({k: v for k, v in src.data.tags.items() if k not in SKIP_TAGS})
+    new_params = [Param(k, v) for k, v in params.items() if k not in have.params]
+    for chunk in chunks(new_params, 100):
+        client.log_batch(target_id, params=chunk)
+    for chunk in chunks([RunTag(k, str(v)) for k, v in tags.items()], 100):
+        client.log_batch(target_id, tags=chunk)
+    existing = {_point(m) for key in have.metrics for m in client.get_metric_history(target_id, key)}
+    points: list[Any] = []
+    for src in sources:
+        for key in src.data.metrics:
+            points += [Metric(m.key, m.value, m.timestamp, m.step)
+                       for m in source.get_metric_history(src.info.run_id, key) if _point(m) not in existing]
+    for chunk in chunks(points, 1000):
+        client.log_batch(target_id, metrics=chunk)
+
+
+def ui_store_path(emu: Emulator) -> Path:
+    return emu.home.root / "mlflow-ui" / "mlflow.db"
+
+

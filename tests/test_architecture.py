@@ -1,0 +1,24 @@
+"""The package map holds: its arrows (import-linter contracts in pyproject.toml, imports inside
+functions included) and modules small enough to read."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+MAX_LINES = 400
+
+
+def test_the_import_contracts_hold() -> None:
+    lint = Path(sys.executable).with_name("lint-imports")
+    out = subprocess.run([str(lint), "--config", str(REPO / "pyproject.toml")], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "0 broken" in out.stdout
+
+
+def test_every_module_is_under_400_lines() -> None:
+    long = {str(p.relative_to(REPO)): n for p in [*REPO.glob("emulator/**/*.py"), *REPO.glob("fixtures/**/*.py")]
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
