@@ -31,8 +31,9 @@ from emulator.home import Home, default_cache, new_run_id
 from emulator.jobs import snapshot
 from emulator.jobs.jobspec_io import job_from_record, job_to_record
 from emulator.jobs.sdkjobs import to_cluster, to_job
-from emulator.runs.contract import LOCAL_SOURCE, NodeSlot, bindings, launch_argv, node_env, rank_layout, run_env
+from emulator.runs.contract import LOCAL_SOURCE, bindings
 from emulator.runs.metrics import PLOT_NAME, metric_history, metric_stores
+from emulator.runs.plan import plan_launch
 from emulator.specs import JobSpec, RunStatus
 from emulator.storage.datastores import Datastores
 
@@ -247,7 +248,7 @@ class Emulator:
         for b in bindings(job, "<run id>"):
             if b.datastore != LOCAL_SOURCE:
                 try:
-                    self.datastores.get(b.datastore)
+                    self.datastores.spec(b.datastore)  # looked up, not made: a dry run creates nothing
                 except NotFoundError as exc:
                     raise ConfigError(f"{b.ref}.path", str(exc)) from None
 
@@ -259,7 +260,9 @@ class Emulator:
 
     def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
-        """Dry run: the nodes, the launch command and every process's environment, creating nothing."""
+        """Dry run, creating nothing: the launch plan the supervisor will execute (runs.plan), on
+        the cluster's first nodes with placeholder addresses (allocation decides both), and what
+        the backend would create for each node."""
         job = self._job(job, overrides)
         cluster = self._check_fits(job)
         self._check_datastores(job)
@@ -267,20 +270,14 @@ class Emulator:
         self._check_name(job)
         run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
-        slots = [NodeSlot(i, f"{job.compute}-node-{i}", f"<address of {job.compute}-node-{i}>")
-                 for i in range(job.instance_count)]
-        agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
-        return {
-            "run_id": run_id, "compute": job.compute, "backend": cluster.backend,
-            "nodes": [backend.plan_node(autoscale.node_request(self.home, cluster.spec, i, job.image))
-                      for i in range(job.instance_count)],
-            "launch": launch_argv(job, run_id, slots, agent=agent, as_root=os.geteuid() == 0,
-                                  mpi_options=backend.mpi_options),
-            "env": run_env(job, run_id, self.workspace(), slots, node_cpus=autoscale.limits_here(cluster.spec).cpu_share),
-            "node_env": {s.name: node_env(job, s) for s in slots},
-            "ranks": [r.__dict__ for r in rank_layout(job, slots)],
-            "data": [{**b.__dict__, "mode": b.mode.value} for b in bindings(job, run_id)],
-        }
+        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image) for i in range(job.instance_count)]
+        node_plans = [backend.plan_node(r) for r in requests]
+        note = node_plans[0].get("image_note")
+        plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
+                           [f"<address of {r.name}>" for r in requests], self.workspace(),
+                           base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
+                           as_root=os.geteuid() == 0, notices=(note,) if note else ())
+        return {**plan.to_dict(), "nodes": node_plans}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1

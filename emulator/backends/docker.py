@@ -22,8 +22,15 @@ from typing import Any
 import psutil
 
 from emulator.backends import nodefs
-from emulator.backends.base import (LABEL, NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin,
-                                    software_paths)
+from emulator.backends.base import (
+    LABEL,
+    NodeBackend,
+    NodeInfo,
+    NodeRequest,
+    node_base_env,
+    software_bin,
+    software_paths,
+)
 from emulator.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"

@@ -15,28 +15,18 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 from emulator.backends import NodeRequest, get_backend, nodefs
-from emulator.backends.base import software_paths
 from emulator.cluster import allocation as autoscale
 from emulator.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
 from emulator.cluster.store import Store
 from emulator.errors import AmlEmuError
 from emulator.home import Home, default_cache
 from emulator.jobs.jobspec_io import job_from_record
-from emulator.runs.contract import (
-    NodeSlot,
-    env_file_text,
-    job_rel,
-    launch_argv,
-    node_env,
-    node_env_file,
-    rank_layout,
-    run_env,
-)
-from emulator.runs.metrics import LIVE_DIR, merge_store, plot_run
+from emulator.runs import rundisk
+from emulator.runs.metrics import LIVE_DIR, plot_run
 from emulator.runs.mounts import RunData
+from emulator.runs.plan import LaunchPlan, agent_plan, plan_launch
 from emulator.runs.runlogs import RunLogs, failure_reason
 from emulator.specs import DistributionType, JobSpec, RunStatus
 from emulator.storage.datastores import Datastores
@@ -60,6 +50,7 @@ class Supervisor:
         self.data: RunData | None = None
         self.attempt_since = 0.0
         self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
+        self.plan: LaunchPlan | None = None
         self.faults = FaultInjector(home, self.store)
 
     # --- helpers -----------------------------------------------------------------------------
@@ -72,11 +63,6 @@ class Supervisor:
         self.store.set_status(self.run_id, status, detail, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
 
-    def job_dir(self, request: NodeRequest) -> Path:
-        """This run's folder on a node's disk, seen from the host (/mnt/azureml/cr/j/<run> inside).
-        The job can write there: the host goes through nodefs, never following a link."""
-        return request.node_dir / job_rel(self.run_id)
-
     def canceled(self) -> bool:
         return self.status() is RunStatus.CANCEL_REQUESTED
 
@@ -85,8 +71,8 @@ class Supervisor:
         try:
             while True:  # one pass per attempt: a preempted run goes round again
                 allocation = self.wait_for_nodes()
-                slots = self.prepare(allocation) if allocation else None
-                if not slots or not self.execute(slots):
+                plan = self.prepare(allocation) if allocation else None
+                if not plan or not self.execute(plan):
                     break
         except AmlEmuError as exc:  # bad data, a node that would not start: the message says it all
             self.logs.platform(f"error: {exc}")
@@ -112,35 +98,28 @@ class Supervisor:
                 return allocation
             time.sleep(POLL)
 
-    def prepare(self, allocation: autoscale.Allocation) -> list[NodeSlot] | None:
+    def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
         spec = self.cluster.spec
         self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image) for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
+        note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
-            note = self.backend.plan_node(new[0]).get("image_note")
-            if note:
-                self.logs.platform(f"notice: {note}")
             autoscale.create_nodes(self.store, self.backend, new)
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
-        slots = [NodeSlot(i, r.name, addresses[r.name] or "127.0.0.1") for i, r in enumerate(self.requests)]
-        env = run_env(self.job, self.run_id, self.store.workspace(), slots, node_cpus=self.requests[0].cpu_share)
+        self.plan = plan_launch(
+            self.job, self.run_id, spec.name, self.backend.name, self.requests,
+            [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
+            base_env=[self.backend.node_env(r) for r in self.requests], mpi_options=self.backend.mpi_options,
+            as_root=os.geteuid() == 0, notices=(note,) if note else ())
+        for notice in self.plan.notices:
+            self.logs.platform(f"notice: {notice}")
         restarted = self.store.run(self.run_id).preemptions > 0
-        for request, slot in zip(self.requests, slots):
-            job_dir = nodefs.fresh_dir(request.node_dir, job_rel(self.run_id))
-            shutil.copytree(self.run_dir / "snapshot", job_dir / "exe" / "wd")
-            for sub in ("outputs", "logs"):
-                (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
-                if restarted and (self.run_dir / sub).is_dir():  # what a preempted attempt left is put back
-                    shutil.copytree(self.run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
-            (job_dir / "tracking").mkdir()
-            # The job's variables reach only the node: its shell sources this file (owner-only:
-            # variables may hold secrets).
-            env_file = job_dir / "amlemu-env.sh"
-            env_file.touch(mode=0o600)
-            env_file.write_text(env_file_text({**self.backend.node_env(request), **env, **node_env(self.job, slot)}))
+        for request, node in zip(self.requests, self.plan.nodes):
+            rundisk.lay_out(request.node_dir, self.run_id, self.run_dir, self.plan.node_environment(node), restarted)
         self.prepare_data()
-        plan = self.agent_plan()
+        plan = agent_plan(self.backend, self.requests, self.run_id,
+                          sandbox_root=self.home.root / "process-nodes" / ".root")
         plan_file = self.run_dir / "agent-plan.json"
         plan_file.touch(mode=0o600)
         plan_file.write_text(json.dumps(plan))
@@ -148,32 +127,11 @@ class Supervisor:
             self.set(RunStatus.CANCELED, "canceled while preparing")
             self.cleanup_nodes(dead=set())
             return None
-        return slots
-
-    def agent_plan(self) -> dict:  # type: ignore[type-arg]
-        """What the launch agent needs, all fixed by the platform: the tools it runs (absolute
-        paths, found on the supervisor's PATH) and the environment it runs them with. Nothing in
-        it comes from the job but the name of the env file on the node."""
-        sandbox_root = self.home.root / "process-nodes" / ".root"  # a mount point, private to each sandbox
-        sandbox_root.mkdir(parents=True, exist_ok=True)
-        tools = {"docker": shutil.which("docker"), "unshare": shutil.which("unshare"), "sh": "/bin/sh"}
-        return {
-            "backend": self.backend.name,
-            "as_root": os.geteuid() == 0,
-            "tools": {name: path for name, path in tools.items() if path},
-            "host_env": {k: v for k, v in os.environ.items()
-                         if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
-            "env_file": node_env_file(self.run_id),
-            "sandbox_root": str(sandbox_root),
-            "software": software_paths(),
-            "hosts": {r.name: self.backend.agent_entry(r) for r in self.requests},
-        }
+        return self.plan
 
     def prepare_data(self) -> None:
         """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
-        policy, notices = policy_from_env(self.job.environment_variables, job_start=time.time())
-        for notice in notices:
-            self.logs.platform(f"notice: {notice}")
+        policy, _ = policy_from_env(self.job.environment_variables, job_start=time.time())  # notices: in the plan
         self.data = RunData(Datastores(self.store, self.home.root, default_cache()), self.job, self.run_id,
                             policy, self.logs.platform)
         if not self.data.bindings:
@@ -202,21 +160,19 @@ class Supervisor:
         live.mkdir(exist_ok=True)
         while not stop.wait(1.0):
             for request in self.requests:
-                nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db",
-                                 live / f"{request.name}.db")
+                rundisk.mirror_store(request.node_dir, self.run_id, live / f"{request.name}.db")
 
-    def execute(self, slots: list[NodeSlot]) -> bool:
-        """Run the job to its end; True when it was preempted and must be restarted."""
+    def execute(self, plan: LaunchPlan) -> bool:
+        """Run the plan to its end; True when the run was preempted and must be restarted."""
         if self.preempted():  # taken away while preparing
             return self.restart()
-        agent = str(Path(sys.prefix, "bin", "amlemu-agent"))
-        argv = launch_argv(self.job, self.run_id, slots, agent=agent, as_root=os.geteuid() == 0,
-                           mpi_options=self.backend.mpi_options)
-        (self.run_dir / "system_logs" / "launch.json").write_text(json.dumps({"argv": argv}, indent=2))
+        launch = self.run_dir / "system_logs" / "launch.json"  # what ran, as the dry run shows it
+        launch.touch(mode=0o600)  # the job's variables may hold secrets
+        launch.write_text(json.dumps(plan.to_dict(), indent=2))
         env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
         # Running is set before the launch: a cancel racing with it then finds nothing started.
-        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(slots)} node(s)")
-        proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)")
+        proc = subprocess.Popen(list(plan.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True, errors="replace")
         self.store.update_run(self.run_id, launch_pid=proc.pid)
         tagged = self.job.distribution.type is not DistributionType.NONE
@@ -351,7 +307,7 @@ class Supervisor:
         elif exit_code == 0 and not lost:
             self.set(RunStatus.COMPLETED, exit_code=0)
         else:
-            layout = rank_layout(self.job, [NodeSlot(i, r.name, "") for i, r in enumerate(self.requests)])
+            layout = list(self.plan.ranks)
             mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
             reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
@@ -381,9 +337,7 @@ class Supervisor:
 
         def one(request: NodeRequest) -> None:
             self.backend.stop_processes(request)
-            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
-            removed = nodefs.strip_links(job_dir) if job_dir else []
-            made = [p for p in removed if not p.startswith(("cap/", "mounts/"))]  # the platform's own links
+            made = rundisk.secure(request.node_dir, self.run_id)
             if made:
                 self.logs.platform(f"notice: {request.name}: not collected (links or special files, which "
                                    f"Azure ML does not upload as such): {', '.join(made[:10])}")
@@ -397,27 +351,10 @@ class Supervisor:
                 list(pool.map(action, self.requests))
 
     def collect(self) -> None:
-        """./outputs and ./logs and the MLflow store of every node into the run's record (also
-        after a failure). Called after quiesce: only real files and folders are left."""
+        """./outputs, ./logs and the MLflow store of every node into the run's record (also after
+        a failure); after quiesce, so only real files and folders are left."""
         for request in self.requests:
-            job_dir = nodefs.inside(request.node_dir, job_rel(self.run_id))
-            if job_dir is None:
-                continue
-            for sub in ("outputs", "logs"):
-                source = nodefs.inside(job_dir, f"exe/wd/{sub}")
-                if source is not None:
-                    shutil.copytree(source, self.run_dir / sub, dirs_exist_ok=True)
-            # A copy of its own name: MLflow caches a store per path, and the next attempt's node
-            # store will have this one's path.
-            copy = self.run_dir / f".merge-{request.name}-{time.time_ns()}.db"
-            try:
-                if nodefs.copy_file(request.node_dir, f"{job_rel(self.run_id)}/tracking/mlflow.db", copy):
-                    merge_store(copy, self.run_dir / "mlflow.db")
-            except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
-                self.logs.platform(f"warning: the MLflow store of {request.name} could not be read: "
-                                   f"{type(exc).__name__}: {exc}")
-            finally:
-                copy.unlink(missing_ok=True)
+            rundisk.collect(request.node_dir, request.name, self.run_id, self.run_dir, self.logs.platform)
 
     def cleanup_nodes(self, dead: set[str]) -> None:
         """Stop the run's processes and empty the nodes' disks (the next run on a node finds

@@ -107,14 +107,20 @@ class Datastores:
         self.get(DEFAULT)
         return [DatastoreSpec(**spec) for spec in self.store.datastores()]
 
-    def get(self, name: str) -> DatastoreSpec:
+    def spec(self, name: str) -> DatastoreSpec:
+        """The datastore's spec, without making anything (the default one is made on first use)."""
         spec = self.store.datastore(name)
         if spec:
             return DatastoreSpec(**spec)
         if name == DEFAULT:
-            return self.create(self._default_spec())
+            return self._default_spec()
         known = sorted({DEFAULT, *(s["name"] for s in self.store.datastores())})
         raise NotFoundError("datastore", name, f"known: {', '.join(known)}; create it with `amlemu datastore create`")
+
+    def get(self, name: str) -> DatastoreSpec:
+        """The datastore's spec; the default one is made (its row, its folder) on first use."""
+        spec = self.spec(name)
+        return spec if self.store.datastore(name) else self.create(spec)
 
     def _default_spec(self) -> DatastoreSpec:
         from emulator.storage.azurite import find_binary  # noqa: PLC0415

@@ -1,0 +1,109 @@
+"""The launch plan: everything a run's launch is, as data, built once by one pure function from the
+job and the nodes. `amlemu job create --dry-run` prints it with placeholder nodes; the supervisor
+builds it with the nodes allocation gave (their names and addresses, nothing else differs),
+executes it, and writes it to the run's system_logs/launch.json.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from emulator.backends.base import NodeBackend, NodeRequest, software_paths
+from emulator.runs.contract import (
+    Binding,
+    NodeSlot,
+    Rank,
+    bindings,
+    launch_argv,
+    node_env,
+    node_env_file,
+    rank_layout,
+    run_env,
+)
+from emulator.specs import JobSpec
+from emulator.storage.nodecache import policy_from_env
+
+AGENT = str(Path(sys.prefix, "bin", "amlemu-agent"))  # the launch agent Open MPI runs instead of ssh
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """One node of the launch: where it is, what it has, and what its shell's environment adds."""
+
+    name: str
+    index: int
+    address: str
+    cpus: float
+    memory_bytes: int
+    gpus: tuple[str, ...]
+    base_env: dict[str, str]  # the node's image defaults (the backend's)
+    env: dict[str, str]  # what differs per node (AZ_BATCHAI_TASK_INDEX, NODE_RANK, ...)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    run_id: str
+    compute: str
+    backend: str
+    nodes: tuple[NodePlan, ...]
+    argv: tuple[str, ...]  # what the host runs: mpirun through the agent, or the agent alone
+    env: dict[str, str]  # what every process of the run sees
+    ranks: tuple[Rank, ...]
+    data: tuple[Binding, ...]
+    notices: tuple[str, ...]
+
+    def node_environment(self, node: NodePlan) -> dict[str, str]:
+        """The whole environment of a node's processes (the env file the node's shell sources)."""
+        return {**node.base_env, **self.env, **node.env}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id, "compute": self.compute, "backend": self.backend,
+            "launch": list(self.argv), "env": self.env,
+            "node_env": {n.name: n.env for n in self.nodes},
+            "node_base_env": {n.name: n.base_env for n in self.nodes},
+            "node_slots": [{k: v for k, v in asdict(n).items() if k not in ("env", "base_env")} for n in self.nodes],
+            "ranks": [asdict(r) for r in self.ranks],
+            "data": [{**asdict(b), "mode": b.mode.value} for b in self.data],
+            "notices": list(self.notices),
+        }
+
+
+def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests: list[NodeRequest],
+                addresses: list[str], workspace: dict[str, str], *, base_env: list[dict[str, str]],
+                mpi_options: tuple[str, ...], as_root: bool, notices: tuple[str, ...] = ()) -> LaunchPlan:
+    """The plan for `job` on these nodes (requests, in rank order, with the addresses other nodes
+    reach them at). Pure: the same inputs give the same plan, in a dry run and in the supervisor."""
+    slots = [NodeSlot(i, r.name, address) for i, (r, address) in enumerate(zip(requests, addresses))]
+    _, cache_notices = policy_from_env(job.environment_variables, job_start=0.0)
+    nodes = tuple(NodePlan(r.name, r.index, s.address, r.cpus, r.memory_bytes, tuple(r.gpus), base, node_env(job, s))
+                  for r, s, base in zip(requests, slots, base_env))
+    return LaunchPlan(
+        run_id=run_id, compute=compute, backend=backend, nodes=nodes,
+        argv=tuple(launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options)),
+        env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share),
+        ranks=tuple(rank_layout(job, slots)), data=tuple(bindings(job, run_id)),
+        notices=(*notices, *cache_notices))
+
+
+def agent_plan(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:
+    """What the launch agent needs, all fixed by the platform: the tools it runs (absolute paths,
+    found on the supervisor's PATH) and the environment it runs them with. Nothing in it comes from
+    the job but the name of the env file on the node."""
+    sandbox_root.mkdir(parents=True, exist_ok=True)  # a mount point, private to each sandbox
+    tools = {"docker": shutil.which("docker"), "unshare": shutil.which("unshare"), "sh": "/bin/sh"}
+    return {
+        "backend": backend.name,
+        "as_root": os.geteuid() == 0,
+        "tools": {name: path for name, path in tools.items() if path},
+        "host_env": {k: v for k, v in os.environ.items()
+                     if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
+        "env_file": node_env_file(run_id),
+        "sandbox_root": str(sandbox_root),
+        "software": software_paths(),
+        "hosts": {r.name: backend.agent_entry(r) for r in requests},
+    }

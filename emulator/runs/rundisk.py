@@ -1,0 +1,70 @@
+"""A run's folder on a node's disk (/mnt/azureml/cr/j/<run> inside the node): laid out by the host
+before the launch, read back after every job process is gone, emptied for the next run.
+
+The job is root on its node and can write its disk, so every host step here goes through
+backends.nodefs: nothing the job made (a link to /, a fifo) leads the host out of the folder.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from emulator.backends import nodefs
+from emulator.runs.contract import env_file_text, job_rel
+from emulator.runs.metrics import merge_store
+
+ENV_FILE = "amlemu-env.sh"  # contract.node_env_file, as the host sees it
+PLATFORM_LINKS = ("cap/", "mounts/")  # the platform's own links into the node's cache
+
+
+def lay_out(node_dir: Path, run_id: str, run_dir: Path, env: dict[str, str], restarted: bool) -> Path:
+    """The run's folder on a node: the snapshot as the working folder, outputs and logs (a
+    preempted attempt's put back), an empty MLflow store folder, and the env file the node's shell
+    sources (owner-only: the job's variables may hold secrets). Returns the folder (host path)."""
+    job_dir = nodefs.fresh_dir(node_dir, job_rel(run_id))
+    shutil.copytree(run_dir / "snapshot", job_dir / "exe" / "wd")
+    for sub in ("outputs", "logs"):
+        (job_dir / "exe" / "wd" / sub).mkdir(exist_ok=True)
+        if restarted and (run_dir / sub).is_dir():
+            shutil.copytree(run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
+    (job_dir / "tracking").mkdir()
+    env_file = job_dir / ENV_FILE
+    env_file.touch(mode=0o600)
+    env_file.write_text(env_file_text(env))
+    return job_dir
+
+
+def secure(node_dir: Path, run_id: str) -> list[str]:
+    """With no job process left: remove every link and special file the job made in its folder;
+    returns those the job made (the platform's own links into the cache go silently)."""
+    job_dir = nodefs.inside(node_dir, job_rel(run_id))
+    removed = nodefs.strip_links(job_dir) if job_dir else []
+    return [p for p in removed if not p.startswith(PLATFORM_LINKS)]
+
+
+def collect(node_dir: Path, node: str, run_id: str, run_dir: Path, log: Callable[[str], None]) -> None:
+    """./outputs, ./logs and the node's MLflow store into the run's record (after secure)."""
+    job_dir = nodefs.inside(node_dir, job_rel(run_id))
+    if job_dir is None:
+        return
+    for sub in ("outputs", "logs"):
+        source = nodefs.inside(job_dir, f"exe/wd/{sub}")
+        if source is not None:
+            shutil.copytree(source, run_dir / sub, dirs_exist_ok=True)
+    # A copy of its own name: MLflow caches a store per path, and the next attempt's node store
+    # will have this one's path.
+    copy = run_dir / f".merge-{node}-{time.time_ns()}.db"
+    try:
+        if nodefs.copy_file(node_dir, f"{job_rel(run_id)}/tracking/mlflow.db", copy):
+            merge_store(copy, run_dir / "mlflow.db")
+    except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
+        log(f"warning: the MLflow store of {node} could not be read: {type(exc).__name__}: {exc}")
+    finally:
+        copy.unlink(missing_ok=True)
+
+
+def mirror_store(node_dir: Path, run_id: str, dest: Path) -> None:
+    """A copy of the node's MLflow store while the job writes it (metrics seen before the end)."""
+    nodefs.copy_file(node_dir, f"{job_rel(run_id)}/tracking/mlflow.db", dest)
