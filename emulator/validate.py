@@ -79,7 +79,7 @@ def check_snapshot(code: Path) -> list[Finding]:
 
 
 def check_links(code: Path, refuse_outside: bool) -> list[Finding]:
-    """Links and special files in the code folder, as emulator/snapshot.py copies them. A link out
+    """Links and special files in the code folder, as emulator/jobs/snapshot.py copies them. A link out
     of the folder is an error where the emulator runs the job (it refuses it); Azure ML would
     upload the target from this machine, which is only worth a warning for a job going there."""
     plan = plan_snapshot(code)

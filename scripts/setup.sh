@@ -94,7 +94,7 @@ python_env() {
 # Azurite (the Azure Storage emulator) from the npm registry, for datastores on blob storage.
 azurite() {
   local version dir=$CACHE/azurite
-  version=$(grep -oE '^VERSION = "[^"]+"' "$ROOT/emulator/azurite.py" | cut -d'"' -f2)
+  version=$(grep -oE '^VERSION = "[^"]+"' "$ROOT/emulator/storage/azurite.py" | cut -d'"' -f2)
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     step "no Node.js: Azurite skipped, workspaceblobstore will be a local folder (install nodejs and npm to get it)"
     return

@@ -1,4 +1,4 @@
-"""The code snapshot (emulator/snapshot.py): links out of the code folder are refused everywhere a
+"""The code snapshot (emulator/jobs/snapshot.py): links out of the code folder are refused everywhere a
 job is checked (submit, --dry-run, job validate) with one line naming the link and its target;
 links inside arrive as regular files, as Azure ML's upload makes them; fifos never block the copy;
 no set-uid bit survives."""

@@ -117,7 +117,7 @@ class NodeBackend(abc.ABC):
     def list_nodes(self) -> list[NodeInfo]:
         """The nodes of this home that exist now."""
 
-    # --- faults (emulator/faults.py) ----------------------------------------------------------
+    # --- faults (emulator/cluster/faults.py) ----------------------------------------------------------
     @abc.abstractmethod
     def kill_node(self, request: NodeRequest) -> None:
         """The node dies at once: its processes get SIGKILL, nothing they could handle."""

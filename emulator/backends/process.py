@@ -1,5 +1,5 @@
 """Process backend: a node is a folder (its local disk) plus the processes the launch agent starts in
-a sandbox of their own (emulator/sandbox.sh: mount, UTS and PID namespaces, a root holding only
+a sandbox of their own (emulator/runs/sandbox.sh: mount, UTS and PID namespaces, a root holding only
 this machine's software, no capabilities), for machines without a Docker engine.
 
 The node's disk is the job's to write, so the backend keeps its own records of the node (its

@@ -1,5 +1,5 @@
 """`amlemu compute preempt|preemption-policy` and `amlemu fault ...`: faults injected on purpose,
-each logged in the affected run's system_logs/faults.txt (emulator/faults.py does the work)."""
+each logged in the affected run's system_logs/faults.txt (emulator/cluster/faults.py does the work)."""
 from __future__ import annotations
 
 import click

@@ -1,4 +1,4 @@
-"""`amlemu ui`: MLflow's own UI over every run of the emulator (emulator/metrics.py builds its store).
+"""`amlemu ui`: MLflow's own UI over every run of the emulator (emulator/runs/metrics.py builds its store).
 
 The server runs in a session of its own, so a Ctrl-C in the terminal reaches only this command,
 which then stops the server's whole process group (the server and its workers) itself.

@@ -1,7 +1,7 @@
 """The Azure ML SDK v1 (azureml-core / azureml-train-core, the seed article's API) -> the emulator.
 
 Reads a ScriptRunConfig or a (deprecated) azureml.train estimator exactly as `Experiment.submit`
-would send it: the merged RunConfiguration, serialized by the SDK itself (emulator/convert.py maps
+would send it: the merged RunConfiguration, serialized by the SDK itself (emulator/jobs/convert.py maps
 that dict). Also builds the offline SDK objects the seed's code needs (a Workspace, an AmlCompute
 target) so it runs without the service. azureml is imported only inside functions: the emulator
 works without the `sdk1` extra, and says how to install it when a function needs it.

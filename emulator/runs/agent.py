@@ -5,7 +5,7 @@ mpirun (on the host) runs it once per node with the node's MPI daemon command, a
 AMLEMU_AGENT_PLAN, written by the run's supervisor, owner-only) and runs the command on that node:
 
 - docker nodes: `docker exec -i` into the node's container;
-- process nodes: a sandbox (emulator/sandbox.sh) in new mount, UTS and PID namespaces whose root
+- process nodes: a sandbox (emulator/runs/sandbox.sh) in new mount, UTS and PID namespaces whose root
   holds only this machine's software (read-only), the node's own disk and its read-only cache,
   entered with every capability dropped.
 
