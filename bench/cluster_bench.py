@@ -19,13 +19,14 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from common import bench_home, report  # noqa: E402 - bench/common.py
 
 from emulator.api import Emulator  # noqa: E402
 from emulator.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
@@ -101,69 +102,63 @@ def main() -> int:
     parser.add_argument("--max-nodes", type=int, default=16)
     args = parser.parse_args()
     results: dict[str, object] = {"backend": args.backend, "cpus": os.cpu_count()}
-    with tempfile.TemporaryDirectory(prefix="amlemu-bench-") as tmp:
-        root = Path(tmp)
-        emu = Emulator(home=root / "home", backend=args.backend)
-        try:
-            # Nodes share this machine's cores by max_nodes: the big cluster is a separate one.
-            emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
-            emu.create_compute(ClusterSpec("big", "STANDARD_D2_V2", max_nodes=args.max_nodes,
-                                           idle_seconds_before_scaledown=3600))
-            trivial, heavy = READY.format(imports=""), READY.format(imports=TORCH)
+    with bench_home("amlemu-bench-", args.backend) as (root, emu):
+        # Nodes share this machine's cores by max_nodes: the big cluster is a separate one.
+        emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
+        emu.create_compute(ClusterSpec("big", "STANDARD_D2_V2", max_nodes=args.max_nodes,
+                                       idle_seconds_before_scaledown=3600))
+        trivial, heavy = READY.format(imports=""), READY.format(imports=TORCH)
 
-            # 2. cold first: the cluster has no node yet.
-            results["cold_zero_to_running_s"] = round(emulated(emu, write_job(root, "cold", trivial, 2), 2), 3)
+        # 2. cold first: the cluster has no node yet.
+        results["cold_zero_to_running_s"] = round(emulated(emu, write_job(root, "cold", trivial, 2), 2), 3)
 
-            # 1. warm: nodes are up (idle) from the cold run.
-            for name, script in (("trivial", trivial), ("torch_horovod", heavy)):
-                job = write_job(root, name, script, 2)
-                emu_times = [emulated(emu, job, 2) for _ in range(args.repeat)]
-                bare_times = [bare_mpirun(script, root) for _ in range(args.repeat)]
-                e, b = statistics.median(emu_times), statistics.median(bare_times)
-                results[f"warm_{name}"] = {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3),
-                                           "ratio": round(e / b, 2), "overhead_s": round(e - b, 3)}
+        # 1. warm: nodes are up (idle) from the cold run.
+        for name, script in (("trivial", trivial), ("torch_horovod", heavy)):
+            job = write_job(root, name, script, 2)
+            emu_times = [emulated(emu, job, 2) for _ in range(args.repeat)]
+            bare_times = [bare_mpirun(script, root) for _ in range(args.repeat)]
+            e, b = statistics.median(emu_times), statistics.median(bare_times)
+            results[f"warm_{name}"] = {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3),
+                                       "ratio": round(e / b, 2), "overhead_s": round(e - b, 3)}
 
-            # 3. MNIST throughput, one epoch on the real data, both sides the same trainer.
-            data = mnist.prepare().root
-            job = REPO / "trainer" / "job.yml"
-            run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
-            if run.wait(timeout=900) is not RunStatus.COMPLETED:
-                raise RuntimeError(f"MNIST run failed: {run.record.error}")
-            emu_sps = json.loads((run.outputs / "summary.json").read_text())["samples_per_second"]
-            bare_dir = root / "bare-mnist"
-            bare_dir.mkdir()
-            horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-            subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable,
-                            str(REPO / "trainer" / "train.py"), "--data-dir", str(data), "--epochs", "1"],
-                           cwd=bare_dir, check=True, stdout=subprocess.DEVNULL,
-                           env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{bare_dir / 'm.db'}"})
-            bare_sps = json.loads((bare_dir / "outputs" / "summary.json").read_text())["samples_per_second"]
-            results["mnist_samples_per_s"] = {"emulator": emu_sps, "bare_horovodrun": bare_sps,
-                                              "ratio": round(emu_sps / bare_sps, 3)}
+        # 3. MNIST throughput, one epoch on the real data, both sides the same trainer.
+        data = mnist.prepare().root
+        job = REPO / "trainer" / "job.yml"
+        run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
+        if run.wait(timeout=900) is not RunStatus.COMPLETED:
+            raise RuntimeError(f"MNIST run failed: {run.record.error}")
+        emu_sps = json.loads((run.outputs / "summary.json").read_text())["samples_per_second"]
+        bare_dir = root / "bare-mnist"
+        bare_dir.mkdir()
+        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
+        subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable,
+                        str(REPO / "trainer" / "train.py"), "--data-dir", str(data), "--epochs", "1"],
+                       cwd=bare_dir, check=True, stdout=subprocess.DEVNULL,
+                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{bare_dir / 'm.db'}"})
+        bare_sps = json.loads((bare_dir / "outputs" / "summary.json").read_text())["samples_per_second"]
+        results["mnist_samples_per_s"] = {"emulator": emu_sps, "bare_horovodrun": bare_sps,
+                                          "ratio": round(emu_sps / bare_sps, 3)}
 
-            # 4. the largest cluster: one Horovod rank per node, growing until it fails or reaches max.
-            largest, took = 0, None
-            for nodes in sorted({2, 4, 8, args.max_nodes}):
-                if nodes > args.max_nodes:
-                    continue
-                start = time.time()
-                run = emu.submit(write_job(root, f"allreduce{nodes}", ALLREDUCE, nodes, compute="big"))
-                if run.wait(timeout=600) is not RunStatus.COMPLETED:
-                    results["largest_failure"] = f"{nodes} nodes: {run.record.error}"
-                    break
-                largest, took = nodes, round(time.time() - start, 1)
-            results["largest_cluster"] = {"nodes": largest, "seconds": took}
-            if args.backend == "docker":
-                import docker  # noqa: PLC0415
+        # 4. the largest cluster: one Horovod rank per node, growing until it fails or reaches max.
+        largest, took = 0, None
+        for nodes in sorted({2, 4, 8, args.max_nodes}):
+            if nodes > args.max_nodes:
+                continue
+            start = time.time()
+            run = emu.submit(write_job(root, f"allreduce{nodes}", ALLREDUCE, nodes, compute="big"))
+            if run.wait(timeout=600) is not RunStatus.COMPLETED:
+                results["largest_failure"] = f"{nodes} nodes: {run.record.error}"
+                break
+            largest, took = nodes, round(time.time() - start, 1)
+        results["largest_cluster"] = {"nodes": largest, "seconds": took}
+        if args.backend == "docker":
+            import docker  # noqa: PLC0415
 
-                client = docker.from_env()
-                idle = client.containers.list(filters={"label": f"amlemu.home={emu.home.id}"})
-                usage = [c.stats(stream=False)["memory_stats"].get("usage", 0) for c in idle[:4]]
-                results["idle_node_memory_mib"] = round(statistics.mean(usage) / 2**20, 2) if usage else None
-        finally:
-            emu.cleanup()
-    print(json.dumps(results, indent=2))
-    return 0
+            client = docker.from_env()
+            idle = client.containers.list(filters={"label": f"amlemu.home={emu.home.id}"})
+            usage = [c.stats(stream=False)["memory_stats"].get("usage", 0) for c in idle[:4]]
+            results["idle_node_memory_mib"] = round(statistics.mean(usage) / 2**20, 2) if usage else None
+    return report(results)
 
 
 if __name__ == "__main__":

@@ -17,13 +17,14 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from common import bench_home, report  # noqa: E402 - bench/common.py
 
 from emulator.api import Emulator  # noqa: E402
 from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
@@ -123,20 +124,13 @@ def main() -> int:
     parser.add_argument("--files", type=int, default=1000)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="amlemu-dsbench-") as tmp:
-        work = Path(tmp)
-        emu = Emulator(home=work / "home", backend=args.backend)
-        try:
-            emu.datastores.upload(dataset(work / "data", args.files), f"{WS}/bench")
-            emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=600))
-            results = {"backend": args.backend, "files": args.files,
+    with bench_home("amlemu-dsbench-", args.backend) as (work, emu):
+        emu.datastores.upload(dataset(work / "data", args.files), f"{WS}/bench")
+        emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=600))
+        return report({"backend": args.backend, "files": args.files,
                        "warm_read_mount_vs_local_disk": warm_read(emu, work),
                        "cold_fill_vs_adlfs_download": cold_fill(emu, work, args.repeats),
-                       "seed_job_mount_vs_local_folder": seed_job(emu, args.repeats)}
-        finally:
-            emu.cleanup()
-    print(json.dumps(results, indent=2))
-    return 0
+                       "seed_job_mount_vs_local_folder": seed_job(emu, args.repeats)})
 
 
 if __name__ == "__main__":
