@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from emulator.backends import nodefs
 from emulator.backends.base import (LABEL, NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin,
                                     software_paths)
@@ -31,6 +29,8 @@ SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
 CPU_PERIOD = 100_000  # microseconds
 # The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
 SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
+# Inside the node: the run's environment, then the command (as sshd would run it, in a shell).
+NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
 def _client():  # type: ignore[no-untyped-def]
@@ -70,6 +70,8 @@ def _mirror_mounts() -> dict[str, dict[str, str]]:
 
 class DockerBackend(NodeBackend):
     name = "docker"
+    auto_priority = 10  # the closest to AmlCompute: `auto` takes it when an engine answers
+    can_partition = can_slow = enforces_limits = True  # its own bridge network; a CFS quota, a memory limit
 
     def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
         super().__init__(home)
@@ -89,6 +91,12 @@ class DockerBackend(NodeBackend):
         except BackendError as exc:
             return False, str(exc)
         return True, f"Docker engine {version}"
+
+    @classmethod
+    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+        """`docker exec -i` into the node's container, whose shell sources the run's env file."""
+        return [plan["tools"]["docker"], "exec", "-i", plan["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,
+                "amlemu-node", plan["env_file"], command]
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -223,6 +231,7 @@ class DockerBackend(NodeBackend):
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""
         import docker  # noqa: PLC0415
+        import psutil  # noqa: PLC0415 - not at the top: the launch agent imports this module
 
         try:
             container = self.client.containers.get(self.container_name(request))
