@@ -119,9 +119,31 @@ def test_each_node_gets_its_own_gpus(tmp_path: Path) -> None:
     requests = [autoscale.node_request(emu.home, spec, i, host_gpus=("0", "1", "2", "3")) for i in (0, 1)]
     assert [r.gpus for r in requests] == [("0", "1"), ("2", "3")]
     assert get_backend("docker", emu.home).plan_node(requests[1])["gpus"] == ["2", "3"]
-    assert get_backend("process", emu.home).agent_entry(requests[1])["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert get_backend("process", emu.home).node_env(requests[1])["CUDA_VISIBLE_DEVICES"] == "2,3"
     none = autoscale.node_request(emu.home, ClusterSpec("cpu", "STANDARD_D2_V2"), 0, host_gpus=("0",))
-    assert get_backend("process", emu.home).agent_entry(none)["env"]["CUDA_VISIBLE_DEVICES"] == ""
+    assert get_backend("process", emu.home).node_env(none)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_the_gpus_nodes_get_are_the_ones_this_process_may_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi (a fake with four GPUs) narrowed by CUDA_VISIBLE_DEVICES, asked once until reset."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    gpus.reset()  # whatever an earlier test (or the plugin's gpu marker) cached
+    try:
+        assert gpus.visible_gpus() == ("1", "3")
+        home = Emulator(home=tmp_path / "home").home
+        spec = ClusterSpec("gpu", "Standard_NC6s_v3", max_nodes=2)  # 1 V100 per node
+        assert [autoscale.node_request(home, spec, i).gpus for i in (0, 1)] == [("1",), ("3",)]
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        assert gpus.visible_gpus() == ("1", "3")  # cached: nvidia-smi is not asked per node
+        gpus.reset()
+        assert gpus.visible_gpus() == ("0", "1", "2", "3")
+    finally:
+        gpus.reset()  # later tests see this machine's real GPUs
 
 
 def test_command_line_keeps_bindings_for_the_platform() -> None:
