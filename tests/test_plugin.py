@@ -84,6 +84,40 @@ def test_a_failed_run_fails_the_test_with_its_status_rank_and_log_tail(tmp_path:
     assert "1 failed, 1 passed" in done.stdout
 
 
+HANG = """
+import time
+print("rank 0 waiting for a peer that never answers", flush=True)
+time.sleep(600)
+"""
+HANG_TEST = """
+from pathlib import Path
+import pytest
+
+@pytest.mark.aml(nodes=1, timeout=15)
+def test_a_job_that_hangs(aml_run):
+    aml_run.script(Path(__file__).with_name("hang.py"))
+"""
+
+
+def test_a_run_past_the_tests_limit_is_canceled_and_fails_the_test_with_its_story(tmp_path: Path) -> None:
+    (tmp_path / "hang.py").write_text(textwrap.dedent(HANG))
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent(HANG_TEST))
+    inner = tmp_path / "inner"  # the inner session's temporary folders: its home is in there
+    done = _pytest(str(tmp_path / "test_hang.py"), "--aml-backend", "process", "-q", "--basetemp", str(inner),
+                   cwd=tmp_path)
+    out = done.stdout
+    assert done.returncode == 1 and "1 failed" in out, out[-3000:]
+    assert "RunFailed: run " in out and " did not end within 15 s (it was Running on node(s) t" in out, out[-3000:]
+    assert "-node-0) and was canceled: it ended Canceled; last lines of rank 0:" in out, out[-3000:]
+    assert "rank 0 waiting for a peer that never answers" in out, out[-3000:]  # the log tail
+    left = [p.pid for p in psutil.process_iter(["cmdline"])  # the sandbox (its home's paths), the job
+            if any(str(inner) in a or a == "hang.py" for a in p.info["cmdline"] or [])]
+    assert left == [], f"the canceled run left processes behind: {left}"
+    home = inner / "amlemu-home0"
+    assert (home / "amlemu.db").exists()  # the session's home: no node folders left in it
+    assert [p for sub in ("nodes", "caches", "process-nodes") for p in (home / sub).glob("*/*")] == []
+
+
 def test_without_docker_the_aml_tests_skip_or_with_strict_fail(tmp_path: Path) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
     no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
