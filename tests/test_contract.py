@@ -144,6 +144,10 @@ def test_each_registered_backend_is_one_class_with_its_capabilities() -> None:
         cls = backends.backend_class(name)
         assert cls.name == name and not getattr(cls.agent_argv, "__isabstractmethod__", False)
         assert all(isinstance(getattr(cls, cap), bool) for cap in ("can_partition", "can_slow", "enforces_limits"))
+    for name, host in (("docker", "c1-node-1"), ("process", "n0")):  # PLAN's hosts
+        tools = backends.backend_class(name).agent_tools()  # what its agent runs, found here by absolute path
+        assert agent_command({**PLAN, "backend": name, "tools": tools}, host, "orted")[0][0] in tools.values()
+        assert all(Path(path).is_absolute() for path in tools.values())
     assert backends.backend_class("process").limits_note() == "CPU and memory limits are not enforced on process nodes"
     assert backends.backend_class("docker").limits_note() is None
 

@@ -101,6 +101,11 @@ class NodeBackend(abc.ABC):
 
     # --- the launch agent (emulator/runs/agent.py: once per node and launch, so no instance) ----
     @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        """The host programs its agent_argv runs, by absolute path (found here, by the platform)."""
+        return {}
+
+    @classmethod
     @abc.abstractmethod
     def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
         """The argv that runs the shell `command` on node `host` of the agent's `plan` (written by

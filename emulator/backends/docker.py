@@ -93,6 +93,11 @@ class DockerBackend(NodeBackend):
         return True, f"Docker engine {version}"
 
     @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        found = shutil.which("docker")
+        return {"docker": found} if found else {}
+
+    @classmethod
     def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
         """`docker exec -i` into the node's container, whose shell sources the run's env file."""
         return [plan["tools"]["docker"], "exec", "-i", plan["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,

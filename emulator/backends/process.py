@@ -43,6 +43,11 @@ class ProcessBackend(NodeBackend):
         return True, "local process groups in their own namespaces"
 
     @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        found = shutil.which("unshare")
+        return {"unshare": found, "sh": "/bin/sh"} if found else {"sh": "/bin/sh"}
+
+    @classmethod
     def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
         """The node's sandbox in new namespaces; as a user without root, in a user namespace too."""
         tools, node = plan["tools"], plan["hosts"][host]
