@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 
 from emulator import backends
+from emulator.backends.base import CACHE_ROOT, NODE_ROOT
 from emulator.backends.docker import NODE_EXEC
 from emulator.backends.process import SANDBOX
 from emulator.errors import ConfigError
+from emulator.runs import contract
 from emulator.runs.agent import AgentError, agent_command
 from emulator.runs.contract import (
     LOCAL_SOURCE,
@@ -120,6 +122,8 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
     assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
+    assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
+    assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script
 
 

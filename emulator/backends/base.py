@@ -11,6 +11,10 @@ from emulator.errors import BackendError
 from emulator.home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
+# Where every backend puts a node's disk and its blob cache (read-only) inside the node: the node
+# contract's paths (emulator/runs/contract.py holds the same; this layer cannot import it).
+NODE_ROOT = "/mnt/azureml"
+CACHE_ROOT = "/mnt/amlemu/cache"
 
 
 def software_paths() -> list[str]:

@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from emulator.backends import nodefs
-from emulator.backends.base import (LABEL, NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin,
-                                    software_paths)
+from emulator.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeBackend, NodeInfo, NodeRequest,
+                                    node_base_env, software_bin, software_paths)
 from emulator.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
@@ -123,9 +123,9 @@ class DockerBackend(NodeBackend):
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         use_job_image = bool(request.image) and self._has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
-        volumes[str(request.node_dir)] = {"bind": "/mnt/azureml", "mode": "rw"}
+        volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
         # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
-        volumes[str(request.cache_dir / "data")] = {"bind": "/mnt/amlemu/cache", "mode": "ro"}
+        volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
         agent = Path(sys.prefix, "bin", "amlemu-agent")
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
