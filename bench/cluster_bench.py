@@ -29,6 +29,7 @@ sys.path.insert(0, str(REPO))
 from common import bench_home, report  # noqa: E402 - bench/common.py
 
 from emulator.api import Emulator  # noqa: E402
+from emulator.backends import BACKENDS  # noqa: E402
 from emulator.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
 from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
 from fixtures import mnist  # noqa: E402
@@ -97,7 +98,7 @@ def emulated(emu: Emulator, job: Path, ranks: int) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--backend", default="docker", choices=["docker", "process"])
+    parser.add_argument("--backend", default="docker", choices=list(BACKENDS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=16)
     args = parser.parse_args()

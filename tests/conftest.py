@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from emulator.api import Emulator
-from emulator.backends import backend_class
+from emulator.backends import BACKENDS, backend_class
 from emulator.specs import ClusterSpec
 from fixtures import mnist
 
@@ -44,7 +44,7 @@ def trainer_module():
 
 
 # --- the emulated cluster -------------------------------------------------------------------------
-@pytest.fixture(params=["docker", "process"])
+@pytest.fixture(params=list(BACKENDS))
 def backend(request: pytest.FixtureRequest) -> str:
     """Every cluster test runs on both backends. A missing engine fails the docker half: it never skips."""
     ok, why = backend_class(request.param).available()

@@ -6,7 +6,13 @@ from pathlib import Path
 
 import pytest
 
-from emulator.runs.agent import NODE_EXEC, SANDBOX, AgentError, agent_command
+from emulator import backends
+from emulator.backends.base import CACHE_ROOT, NODE_ROOT
+from emulator.backends.docker import NODE_EXEC
+from emulator.backends.process import SANDBOX
+from emulator.errors import ConfigError
+from emulator.runs import contract
+from emulator.runs.agent import AgentError, agent_command
 from emulator.runs.contract import (
     LOCAL_SOURCE,
     NodeSlot,
@@ -116,7 +122,38 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
     assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
+    assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
+    assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script
+
+
+def test_agent_refuses_a_backend_outside_the_registry() -> None:
+    with pytest.raises(AgentError, match="unknown backend 'swarm' in the launch plan"):
+        agent_command({**PLAN, "backend": "swarm"}, "n0", "orted")
+
+
+def test_auto_walks_the_registry_by_priority(monkeypatch: pytest.MonkeyPatch) -> None:
+    order = backends.auto_order()
+    assert [c.name for c in order] == ["docker", "process"]  # the closest to AmlCompute first
+    for cls in order:
+        monkeypatch.setattr(cls, "available", classmethod(lambda c: (c.name == "process", f"{c.name} why")))
+    assert backends.resolve_backend("auto") == ("process", "backend auto -> process (docker: docker why)")
+    monkeypatch.setattr(order[1], "available", classmethod(lambda c: (False, "no unshare")))
+    with pytest.raises(ConfigError, match="no backend is usable here .docker: docker why; process: no unshare"):
+        backends.resolve_backend("auto")
+
+
+def test_each_registered_backend_is_one_class_with_its_capabilities() -> None:
+    for name in backends.BACKENDS:
+        cls = backends.backend_class(name)
+        assert cls.name == name and not getattr(cls.agent_argv, "__isabstractmethod__", False)
+        assert all(isinstance(getattr(cls, cap), bool) for cap in ("can_partition", "can_slow", "enforces_limits"))
+    for name, host in (("docker", "c1-node-1"), ("process", "n0")):  # PLAN's hosts
+        tools = backends.backend_class(name).agent_tools()  # what its agent runs, found here by absolute path
+        assert agent_command({**PLAN, "backend": name, "tools": tools}, host, "orted")[0][0] in tools.values()
+        assert all(Path(path).is_absolute() for path in tools.values())
+    assert backends.backend_class("process").limits_note() == "CPU and memory limits are not enforced on process nodes"
+    assert backends.backend_class("docker").limits_note() is None
 
 
 def test_env_file_quotes_every_value_and_refuses_names_a_shell_cannot_set() -> None:

@@ -84,6 +84,40 @@ def test_a_failed_run_fails_the_test_with_its_status_rank_and_log_tail(tmp_path:
     assert "1 failed, 1 passed" in done.stdout
 
 
+HANG = """
+import time
+print("rank 0 waiting for a peer that never answers", flush=True)
+time.sleep(600)
+"""
+HANG_TEST = """
+from pathlib import Path
+import pytest
+
+@pytest.mark.aml(nodes=1, timeout=15)
+def test_a_job_that_hangs(aml_run):
+    aml_run.script(Path(__file__).with_name("hang.py"))
+"""
+
+
+def test_a_run_past_the_tests_limit_is_canceled_and_fails_the_test_with_its_story(tmp_path: Path) -> None:
+    (tmp_path / "hang.py").write_text(textwrap.dedent(HANG))
+    (tmp_path / "test_hang.py").write_text(textwrap.dedent(HANG_TEST))
+    inner = tmp_path / "inner"  # the inner session's temporary folders: its home is in there
+    done = _pytest(str(tmp_path / "test_hang.py"), "--aml-backend", "process", "-q", "--basetemp", str(inner),
+                   cwd=tmp_path)
+    out = done.stdout
+    assert done.returncode == 1 and "1 failed" in out, out[-3000:]
+    assert "RunFailed: run " in out and " did not end within 15 s (it was Running on node(s) t" in out, out[-3000:]
+    assert "-node-0) and was canceled: it ended Canceled; last lines of rank 0:" in out, out[-3000:]
+    assert "rank 0 waiting for a peer that never answers" in out, out[-3000:]  # the log tail
+    left = [p.pid for p in psutil.process_iter(["cmdline"])  # the sandbox (its home's paths), the job
+            if any(str(inner) in a or a == "hang.py" for a in p.info["cmdline"] or [])]
+    assert left == [], f"the canceled run left processes behind: {left}"
+    home = inner / "amlemu-home0"
+    assert (home / "amlemu.db").exists()  # the session's home: no node folders left in it
+    assert [p for sub in ("nodes", "caches", "process-nodes") for p in (home / sub).glob("*/*")] == []
+
+
 def test_without_docker_the_aml_tests_skip_or_with_strict_fail(tmp_path: Path) -> None:
     (tmp_path / "test_user.py").write_text(textwrap.dedent(USER_TEST))
     no_engine = {"DOCKER_HOST": f"unix://{tmp_path}/no-docker.sock"}
@@ -122,6 +156,28 @@ def test_each_node_gets_its_own_gpus(tmp_path: Path) -> None:
     assert get_backend("process", emu.home).node_env(requests[1])["CUDA_VISIBLE_DEVICES"] == "2,3"
     none = autoscale.node_request(emu.home, ClusterSpec("cpu", "STANDARD_D2_V2"), 0, host_gpus=("0",))
     assert get_backend("process", emu.home).node_env(none)["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_the_gpus_nodes_get_are_the_ones_this_process_may_use(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-smi (a fake with four GPUs) narrowed by CUDA_VISIBLE_DEVICES, asked once until reset."""
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\nprintf '0\\n1\\n2\\n3\\n'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1,3")
+    gpus.reset()  # whatever an earlier test (or the plugin's gpu marker) cached
+    try:
+        assert gpus.visible_gpus() == ("1", "3")
+        home = Emulator(home=tmp_path / "home").home
+        spec = ClusterSpec("gpu", "Standard_NC6s_v3", max_nodes=2)  # 1 V100 per node
+        assert [autoscale.node_request(home, spec, i).gpus for i in (0, 1)] == [("1",), ("3",)]
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+        assert gpus.visible_gpus() == ("1", "3")  # cached: nvidia-smi is not asked per node
+        gpus.reset()
+        assert gpus.visible_gpus() == ("0", "1", "2", "3")
+    finally:
+        gpus.reset()  # later tests see this machine's real GPUs
 
 
 def test_command_line_keeps_bindings_for_the_platform() -> None:

@@ -1,4 +1,9 @@
-"""Node backends, chosen by name from a registry; `auto` picks docker when an engine answers."""
+"""Node backends, chosen by name from a registry; `auto` tries them by their `auto_priority`.
+
+A backend is one module holding one `NodeBackend` subclass (see base.py for what it provides) and
+one line in BACKENDS below; every list of backend names (CLI choices, the pytest plugin's option,
+the test suite's parameters, cleanup) is read from here.
+"""
 from __future__ import annotations
 
 import importlib
@@ -7,9 +12,10 @@ from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest
 from emulator.errors import ConfigError
 from emulator.home import Home
 
-__all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "get_backend", "resolve_backend"]
+__all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "auto_order", "backend_class", "get_backend",
+           "resolve_backend"]
 
-# Imported lazily: the docker SDK is needed only by the docker backend.
+# name -> "module:class", imported lazily (the docker SDK is needed only by the docker backend).
 BACKENDS = {
     "docker": "emulator.backends.docker:DockerBackend",
     "process": "emulator.backends.process:ProcessBackend",
@@ -25,6 +31,12 @@ def backend_class(name: str) -> type[NodeBackend]:
     return getattr(importlib.import_module(module), attr)
 
 
+def auto_order() -> list[type[NodeBackend]]:
+    """The backends `auto` may pick, in the order it tries them."""
+    ranked = [backend_class(name) for name in BACKENDS]
+    return sorted((c for c in ranked if c.auto_priority is not None), key=lambda c: c.auto_priority or 0)
+
+
 def resolve_backend(name: str) -> tuple[str, str]:
     """(backend name, one line saying why) for a configured name, `auto` included."""
     if name != "auto":
@@ -32,13 +44,13 @@ def resolve_backend(name: str) -> tuple[str, str]:
         if not ok:
             raise ConfigError("backend", f"{name} is not usable here: {why}")
         return name, f"backend {name}: {why}"
-    ok, why = backend_class("docker").available()
-    if ok:
-        return "docker", f"backend auto -> docker ({why})"
-    ok_p, why_p = backend_class("process").available()
-    if not ok_p:
-        raise ConfigError("backend", f"neither docker ({why}) nor process ({why_p}) is usable here")
-    return "process", f"backend auto -> process (docker: {why})"
+    passed: list[str] = []  # "docker: why not", for the ones tried before the chosen one
+    for cls in auto_order():
+        ok, why = cls.available()
+        if ok:
+            return cls.name, f"backend auto -> {cls.name} ({'; '.join(passed) or why})"
+        passed.append(f"{cls.name}: {why}")
+    raise ConfigError("backend", f"no backend is usable here ({'; '.join(passed)})")
 
 
 def get_backend(name: str, home: Home) -> NodeBackend:

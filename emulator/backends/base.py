@@ -11,6 +11,10 @@ from emulator.errors import BackendError
 from emulator.home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
+# Where every backend puts a node's disk and its blob cache (read-only) inside the node: the node
+# contract's paths (emulator/runs/contract.py holds the same; this layer cannot import it).
+NODE_ROOT = "/mnt/azureml"
+CACHE_ROOT = "/mnt/amlemu/cache"
 
 
 def software_paths() -> list[str]:
@@ -74,8 +78,17 @@ class NodeInfo:
 
 
 class NodeBackend(abc.ABC):
+    """Everything a kind of node needs, in one class: its registry name, its place in `auto`, what
+    it can emulate, how the launch agent runs a command on one of its nodes, and the node's life."""
+
     name: ClassVar[str]
     mpi_options: ClassVar[tuple[str, ...]] = ()  # what mpirun needs to reach this backend's nodes
+    # `auto` tries the available backends by ascending priority; None: chosen only by name.
+    auto_priority: ClassVar[int | None] = None
+    # What it emulates honestly; the rest is refused with a message, never faked.
+    can_partition: ClassVar[bool] = False  # cut one node off the others' network
+    can_slow: ClassVar[bool] = False  # lower a running node's CPU quota
+    enforces_limits: ClassVar[bool] = False  # the size's CPUs and memory are hard limits
 
     def __init__(self, home: Home) -> None:
         self.home = home
@@ -84,6 +97,28 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def available(cls) -> tuple[bool, str]:
         """(usable here, why not / what it uses)."""
+
+    @classmethod
+    def limits_note(cls) -> str | None:
+        """What a dry run says about the node sizes this backend does not hold its nodes to."""
+        return None if cls.enforces_limits else f"CPU and memory limits are not enforced on {cls.name} nodes"
+
+    # --- the launch agent (emulator/runs/agent.py: once per node and launch, so no instance) ----
+    @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        """The host programs its agent_argv runs, by absolute path (found here, by the platform)."""
+        return {}
+
+    @classmethod
+    @abc.abstractmethod
+    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+        """The argv that runs the shell `command` on node `host` of the agent's `plan` (written by
+        the supervisor: tools by absolute path, env_file, sandbox_root, software, and the host's
+        `agent_entry`). Only the platform's programs run on the host side, never the job's."""
+
+    @classmethod
+    def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
+        """Called by the agent just before it becomes the argv (same pid after exec)."""
 
     @abc.abstractmethod
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
@@ -117,17 +152,17 @@ class NodeBackend(abc.ABC):
     def list_nodes(self) -> list[NodeInfo]:
         """The nodes of this home that exist now."""
 
-    # --- faults (emulator/cluster/faults.py) ----------------------------------------------------------
+    # --- faults (emulator/cluster/faults.py) --------------------------------------------------
     @abc.abstractmethod
     def kill_node(self, request: NodeRequest) -> None:
         """The node dies at once: its processes get SIGKILL, nothing they could handle."""
 
     def partition_node(self, request: NodeRequest) -> None:
-        """Cut the node off from the other nodes (it keeps running)."""
+        """Cut the node off from the other nodes (it keeps running). With `can_partition` only."""
         raise BackendError(f"a network partition is not emulated on {self.name} nodes")
 
     def slow_node(self, request: NodeRequest, cpus: float) -> None:
-        """Throttle the node to `cpus` cores."""
+        """Throttle the node to `cpus` cores. With `can_slow` only."""
         raise BackendError(f"slowing a node is not emulated on {self.name} nodes")
 
     def create_cluster(self, cluster: str) -> None:

@@ -19,18 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from emulator.backends import nodefs
-from emulator.backends.base import (
-    LABEL,
-    NodeBackend,
-    NodeInfo,
-    NodeRequest,
-    node_base_env,
-    software_bin,
-    software_paths,
-)
+from emulator.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeBackend, NodeInfo, NodeRequest,
+                                    node_base_env, software_bin, software_paths)
 from emulator.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
@@ -38,6 +29,8 @@ SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
 CPU_PERIOD = 100_000  # microseconds
 # The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
 SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
+# Inside the node: the run's environment, then the command (as sshd would run it, in a shell).
+NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
 def _client():  # type: ignore[no-untyped-def]
@@ -77,6 +70,8 @@ def _mirror_mounts() -> dict[str, dict[str, str]]:
 
 class DockerBackend(NodeBackend):
     name = "docker"
+    auto_priority = 10  # the closest to AmlCompute: `auto` takes it when an engine answers
+    can_partition = can_slow = enforces_limits = True  # its own bridge network; a CFS quota, a memory limit
 
     def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
         super().__init__(home)
@@ -96,6 +91,17 @@ class DockerBackend(NodeBackend):
         except BackendError as exc:
             return False, str(exc)
         return True, f"Docker engine {version}"
+
+    @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        found = shutil.which("docker")
+        return {"docker": found} if found else {}
+
+    @classmethod
+    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+        """`docker exec -i` into the node's container, whose shell sources the run's env file."""
+        return [plan["tools"]["docker"], "exec", "-i", plan["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,
+                "amlemu-node", plan["env_file"], command]
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -117,9 +123,9 @@ class DockerBackend(NodeBackend):
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         use_job_image = bool(request.image) and self._has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
-        volumes[str(request.node_dir)] = {"bind": "/mnt/azureml", "mode": "rw"}
+        volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
         # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
-        volumes[str(request.cache_dir / "data")] = {"bind": "/mnt/amlemu/cache", "mode": "ro"}
+        volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
         agent = Path(sys.prefix, "bin", "amlemu-agent")
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
@@ -230,6 +236,7 @@ class DockerBackend(NodeBackend):
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""
         import docker  # noqa: PLC0415
+        import psutil  # noqa: PLC0415 - not at the top: the launch agent imports this module
 
         try:
             container = self.client.containers.get(self.container_name(request))

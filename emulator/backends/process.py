@@ -1,6 +1,6 @@
 """Process backend: a node is a folder (its local disk) plus the processes the launch agent starts in
-a sandbox of their own (emulator/runs/sandbox.sh: mount, UTS and PID namespaces, a root holding only
-this machine's software, no capabilities), for machines without a Docker engine.
+a sandbox of their own (sandbox.sh, next to this module: mount, UTS and PID namespaces, a root
+holding only this machine's software, no capabilities), for machines without a Docker engine.
 
 The node's disk is the job's to write, so the backend keeps its own records of the node (its
 plan, the agents it started, whether it was killed) in a state folder the node never sees.
@@ -23,6 +23,7 @@ NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
 SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
+SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (package data)
 
 
 class ProcessBackend(NodeBackend):
@@ -30,6 +31,8 @@ class ProcessBackend(NodeBackend):
     # Process nodes share this machine's network: ranks must talk over loopback, which Open MPI's
     # TCP transport leaves out by default (over the other interfaces the first collective hangs).
     mpi_options = ("--mca", "btl_tcp_if_include", "lo")
+    auto_priority = 20  # where no Docker engine answers
+    # Its nodes share the host's network and have no CPU quota: partition, slow and limits stay off.
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -39,6 +42,25 @@ class ProcessBackend(NodeBackend):
                            f"tini) for the nodes' sandboxes")
         return True, "local process groups in their own namespaces"
 
+    @classmethod
+    def agent_tools(cls) -> dict[str, str]:
+        found = shutil.which("unshare")
+        return {"unshare": found, "sh": "/bin/sh"} if found else {"sh": "/bin/sh"}
+
+    @classmethod
+    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+        """The node's sandbox in new namespaces; as a user without root, in a user namespace too."""
+        tools, node = plan["tools"], plan["hosts"][host]
+        unshare = [tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
+        if not plan.get("as_root", True):
+            unshare.append("--map-root-user")
+        return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
+                plan["env_file"], command, *plan["software"]]
+
+    @classmethod
+    def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
+        record_agent(plan["hosts"][host]["state_dir"])  # so stop_processes finds the sandbox
+
     def state_dir(self, cluster: str, node: str) -> Path:
         return self.home.root / "process-nodes" / cluster / node
 
@@ -46,7 +68,7 @@ class ProcessBackend(NodeBackend):
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
                 "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
-                "notes": "limits are not enforced on process nodes; all nodes share the host network"}
+                "notes": f"{self.limits_note()}; all nodes share the host network"}
 
     def create_node(self, request: NodeRequest) -> str:
         request.node_dir.mkdir(parents=True, exist_ok=True)

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from emulator import safeyaml
 from emulator.api import Emulator
+from emulator.backends import BACKENDS
 from emulator.cli.common import (
     _emu,
     _target,
@@ -35,7 +36,7 @@ from emulator.errors import ConfigError
 @click.option("--max-instances", type=int, default=4, show_default=True)
 @click.option("--idle-time-before-scale-down", type=int, default=120, show_default=True, help="seconds")
 @click.option("--tier", default="dedicated", show_default=True, help="dedicated | low_priority")
-@click.option("--backend", type=click.Choice(["auto", "docker", "process"]), default=None,
+@click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default=None,
               help="how nodes are made (default $AMLEMU_BACKEND or auto)")
 @click.option("--dry-run", is_flag=True, help="print what would be created (or sent), create nothing")
 @target_option

@@ -13,10 +13,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from emulator.backends import NodeBackend, NodeRequest, get_backend
+from emulator.backends import BACKENDS, NodeBackend, NodeRequest, backend_class, get_backend
 from emulator.cluster import allocation as autoscale
 from emulator.cluster.store import Node, Store
-from emulator.errors import ConfigError, NotFoundError, StateError
+from emulator.errors import BackendError, ConfigError, NotFoundError, StateError
 from emulator.home import Home
 from emulator.specs import Priority
 from emulator.storage.datastores import parse_uri
@@ -39,6 +39,16 @@ def fault_log(home: Home, run_id: str, line: str) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder / "faults.txt", "a") as fh:
         fh.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+def require(backend: NodeBackend, capability: str, fault: str) -> None:
+    """A fault the backend cannot carry out honestly is refused (never faked), naming the backends
+    that can: the capability is a class attribute (`can_partition`, `can_slow`)."""
+    if getattr(backend, capability):
+        return
+    able = [name for name in BACKENDS if getattr(backend_class(name), capability)]
+    hint = f"; it is on {', '.join(able)} nodes (compute create --backend)" if able else ""
+    raise BackendError(f"{fault} is not emulated on {backend.name} nodes{hint}")
 
 
 class FaultInjector:
@@ -97,7 +107,8 @@ class FaultInjector:
     def partition(self, cluster: str, node: int | str) -> str:
         [victim] = self._nodes(cluster, node)
         backend, request = self._backend_and_request(cluster, victim)
-        backend.partition_node(request)  # raises on backends that cannot do it honestly
+        require(backend, "can_partition", "a network partition")
+        backend.partition_node(request)
         self._record(cluster, victim, "partition", f"cut off from the cluster network; a job still running "
                      f"{PARTITION_TIMEOUT:g} s later fails")
         if not victim.run_id:
@@ -109,6 +120,7 @@ class FaultInjector:
             raise ConfigError("--cpus", f"must be positive, got {cpus}")
         [victim] = self._nodes(cluster, node)
         backend, request = self._backend_and_request(cluster, victim)
+        require(backend, "can_slow", "slowing a node")
         backend.slow_node(request, cpus)
         self._record(cluster, victim, "slow", f"throttled to {cpus:g} CPU(s)")
         return victim.name

@@ -10,7 +10,8 @@ import subprocess
 
 @functools.lru_cache(maxsize=1)
 def visible_gpus() -> tuple[str, ...]:
-    """Indices of the GPUs this process may use (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES)."""
+    """Indices of the GPUs this process may use (nvidia-smi, narrowed by CUDA_VISIBLE_DEVICES).
+    Asked once per process (nvidia-smi takes a while); `reset()` makes the next call ask again."""
     if not shutil.which("nvidia-smi"):
         return ()
     try:
@@ -23,6 +24,12 @@ def visible_gpus() -> tuple[str, ...]:
     if allowed is not None:
         found = tuple(g for g in found if g in allowed.split(","))
     return found
+
+
+def reset() -> None:
+    """Forget the cached answer: after CUDA_VISIBLE_DEVICES or the machine's GPUs changed (tests
+    that fake nvidia-smi, a long-lived process)."""
+    visible_gpus.cache_clear()
 
 
 def assign(gpus: tuple[str, ...], index: int, per_node: int) -> tuple[str, ...]:

@@ -2,12 +2,9 @@
 
 mpirun (on the host) runs it once per node with the node's MPI daemon command, as it would run
 `ssh <host> <command>`. The agent looks the host up in the run's launch plan (a JSON file named by
-AMLEMU_AGENT_PLAN, written by the run's supervisor, owner-only) and runs the command on that node:
-
-- docker nodes: `docker exec -i` into the node's container;
-- process nodes: a sandbox (emulator/runs/sandbox.sh) in new mount, UTS and PID namespaces whose root
-  holds only this machine's software (read-only), the node's own disk and its read-only cache,
-  entered with every capability dropped.
+AMLEMU_AGENT_PLAN, written by the run's supervisor, owner-only) and runs the command on that node
+as the plan's backend says (`agent_argv` on its class in emulator/backends/: `docker exec -i` into
+a container, or a process node's sandbox in namespaces of its own).
 
 The job is untrusted code, so nothing it declared touches the host side: the agent runs the
 programs the plan names by absolute path, with an environment fixed by the platform (the plan's
@@ -22,35 +19,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
+# Only the registry and the one backend module the plan names: the agent starts once per node.
+from emulator.backends import backend_class
+from emulator.backends.base import NodeBackend
+from emulator.errors import ConfigError
+
 PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
-SANDBOX = Path(__file__).with_name("sandbox.sh")
-# Inside the node: the run's environment, then the command (as sshd would run it, in a shell).
-NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
 class AgentError(RuntimeError):
     pass
 
 
+def _backend(plan: dict[str, Any], host: str) -> type[NodeBackend]:
+    if host not in plan["hosts"]:
+        raise AgentError(f"host {host} is not a node of this run ({', '.join(plan['hosts'])})")
+    try:
+        return backend_class(plan["backend"])
+    except ConfigError:
+        raise AgentError(f"unknown backend {plan['backend']!r} in the launch plan") from None
+
+
 def agent_command(plan: dict[str, Any], host: str, command: str) -> tuple[list[str], dict[str, str]]:
     """(argv, environment) that run `command` on `host` as the plan describes it."""
-    try:
-        node = plan["hosts"][host]
-    except KeyError:
-        raise AgentError(f"host {host} is not a node of this run ({', '.join(plan['hosts'])})") from None
-    tools, env_file = plan["tools"], plan["env_file"]
-    if plan["backend"] == "docker":
-        argv = [tools["docker"], "exec", "-i", node["container"], "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
-                env_file, command]
-    elif plan["backend"] == "process":
-        unshare = [tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
-        if not plan.get("as_root", True):
-            unshare.append("--map-root-user")
-        argv = [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
-                env_file, command, *plan["software"]]
-    else:
-        raise AgentError(f"unknown backend {plan['backend']!r} in the launch plan")
-    return argv, dict(plan["host_env"])
+    return _backend(plan, host).agent_argv(plan, host, command), dict(plan["host_env"])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,10 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError, KeyError, AgentError) as exc:
         print(f"amlemu-agent: {exc}", file=sys.stderr)
         return 2
-    if plan["backend"] == "process":
-        from emulator.backends.process import record_agent  # noqa: PLC0415 - psutil only where needed
-
-        record_agent(plan["hosts"][argv[0]]["state_dir"])
+    _backend(plan, argv[0]).before_agent_exec(plan, argv[0])
     os.execve(command[0], command, env)  # an absolute path: no PATH lookup
     return 127  # not reached
 

@@ -6,7 +6,6 @@ executes it, and writes it to the run's system_logs/launch.json.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,11 +94,10 @@ def agent_plan(backend: NodeBackend, requests: list[NodeRequest], run_id: str, s
     found on the supervisor's PATH) and the environment it runs them with. Nothing in it comes from
     the job but the name of the env file on the node."""
     sandbox_root.mkdir(parents=True, exist_ok=True)  # a mount point, private to each sandbox
-    tools = {"docker": shutil.which("docker"), "unshare": shutil.which("unshare"), "sh": "/bin/sh"}
     return {
         "backend": backend.name,
         "as_root": os.geteuid() == 0,
-        "tools": {name: path for name, path in tools.items() if path},
+        "tools": backend.agent_tools(),
         "host_env": {k: v for k, v in os.environ.items()
                      if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
         "env_file": node_env_file(run_id),
