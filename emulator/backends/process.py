@@ -126,16 +126,18 @@ class ProcessBackend(NodeBackend):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
     # --- dry runs ------------------------------------------------------------------------------
+    def _folders(self, cluster: str, node: str) -> tuple[Path, ...]:
+        """A node's disk, its blob cache and the backend's records of it."""
+        return self.home.node_dir(cluster, node), self.home.cache_dir(cluster, node), self.state_dir(cluster, node)
+
     def _node_parts(self, cluster: str, node: str) -> dict[str, Any]:
         """A node's live processes and existing folders: what removing it removes."""
-        folders = (self.home.node_dir(cluster, node), self.home.cache_dir(cluster, node), self.state_dir(cluster, node))
         return {"processes": [p.pid for p in self._recorded(self.state_dir(cluster, node))],
-                "folders": [str(f) for f in folders if f.exists()]}
+                "folders": [str(f) for f in self._folders(cluster, node) if f.exists()]}
 
     def _remove_found(self, cluster: str, node: str) -> None:
         self._kill_recorded(self.state_dir(cluster, node))
-        for folder in (self.home.node_dir(cluster, node), self.home.cache_dir(cluster, node),
-                       self.state_dir(cluster, node)):
+        for folder in self._folders(cluster, node):
             shutil.rmtree(folder, ignore_errors=True)
 
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
