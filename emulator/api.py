@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
@@ -20,13 +19,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-import psutil
-
-from emulator.backends import BACKENDS, backend_class, get_backend, resolve_backend
+from emulator.actions import Action, execute
+from emulator.backends import get_backend, resolve_backend
 from emulator.cluster import allocation as autoscale
+from emulator.cluster import teardown
 from emulator.cluster.faults import FaultInjector
 from emulator.cluster.store import Cluster, Node, RunRecord, Store
-from emulator.errors import CapacityError, ConfigError, NotFoundError, StateError
+from emulator.cluster.teardown import ours
+from emulator.errors import CapacityError, ConfigError, NotFoundError
 from emulator.home import Home, default_cache, new_run_id
 from emulator.jobs import snapshot
 from emulator.jobs.jobspec_io import job_from_record, job_to_record
@@ -166,12 +166,8 @@ class Emulator:
 
     def write_config(self, path: str | Path) -> Path:
         """config.json of the shape Workspace.from_config() / MLClient.from_config() read."""
-        ws = self.workspace()
-        path = Path(path)
-        path.write_text(json.dumps({"subscription_id": ws["subscription_id"],
-                                    "resource_group": ws["resource_group"],
-                                    "workspace_name": ws["workspace_name"]}, indent=2) + "\n")
-        return path
+        execute(self.plan_write_config(path))
+        return Path(path)
 
     # --- computes ----------------------------------------------------------------------------
     def plan_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> dict[str, Any]:
@@ -219,18 +215,9 @@ class Emulator:
     def compute(self, name: str) -> Cluster:
         return self.store.cluster(name)
 
-    def delete_compute(self, name: str) -> None:
-        cluster = self.store.cluster(name)
-        active = [r.id for r in self.store.runs(cluster=name) if not r.status.is_terminal]
-        if active:
-            raise StateError(f"compute '{name}' has active job(s) {', '.join(active)}; cancel them first")
-        backend = get_backend(cluster.backend, self.home)
-        for node in self.store.nodes(name):
-            backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
-        backend.remove_cluster(name)
-        self.store.delete_cluster(name)
-        shutil.rmtree(self.home.root / "nodes" / name, ignore_errors=True)
-        shutil.rmtree(self.home.root / "caches" / name, ignore_errors=True)
+    def delete_compute(self, name: str) -> list[str]:
+        """Remove the compute's nodes, network, records and folders; says what went."""
+        return execute(self.plan_delete_compute(name))
 
     # --- jobs --------------------------------------------------------------------------------
     def _job(self, job: Any, overrides: list[str] | None = None) -> JobSpec:
@@ -248,7 +235,7 @@ class Emulator:
         for b in bindings(job, "<run id>"):
             if b.datastore != LOCAL_SOURCE:
                 try:
-                    self.datastores.spec(b.datastore)  # looked up, not made: a dry run creates nothing
+                    self.datastores.peek(b.datastore)  # looked up, not made: a dry run creates nothing
                 except NotFoundError as exc:
                     raise ConfigError(f"{b.ref}.path", str(exc)) from None
 
@@ -328,9 +315,9 @@ class Emulator:
         """Runs whose supervisor died (killed, machine restarted) are failed and their nodes freed."""
         fixed = []
         for record in self.store.runs():
-            if record.status.is_terminal or record.supervisor_pid is None or _ours(record.supervisor_pid, record.id):
+            if record.status.is_terminal or record.supervisor_pid is None or ours(record.supervisor_pid, record.id):
                 continue
-            if record.launch_pid and _ours(record.launch_pid, record.id):
+            if record.launch_pid and ours(record.launch_pid, record.id):
                 try:
                     os.killpg(record.launch_pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -350,37 +337,33 @@ class Emulator:
 
     def cleanup(self, all_homes: bool = False) -> list[str]:
         """Stop every run and server, remove every node, network, run and cluster of this home."""
-        gone = []
-        for record in self.store.runs():
-            for pid in (record.supervisor_pid, record.launch_pid):
-                if pid and _ours(pid, record.id):
-                    try:
-                        os.killpg(pid, signal.SIGKILL)
-                        gone.append(f"process group {pid}")
-                    except ProcessLookupError:
-                        pass
-        try:
-            for name in BACKENDS:
-                ok, _ = backend_class(name).available()
-                if ok:
-                    gone += get_backend(name, self.home).reap(all_homes)
-        finally:  # whatever the engine said, the storage server does not outlive the cleanup
-            if self.datastores.azurite.stop():
-                gone.append("Azurite server")
-        # Runs and nodes go; the workspace and its datastores' data stay, as a blob container would.
-        self.store.reset(keep_data=True)
-        for sub in ("nodes", "caches", "process-nodes", "runs", "mlflow-ui"):  # the UI store copies runs
-            shutil.rmtree(self.home.root / sub, ignore_errors=True)
-        return gone
+        return execute(self.plan_cleanup(all_homes))
 
+    # --- dry runs: what the verbs above do, as Actions (emulator/actions.py) ------------------
+    def plan_delete_compute(self, name: str) -> list[Action]:
+        return teardown.plan_delete_compute(self.home, self.store, name)
 
-def _ours(pid: int, run_id: str) -> bool:
-    """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
-    try:
-        proc = psutil.Process(pid)
-        # The id as a whole word of the argv (an argument, a path component): a job may be named
-        # `a`, which a bare substring test would find in almost any process reusing the pid.
-        word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
-        return proc.status() != psutil.STATUS_ZOMBIE and any(word.search(part) for part in proc.cmdline())
-    except psutil.NoSuchProcess:
-        return False
+    def plan_cleanup(self, all_homes: bool = False) -> list[Action]:
+        return teardown.plan_cleanup(self.home, self.store, self.datastores.azurite, all_homes)
+
+    def plan_write_config(self, path: str | Path) -> list[Action]:
+        ws = self.workspace()
+        config = {key: ws[key] for key in ("subscription_id", "resource_group", "workspace_name")}
+
+        def write() -> None:
+            Path(path).write_text(json.dumps(config, indent=2) + "\n")
+        return [Action("write", "file", str(path), {"config": config}, run=write)]
+
+    def plan_cancel(self, run_id: str) -> list[Action]:
+        """Cancel = the status CancelRequested; the run's supervisor then stops the job (Canceled)."""
+        status = self.store.run(run_id).status
+        if status.is_terminal:
+            return [Action("leave", "run", run_id, {"status": status.value, "why": "it has ended"})]
+
+        def request() -> None:
+            self.store.set_status(run_id, RunStatus.CANCEL_REQUESTED, "cancel requested")
+        return [Action("set status", "run", run_id, {"from": status.value, "to": RunStatus.CANCEL_REQUESTED.value},
+                       run=request)]
+
+    def cancel(self, run_id: str) -> list[str]:
+        return execute(self.plan_cancel(run_id))

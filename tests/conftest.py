@@ -151,10 +151,15 @@ print("released", flush=True)
 """
 
 
-def release(emu: Emulator, run) -> None:  # type: ignore[no-untyped-def]
-    """Let a BLOCK-style job go on (it must have started: its run folders exist on its nodes)."""
-    for node in run.record.nodes:
-        (emu.home.node_dir(run.record.cluster, node) / "cr" / "j" / run.id / "release").touch()
+def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+    """Let a BLOCK-style job go on, once its folders exist on its nodes (they are laid out as it
+    starts: a job released while queued would never see the file)."""
+    def folders() -> list:  # type: ignore[type-arg]
+        record = run.record
+        found = [emu.home.node_dir(record.cluster, node) / "cr" / "j" / run.id for node in record.nodes]
+        return found if found and all((f / "exe").is_dir() for f in found) else []
+    for folder in wait_until(folders, timeout, f"run {run.id} is laid out on its nodes"):
+        (folder / "release").touch()
 
 
 def job_processes(marker: str) -> list[int]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from emulator.actions import Action, execute
 from emulator.errors import BackendError
 from emulator.home import Home
 
@@ -172,6 +173,20 @@ class NodeBackend(abc.ABC):
     def remove_cluster(self, cluster: str) -> None:
         """Remove what the cluster holds besides its nodes (a network)."""
 
-    @abc.abstractmethod
     def reap(self, all_homes: bool = False) -> list[str]:
         """Remove every node and network of this home (of every home with all_homes); say what went."""
+        return execute(self.plan_reap(all_homes))
+
+    # --- dry runs: the Actions that the calls above carry out (emulator/actions.py) ------------
+    @abc.abstractmethod
+    def plan_reap(self, all_homes: bool = False) -> list[Action]:
+        """What reap would remove, each step removing one thing."""
+
+    def plan_remove_node(self, request: NodeRequest) -> list[Action]:
+        """What remove_node would remove."""
+        return [Action("remove", "node", request.name, {"backend": self.name}, run=lambda: self.remove_node(request))]
+
+    def plan_remove_cluster(self, cluster: str) -> list[Action]:
+        """What remove_cluster would remove (nothing listed: nothing is left to remove)."""
+        return [Action("remove", "cluster resources", cluster, {"backend": self.name},
+                       run=lambda: self.remove_cluster(cluster))]

@@ -9,6 +9,7 @@ state is rebuilt and leftovers are reaped.
 """
 from __future__ import annotations
 
+import functools
 import io
 import os
 import shutil
@@ -19,9 +20,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from emulator.actions import Action
 from emulator.backends import nodefs
-from emulator.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeBackend, NodeInfo, NodeRequest,
-                                    node_base_env, software_bin, software_paths)
+from emulator.backends.base import (
+    CACHE_ROOT,
+    LABEL,
+    NODE_ROOT,
+    NodeBackend,
+    NodeInfo,
+    NodeRequest,
+    node_base_env,
+    software_bin,
+    software_paths,
+)
 from emulator.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
@@ -166,7 +179,7 @@ class DockerBackend(NodeBackend):
                                                    changes=[f"LABEL {LABEL}=1"])
 
     def _ensure_network(self, name: str, cluster: str) -> None:
-        if not self.client.networks.list(names=[name]):
+        if not self._networks(cluster):
             self.client.networks.create(name, driver="bridge", check_duplicate=True,
                                         labels={LABEL: "1", f"{LABEL}.home": self.home.id,
                                                 f"{LABEL}.cluster": cluster})
@@ -236,7 +249,6 @@ class DockerBackend(NodeBackend):
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""
         import docker  # noqa: PLC0415
-        import psutil  # noqa: PLC0415 - not at the top: the launch agent imports this module
 
         try:
             container = self.client.containers.get(self.container_name(request))
@@ -295,8 +307,13 @@ class DockerBackend(NodeBackend):
             self._ensure_network(self.network_name(cluster), cluster)
 
     def remove_cluster(self, cluster: str) -> None:
-        for network in self.client.networks.list(names=[self.network_name(cluster)]):
+        for network in self._networks(cluster):
             self._until_gone(network.remove)
+
+    def _networks(self, cluster: str) -> list[Any]:
+        """The cluster's network (Docker's name filter matches parts of names: c1 would find c10's)."""
+        name = self.network_name(cluster)
+        return [n for n in self.client.networks.list(names=[name]) if n.name == name]
 
     @staticmethod
     def _until_gone(remove) -> None:  # type: ignore[no-untyped-def]
@@ -319,13 +336,21 @@ class DockerBackend(NodeBackend):
     def _remove_container(self, container) -> None:  # type: ignore[no-untyped-def]
         self._until_gone(lambda: container.remove(force=True))
 
-    def reap(self, all_homes: bool = False) -> list[str]:
+    # --- dry runs ------------------------------------------------------------------------------
+    def plan_reap(self, all_homes: bool = False) -> list[Action]:
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
-        gone = []
-        for c in self.client.containers.list(all=True, filters={"label": label}):
-            self._remove_container(c)
-            gone.append(f"container {c.name}")
-        for n in self.client.networks.list(filters={"label": label}):
-            self._until_gone(n.remove)
-            gone.append(f"network {n.name}")
-        return gone
+        containers = [Action("remove", "container", c.name, {"home": c.labels.get(f"{LABEL}.home"), "status": c.status},
+                             run=functools.partial(self._remove_container, c))
+                      for c in self.client.containers.list(all=True, filters={"label": label})]
+        networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home")},
+                           run=functools.partial(self._until_gone, n.remove))
+                    for n in self.client.networks.list(filters={"label": label})]
+        return containers + networks
+
+    def plan_remove_node(self, request: NodeRequest) -> list[Action]:
+        return [Action("remove", "container", self.container_name(request), {"node": request.name},
+                       run=lambda: self.remove_node(request))]
+
+    def plan_remove_cluster(self, cluster: str) -> list[Action]:
+        return [Action("remove", "network", n.name, run=lambda: self.remove_cluster(cluster))
+                for n in self._networks(cluster)]

@@ -7,6 +7,7 @@ plan, the agents it started, whether it was killed) in a state folder the node n
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
@@ -17,6 +18,7 @@ from typing import Any
 
 import psutil
 
+from emulator.actions import Action
 from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
@@ -79,10 +81,7 @@ class ProcessBackend(NodeBackend):
         return "127.0.0.1"
 
     def remove_node(self, request: NodeRequest) -> None:
-        self.stop_processes(request)
-        shutil.rmtree(request.node_dir, ignore_errors=True)
-        shutil.rmtree(request.cache_dir, ignore_errors=True)
-        shutil.rmtree(self.state_dir(request.cluster, request.name), ignore_errors=True)
+        self._remove_found(request.cluster, request.name)  # its processes, then its folders
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
@@ -103,22 +102,29 @@ class ProcessBackend(NodeBackend):
         self._kill_recorded(state)
 
     @staticmethod
-    def _kill_recorded(state_dir: Path) -> int:
-        """Kill the trees of the agents recorded for a node (checked by start time: no reused pid).
+    def _recorded(state_dir: Path) -> list[psutil.Process]:
+        """The trees of the agents recorded for a node (checked by start time: no reused pid).
         Each agent is the `unshare` of a sandbox: its tree holds every process of the node's PID
         namespace (orphans are re-parented to the namespace's init, not to the host's)."""
         pids_file = state_dir / PIDS_FILE
-        if not pids_file.exists():
-            return 0
-        victims: list[psutil.Process] = []
-        for line in pids_file.read_text().split():
+        found: list[psutil.Process] = []
+        for line in pids_file.read_text().split() if pids_file.exists() else []:
             pid, started = line.split(":")
             try:
                 proc = psutil.Process(int(pid))
                 if abs(proc.create_time() - float(started)) < 0.5:
-                    victims += [proc, *proc.children(recursive=True)]
+                    found += [proc, *proc.children(recursive=True)]
             except psutil.NoSuchProcess:
                 continue
+        return found
+
+    @classmethod
+    def _kill_recorded(cls, state_dir: Path) -> int:
+        """Kill the recorded agents' trees (every process of the node)."""
+        pids_file = state_dir / PIDS_FILE
+        if not pids_file.exists():
+            return 0
+        victims = cls._recorded(state_dir)
         for proc in victims:
             try:
                 proc.send_signal(signal.SIGKILL)
@@ -141,17 +147,36 @@ class ProcessBackend(NodeBackend):
         for sub in ("nodes", "caches", "process-nodes"):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
-    def reap(self, all_homes: bool = False) -> list[str]:
+    # --- dry runs ------------------------------------------------------------------------------
+    def _folders(self, cluster: str, node: str) -> tuple[Path, ...]:
+        """A node's disk, its blob cache and the backend's records of it."""
+        return self.home.node_dir(cluster, node), self.home.cache_dir(cluster, node), self.state_dir(cluster, node)
+
+    def _node_parts(self, cluster: str, node: str) -> dict[str, Any]:
+        """A node's live processes and existing folders: what removing it removes."""
+        return {"processes": [p.pid for p in self._recorded(self.state_dir(cluster, node))],
+                "folders": [str(f) for f in self._folders(cluster, node) if f.exists()]}
+
+    def _remove_found(self, cluster: str, node: str) -> None:
+        self._kill_recorded(self.state_dir(cluster, node))
+        for folder in self._folders(cluster, node):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def plan_reap(self, all_homes: bool = False) -> list[Action]:
         """This home's process nodes: their processes, then their folders (other homes are not ours
         to find: a process node is known only to the home that holds its folder)."""
-        gone = []
-        for node in self.list_nodes():
-            self._kill_recorded(self.state_dir(node.cluster, node.name))
-            shutil.rmtree(self.home.node_dir(node.cluster, node.name), ignore_errors=True)
-            shutil.rmtree(self.home.cache_dir(node.cluster, node.name), ignore_errors=True)
-            shutil.rmtree(self.state_dir(node.cluster, node.name), ignore_errors=True)
-            gone.append(f"process node {node.name}")
-        return gone
+        return [Action("remove", "process node", node.name, self._node_parts(node.cluster, node.name),
+                       run=functools.partial(self._remove_found, node.cluster, node.name))
+                for node in self.list_nodes()]
+
+    def plan_remove_node(self, request: NodeRequest) -> list[Action]:
+        return [Action("remove", "process node", request.name, self._node_parts(request.cluster, request.name),
+                       run=lambda: self.remove_node(request))]
+
+    def plan_remove_cluster(self, cluster: str) -> list[Action]:
+        folders = [str(p) for sub in ("nodes", "caches", "process-nodes") if (p := self.home.root / sub / cluster).exists()]
+        return [Action("remove", "cluster folders", cluster, {"folders": folders},
+                       run=lambda: self.remove_cluster(cluster))] if folders else []
 
 
 def record_agent(state_dir: str) -> None:

@@ -21,10 +21,11 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
+from emulator.actions import Action, document
 from emulator.api import Emulator
 from emulator.errors import AmlEmuError, ConfigError, StateDbError
 from emulator.specs import ClusterSpec, Priority
-from emulator.targets import TARGETS, Target, get_target, resolve_target
+from emulator.targets import TARGETS, Target, resolve_target, target_class
 
 DEBUG_VAR = "AMLEMU_DEBUG"
 USAGE_EXIT = 2  # click's own code for a command line it cannot parse
@@ -183,9 +184,33 @@ target_option = click.option("--target", "target_name", type=click.Choice(list(T
 
 def _target(ctx: click.Context, explicit: str | None, backend: str | None = None) -> Target:
     name, _ = resolve_target(explicit, os.environ, Path.cwd())
-    if name == "emulator":
-        return get_target(name, emulator=_emu(ctx, backend))
-    return get_target(name)
+    return target_class(name).for_cli(lambda: _emu(ctx, backend))
+
+
+def target_flag(explicit: str | None) -> str:
+    """` --target <name>` for a command to suggest, unless the target is the default one."""
+    name, source = resolve_target(explicit, os.environ, Path.cwd())
+    return "" if source == "default" else f" --target {name}"
+
+
+# --- dry runs ------------------------------------------------------------------------------------
+dry_run_option = click.option("--dry-run", is_flag=True,
+                              help="print the actions it would take (-o json: as a JSON document) and do nothing")
+
+
+def show_plan(plan: list[Action], output: str) -> None:
+    """A dry run's plan: a JSON document, or a line per action."""
+    if output == "json":
+        click.echo(json.dumps(document(plan), indent=2, default=str))
+        return
+    console.print(f"dry run: {len(plan)} action(s), none taken" + ("" if plan else " (nothing to do)"), highlight=False)
+    for action in plan:
+        console.print(f"  {action.line()}", highlight=False, markup=False)
+
+
+def report(done: list[str], output: str, human: Callable[[list[str]], None]) -> None:
+    """What a verb did: {"done": [...]} for -o json, else the verb's own words."""
+    emit({"done": done}, output, lambda d: human(d["done"]))
 
 
 # --- the command groups (each command module adds its verbs) -------------------------------------

@@ -1,4 +1,4 @@
-"""`amlemu compute create|list|show|delete`: AmlCompute clusters."""
+"""`amlemu compute create|list|show|delete`: AmlCompute clusters, on either target."""
 from __future__ import annotations
 
 import json
@@ -9,18 +9,20 @@ import click
 from rich.table import Table
 
 from emulator import safeyaml
-from emulator.api import Emulator
+from emulator.actions import execute
 from emulator.backends import BACKENDS
 from emulator.cli.common import (
-    _emu,
     _target,
     compute,
     compute_from_dict,
     console,
+    dry_run_option,
     emit,
     err_console,
     handle_errors,
     output_option,
+    report,
+    show_plan,
     target_option,
 )
 from emulator.errors import ConfigError
@@ -65,61 +67,62 @@ def compute_create(ctx: click.Context, file: Path | None, name: str | None, size
         return
     with err_console.status(f"creating {spec.name} on {target.name} ({spec.min_nodes} node(s) now)"):
         target.run_compute(plan)
-    if target.name == "emulator":
-        _show_compute(_emu(ctx), spec.name, output)
-    else:
-        console.print(f"created compute {spec.name} in {plan.data['workspace']['workspace_name']} "
-                      f"({target.name})", highlight=False)
+    _show_compute(target.show_compute(spec.name), output)
+
+
+def _count(value: int | None) -> str:
+    return "-" if value is None else str(value)
 
 
 @compute.command("list")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
-def compute_list(ctx: click.Context, output: str) -> None:
-    emu = _emu(ctx)
-    rows = [_compute_data(emu, c.spec.name) for c in emu.computes()]
-
+def compute_list(ctx: click.Context, target_name: str | None, output: str) -> None:
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "size", "tier", "nodes (busy/idle)", "min", "max", "backend")
         for d in data:
-            table.add_row(d["name"], d["vm_size"], d["vm_priority"], f"{d['busy']}/{d['idle']}",
-                          str(d["min_nodes"]), str(d["max_nodes"]), d["backend"])
+            table.add_row(d["name"], d["vm_size"], d["vm_priority"], f"{_count(d['busy'])}/{_count(d['idle'])}",
+                          _count(d["min_nodes"]), _count(d["max_nodes"]), d["backend"])
         console.print(table)
-    emit(rows, output, human)
-
-
-def _compute_data(emu: Emulator, name: str) -> dict[str, Any]:
-    cluster = emu.compute(name)
-    nodes = emu.store.nodes(name)
-    return {**cluster.spec.__dict__, "vm_priority": cluster.spec.vm_priority.value, "backend": cluster.backend,
-            "busy": sum(n.state == "busy" for n in nodes), "idle": sum(n.state == "idle" for n in nodes),
-            "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address} for n in nodes]}
+    emit(_target(ctx, target_name).list_computes(), output, human)
 
 
 @compute.command("show")
 @click.argument("name")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
-def compute_show(ctx: click.Context, name: str, output: str) -> None:
-    _show_compute(_emu(ctx), name, output)
+def compute_show(ctx: click.Context, name: str, target_name: str | None, output: str) -> None:
+    _show_compute(_target(ctx, target_name).show_compute(name), output)
 
 
-def _show_compute(emu: Emulator, name: str, output: str) -> None:
+def _show_compute(data: dict[str, Any], output: str) -> None:
     def human(d: dict[str, Any]) -> None:
-        console.print(f"{d['name']}: {d['vm_size']}, {d['vm_priority']}, {d['min_nodes']}-{d['max_nodes']} "
-                      f"nodes, scale down after {d['idle_seconds_before_scaledown']} s idle ({d['backend']})",
-                      highlight=False)
+        console.print(f"{d['name']}: {d['vm_size']}, {d['vm_priority']}, {_count(d['min_nodes'])}-"
+                      f"{_count(d['max_nodes'])} nodes, scale down after {_count(d['idle_seconds_before_scaledown'])} s "
+                      f"idle ({d['backend']})", highlight=False)
         for n in d["nodes"]:
             console.print(f"  {n['name']}  {n['state']}  {n['address'] or ''}  {n['run'] or ''}", highlight=False)
-    emit(_compute_data(emu, name), output, human)
+    emit(data, output, human)
 
 
 @compute.command("delete")
 @click.argument("name")
+@dry_run_option
+@target_option
+@output_option
 @click.pass_context
 @handle_errors
-def compute_delete(ctx: click.Context, name: str) -> None:
-    _emu(ctx).delete_compute(name)
-    console.print(f"deleted compute {name}", highlight=False)
+def compute_delete(ctx: click.Context, name: str, dry_run: bool, target_name: str | None, output: str) -> None:
+    """Remove the compute: its nodes, network, records and folders."""
+    target = _target(ctx, target_name)
+    plan = target.plan_delete_compute(name)
+    if dry_run:
+        show_plan(plan, output)
+        return
+    with err_console.status(f"deleting {name}"):
+        done = execute(plan)
+    report(done, output, lambda _: console.print(f"deleted compute {name}", highlight=False))

@@ -9,7 +9,19 @@ from typing import Any
 import click
 from rich.table import Table
 
-from emulator.cli.common import _emu, console, data, datastore, emit, handle_errors, output_option, progress_bar
+from emulator.cli.common import (
+    _emu,
+    console,
+    data,
+    datastore,
+    dry_run_option,
+    emit,
+    handle_errors,
+    output_option,
+    progress_bar,
+    report,
+    show_plan,
+)
 from emulator.errors import NotFoundError
 from emulator.storage.datastores import DatastoreSpec, credential_from_env, parse_uri
 
@@ -50,46 +62,61 @@ def datastore_show(ctx: click.Context, name: str) -> None:
 @click.option("--sas-token-env", metavar="VAR", help="environment variable holding a SAS token")
 @click.option("--identity", is_flag=True, help="authenticate with DefaultAzureCredential")
 @click.option("--endpoint", default="", help="blob endpoint other than https://<account>.blob.core.windows.net")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
 def datastore_create(ctx: click.Context, name: str, kind: str, folder: Path | None, account_name: str,
                      container_name: str, account_key_env: str | None, sas_token_env: str | None,
-                     identity: bool, endpoint: str) -> None:
+                     identity: bool, endpoint: str, dry_run: bool, output: str) -> None:
     """Secrets are read from environment variables, never from the command line (shell history)."""
     credential = "account_key" if account_key_env else "sas" if sas_token_env else \
         "identity" if identity else "none"
     spec = DatastoreSpec(name, kind, container=container_name, account=account_name,
                          folder=str(folder.resolve()) if folder else "", credential=credential, endpoint=endpoint)
-    _emu(ctx).datastores.create(spec, credential_from_env(account_key_env or sas_token_env))
-    console.print(f"created datastore {name} ({kind})", highlight=False)
-
-
-
+    datastores = _emu(ctx).datastores
+    secret = credential_from_env(account_key_env or sas_token_env)
+    if dry_run:
+        show_plan(datastores.plan_create(spec, secret), output)
+        return
+    datastores.create(spec, secret)
+    report([name], output, lambda _: console.print(f"created datastore {name} ({kind})", highlight=False))
 
 
 @data.command("upload")
 @click.argument("local", type=click.Path(exists=True, path_type=Path))
 @click.argument("uri")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def data_upload(ctx: click.Context, local: Path, uri: str) -> None:
+def data_upload(ctx: click.Context, local: Path, uri: str, dry_run: bool, output: str) -> None:
     """Copy a file or folder up; files already there with the same size are skipped."""
+    if dry_run:
+        show_plan(_emu(ctx).datastores.plan_upload(local, uri), output)
+        return
     bar, update = progress_bar(f"upload {local.name}")
     with bar:
         size = _emu(ctx).datastores.upload(local, uri, update)
-    console.print(f"{uri}: {size / 2**20:.1f} MiB in place", highlight=False)
+    report([uri], output, lambda _: console.print(f"{uri}: {size / 2**20:.1f} MiB in place", highlight=False))
 
 
 @data.command("download")
 @click.argument("uri")
 @click.argument("local", type=click.Path(path_type=Path))
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def data_download(ctx: click.Context, uri: str, local: Path) -> None:
+def data_download(ctx: click.Context, uri: str, local: Path, dry_run: bool, output: str) -> None:
+    if dry_run:
+        show_plan(_emu(ctx).datastores.plan_download(uri, local), output)
+        return
     bar, update = progress_bar(f"download {uri.rsplit('/', 1)[-1]}")
     with bar:
         size = _emu(ctx).datastores.download(uri, local, update)
-    console.print(f"downloaded {size / 2**20:.1f} MiB to {local}", highlight=False)
+    report([str(local)], output, lambda _: console.print(f"downloaded {size / 2**20:.1f} MiB to {local}",
+                                                         highlight=False))
 
 
 @data.command("ls")

@@ -1,21 +1,46 @@
 """`amlemu compute preempt|preemption-policy` and `amlemu fault ...`: faults injected on purpose,
-each logged in the affected run's system_logs/faults.txt (emulator/cluster/faults.py does the work)."""
+each logged in the affected run's system_logs/faults.txt (emulator/cluster/faults.py does the work,
+and plans it first: --dry-run prints that plan)."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import click
 
-from emulator.cli.common import _emu, compute, console, fault, handle_errors
+from emulator.actions import Action, execute
+from emulator.cli.common import (
+    _emu,
+    compute,
+    console,
+    dry_run_option,
+    fault,
+    handle_errors,
+    output_option,
+    report,
+    show_plan,
+)
+
+
+def _carry_out(plan: list[Action], dry_run: bool, output: str, say: Callable[[list[Action]], str]) -> None:
+    """A fault command's plan: printed (--dry-run) or carried out and said in the command's words."""
+    if dry_run:
+        show_plan(plan, output)
+        return
+    done = execute(plan)
+    report(done, output, lambda _: console.print(say(plan), highlight=False))
 
 
 @compute.command("preempt")
 @click.argument("name")
 @click.option("--node", default=None, help="node index or name (default: every node of the compute)")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def compute_preempt(ctx: click.Context, name: str, node: str | None) -> None:
+def compute_preempt(ctx: click.Context, name: str, node: str | None, dry_run: bool, output: str) -> None:
     """Take low-priority nodes away now: their runs restart on fresh nodes."""
-    gone = _emu(ctx).faults.preempt(name, node)
-    console.print(f"preempted {', '.join(gone) or 'nothing (no node is up)'}", highlight=False)
+    _carry_out(_emu(ctx).faults.plan_preempt(name, node), dry_run, output,
+               lambda plan: f"preempted {', '.join(a.name for a in plan) or 'nothing (no node is up)'}")
 
 
 @compute.command("preemption-policy")
@@ -24,56 +49,67 @@ def compute_preempt(ctx: click.Context, name: str, node: str | None) -> None:
 @click.option("--seed", type=int, default=0, show_default=True, help="same seed, same preemption times")
 @click.option("--max-preemptions", type=int, default=3, show_default=True,
               help="restarts a run survives; one more preemption fails it")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
 def compute_preemption_policy(ctx: click.Context, name: str, rate_per_node_hour: float, seed: int,
-                              max_preemptions: int) -> None:
+                              max_preemptions: int, dry_run: bool, output: str) -> None:
     """Preempt a low-priority compute's busy nodes at random, reproducibly."""
-    _emu(ctx).faults.set_preemption_policy(name, rate_per_node_hour, seed, max_preemptions)
-    console.print(f"compute {name}: {rate_per_node_hour:g} preemption(s) per node-hour, seed {seed}, "
-                  f"at most {max_preemptions} restart(s) per run", highlight=False)
-
-
+    _carry_out(_emu(ctx).faults.plan_set_preemption_policy(name, rate_per_node_hour, seed, max_preemptions),
+               dry_run, output, lambda _: f"compute {name}: {rate_per_node_hour:g} preemption(s) per node-hour, "
+                                          f"seed {seed}, at most {max_preemptions} restart(s) per run")
 
 
 @fault.command("kill-node")
 @click.argument("compute_name")
 @click.argument("node")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def fault_kill_node(ctx: click.Context, compute_name: str, node: str) -> None:
+def fault_kill_node(ctx: click.Context, compute_name: str, node: str, dry_run: bool, output: str) -> None:
     """SIGKILL the node (its run fails: gang semantics)."""
-    console.print(f"killed {_emu(ctx).faults.kill_node(compute_name, node)}", highlight=False)
+    _carry_out(_emu(ctx).faults.plan_kill_node(compute_name, node), dry_run, output,
+               lambda plan: f"killed {plan[0].name}")
 
 
 @fault.command("partition")
 @click.argument("compute_name")
 @click.argument("node")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def fault_partition(ctx: click.Context, compute_name: str, node: str) -> None:
+def fault_partition(ctx: click.Context, compute_name: str, node: str, dry_run: bool, output: str) -> None:
     """Cut the node off from the cluster network (docker nodes)."""
-    console.print(f"cut off {_emu(ctx).faults.partition(compute_name, node)}", highlight=False)
+    _carry_out(_emu(ctx).faults.plan_partition(compute_name, node), dry_run, output,
+               lambda plan: f"cut off {plan[0].name}")
 
 
 @fault.command("slow")
 @click.argument("compute_name")
 @click.argument("node")
 @click.option("--cpus", type=float, required=True, help="CPU time the node keeps, in cores")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def fault_slow(ctx: click.Context, compute_name: str, node: str, cpus: float) -> None:
+def fault_slow(ctx: click.Context, compute_name: str, node: str, cpus: float, dry_run: bool, output: str) -> None:
     """Throttle the node's CPU (docker nodes)."""
-    console.print(f"slowed {_emu(ctx).faults.slow(compute_name, node, cpus)} to {cpus:g} CPU(s)", highlight=False)
+    _carry_out(_emu(ctx).faults.plan_slow(compute_name, node, cpus), dry_run, output,
+               lambda plan: f"slowed {plan[0].name} to {cpus:g} CPU(s)")
 
 
 @fault.command("data-error")
 @click.argument("compute_name")
 @click.argument("node")
 @click.argument("uri")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def fault_data_error(ctx: click.Context, compute_name: str, node: str, uri: str) -> None:
+def fault_data_error(ctx: click.Context, compute_name: str, node: str, uri: str, dry_run: bool, output: str) -> None:
     """Make reads of one cached datastore file fail on the node."""
-    _emu(ctx).faults.fail_data_read(compute_name, node, uri)
-    console.print(f"reads of {uri} now fail on node {node}", highlight=False)
+    _carry_out(_emu(ctx).faults.plan_fail_data_read(compute_name, node, uri), dry_run, output,
+               lambda _: f"reads of {uri} now fail on node {node}")

@@ -1,4 +1,5 @@
-"""`amlemu job create|list|show|stream|cancel|download`: jobs on either target."""
+"""`amlemu job create|list|show|stream|cancel|download`: jobs on either target, through the Target
+interface (emulator/targets/base.py) alone."""
 from __future__ import annotations
 
 import json
@@ -9,28 +10,21 @@ from typing import Any
 import click
 from rich.table import Table
 
-from emulator.api import Run
+from emulator.actions import execute
 from emulator.cli.common import (
-    _emu,
     _target,
     console,
+    dry_run_option,
     emit,
     err_console,
     handle_errors,
     job,
     output_option,
+    report,
+    show_plan,
+    target_flag,
     target_option,
 )
-
-# --- jobs ----------------------------------------------------------------------------------------
-
-
-def _run_data(run: Run) -> dict[str, Any]:
-    record = run.record
-    return {"name": run.id, "experiment": record.experiment, "compute": record.cluster,
-            "status": record.status.value, "error": record.error, "outputs": str(run.outputs),
-            "logs": str(run.dir / "user_logs"),
-            "history": [{"time": ts, "status": st.value, "detail": d} for ts, st, d in run.events()]}
 
 
 @job.command("create")
@@ -60,41 +54,32 @@ def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], strea
     name = target.run_job(plan)
     if stream:
         status = target.stream(name)
-        if target.name == "emulator":
-            _print_metrics(_emu(ctx).run(name))
+        _print_metrics(target.metrics(name))
         sys.exit(0 if status == "Completed" else 1)
-    if target.name != "emulator":
-        emit({"name": name, "target": target.name, "status": target.status(name)}, output, lambda d: console.print(
-            f"submitted {d['name']} to {target.name} (status {d['status']}); follow it with: "
-            f"amlemu job stream --target {target.name} {d['name']}", highlight=False))
-        return
-    emit(_run_data(_emu(ctx).run(name)), output, lambda d: console.print(
-        f"submitted {d['name']} to {d['compute']} (status {d['status']}); "
-        f"follow it with: amlemu job stream {d['name']}", highlight=False))
+    flag = target_flag(target_name)
+    emit(target.show(name), output, lambda d: console.print(
+        f"submitted {d['name']} to {d['compute']} on {target.name} (status {d['status']}); "
+        f"follow it with: amlemu job stream{flag} {d['name']}", highlight=False))
 
 
-def _print_metrics(run: Run) -> None:
-    metrics = run.metrics()
+def _print_metrics(metrics: dict[str, float]) -> None:
     if metrics:
         console.print("Metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())), highlight=False)
 
 
 @job.command("list")
 @click.option("--experiment", default=None, help="only this experiment's jobs")
+@target_option
 @output_option
 @click.pass_context
 @handle_errors
-def job_list(ctx: click.Context, experiment: str | None, output: str) -> None:
-    emu = _emu(ctx)
-    emu.reconcile()
-    rows = [_run_data(r) for r in emu.runs(experiment)]
-
+def job_list(ctx: click.Context, experiment: str | None, target_name: str | None, output: str) -> None:
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "experiment", "compute", "status")
         for d in data:
             table.add_row(d["name"], d["experiment"], d["compute"], d["status"])
         console.print(table)
-    emit([{k: v for k, v in r.items() if k != "history"} for r in rows], output, human)
+    emit(_target(ctx, target_name).list_jobs(experiment), output, human)
 
 
 @job.command("show")
@@ -104,31 +89,22 @@ def job_list(ctx: click.Context, experiment: str | None, output: str) -> None:
 @click.pass_context
 @handle_errors
 def job_show(ctx: click.Context, name: str, target_name: str | None, output: str) -> None:
-    target = _target(ctx, target_name)
-    if target.name != "emulator":
-        emit(target.show(name), output, lambda d: [console.print(f"{k}: {v}", highlight=False, markup=False)
-                                                   for k, v in d.items()])
-        return
-    emu = _emu(ctx)
-    emu.reconcile()
-    run = emu.run(name)
-    plot = run.plot_path
-    data = {**_run_data(run), "metrics": run.metrics(), "plot": str(plot) if plot else None}
-
     def human(d: dict[str, Any]) -> None:
         console.print(f"{d['name']} ({d['experiment']}) on {d['compute']}: {d['status']}", highlight=False)
-        if d["error"]:
+        if d.get("error"):
             console.print(f"error: {d['error']}", highlight=False, markup=False)
-        first = d["history"][0]["time"] if d["history"] else 0
-        for h in d["history"]:
-            console.print(f"  +{h['time'] - first:7.2f}s  {h['status']:<16} {h['detail'].splitlines()[0] if h['detail'] else ''}",
+        history = d.get("history") or []
+        for h in history:
+            detail = h["detail"].splitlines()[0] if h["detail"] else ""
+            console.print(f"  +{h['time'] - history[0]['time']:7.2f}s  {h['status']:<16} {detail}",
                           highlight=False, markup=False)
-        for k, v in sorted(d["metrics"].items()):
+        for k, v in sorted((d.get("metrics") or {}).items()):
             console.print(f"  {k} = {v:.6g}", highlight=False)
-        console.print(f"outputs: {d['outputs']}\nlogs: {d['logs']}", highlight=False)
-        if d["plot"]:
-            console.print(f"plot: {d['plot']}", highlight=False)
-    emit(data, output, human)
+        known = ("name", "experiment", "compute", "status", "error", "history", "metrics")
+        for key, value in d.items():  # outputs, logs, plot; a target's own fields (studio_url)
+            if key not in known and value is not None:
+                console.print(f"{key}: {value}", highlight=False, markup=False)
+    emit(_target(ctx, target_name).show(name), output, human)
 
 
 @job.command("stream")
@@ -139,25 +115,42 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
 def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
     target = _target(ctx, target_name)
     status = target.stream(name)
-    if target.name == "emulator":
-        _print_metrics(_emu(ctx).run(name))
+    _print_metrics(target.metrics(name))
     sys.exit(0 if status == "Completed" else 1)
 
 
 @job.command("cancel")
 @click.argument("name")
+@dry_run_option
 @target_option
+@output_option
 @click.pass_context
 @handle_errors
-def job_cancel(ctx: click.Context, name: str, target_name: str | None) -> None:
-    console.print(f"{name}: {_target(ctx, target_name).cancel(name)}", highlight=False)
+def job_cancel(ctx: click.Context, name: str, dry_run: bool, target_name: str | None, output: str) -> None:
+    target = _target(ctx, target_name)
+    plan = target.plan_cancel(name)
+    if dry_run:
+        show_plan(plan, output)
+        return
+    status = target.cancel(name)  # that plan, carried out
+    emit({"name": name, "status": status}, output, lambda d: console.print(f"{name}: {status}", highlight=False))
 
 
 @job.command("download")
 @click.argument("name")
 @click.option("--download-path", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@dry_run_option
 @target_option
+@output_option
 @click.pass_context
 @handle_errors
-def job_download(ctx: click.Context, name: str, download_path: Path, target_name: str | None) -> None:
-    console.print(f"downloaded to {_target(ctx, target_name).download(name, download_path)}", highlight=False)
+def job_download(ctx: click.Context, name: str, download_path: Path, dry_run: bool, target_name: str | None,
+                 output: str) -> None:
+    """Copy the job's outputs and logs to <download-path>/<name>."""
+    target = _target(ctx, target_name)
+    plan = target.plan_download(name, download_path)
+    if dry_run:
+        show_plan(plan, output)
+        return
+    execute(plan)
+    report([str(download_path / name)], output, lambda d: console.print(f"downloaded to {d[0]}", highlight=False))

@@ -5,18 +5,31 @@ from pathlib import Path
 
 import click
 
-from emulator.cli.common import _emu, console, data, handle_errors, progress_bar
+from emulator.actions import Action
+from emulator.cli.common import (
+    _emu,
+    console,
+    data,
+    dry_run_option,
+    emit,
+    handle_errors,
+    output_option,
+    progress_bar,
+    show_plan,
+)
 from emulator.errors import ConfigError
 from emulator.targets.azureml import AzureMLTarget
-from emulator.targets.datasync import job_data_uris, sync
+from emulator.targets.datasync import job_data_uris, plan_sync, sync
 
 
 @data.command("sync")
 @click.argument("uris", nargs=-1, metavar="[azureml://datastores/<ds>/paths/<path>]...")
 @click.option("-f", "--file", "job_file", type=click.Path(path_type=Path), help="sync every datastore input of this job")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None) -> None:
+def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None, dry_run: bool, output: str) -> None:
     """Copy datastore paths from the emulator to the real workspace's datastore of the same name
     (workspace and credential as for --target azureml); files already there with the same size
     are skipped."""
@@ -24,9 +37,20 @@ def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None) 
     if not wanted:
         raise ConfigError("URI", "nothing to sync", "give azureml://datastores/<ds>/paths/<path> or -f job.yml")
     emu, target = _emu(ctx), AzureMLTarget()
+    if dry_run:
+        plan: list[Action] = []
+        for uri in wanted:
+            plan += plan_sync(emu, target, uri)[0]
+        show_plan(plan, output)
+        return
+    lines = []
     for uri in wanted:
         bar, update = progress_bar(f"sync {uri.rsplit('/', 1)[-1] or uri}")
         with bar:
             result = sync(emu, target, uri, update)
-        console.print(f"{uri} -> {result.destination}: {len(result.copied)} file(s) copied, "
-                      f"{len(result.skipped)} already there", highlight=False)
+        lines.append(f"{uri} -> {result.destination}: {len(result.copied)} file(s) copied, "
+                     f"{len(result.skipped)} already there")
+        if output != "json":  # each as it is done
+            console.print(lines[-1], highlight=False)
+    if output == "json":
+        emit({"done": lines}, output, None)

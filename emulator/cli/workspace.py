@@ -5,7 +5,18 @@ from pathlib import Path
 
 import click
 
-from emulator.cli.common import _emu, console, emit, handle_errors, output_option, workspace
+from emulator.actions import execute
+from emulator.cli.common import (
+    _emu,
+    console,
+    dry_run_option,
+    emit,
+    handle_errors,
+    output_option,
+    report,
+    show_plan,
+    workspace,
+)
 
 # --- workspace -----------------------------------------------------------------------------------
 
@@ -25,17 +36,31 @@ def workspace_show(ctx: click.Context, output: str) -> None:
 @click.option("--subscription-id")
 @click.option("--resource-group")
 @click.option("--location")
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def workspace_set(ctx: click.Context, **values: str | None) -> None:
-    ws = _emu(ctx).store.set_workspace(**{k: v for k, v in values.items() if v})
-    console.print(f"workspace {ws['workspace_name']} updated", highlight=False)
+def workspace_set(ctx: click.Context, dry_run: bool, output: str, **values: str | None) -> None:
+    store = _emu(ctx).store
+    plan = store.plan_set_workspace(**{k: v for k, v in values.items() if v})
+    if dry_run:
+        show_plan(plan, output)
+        return
+    report(execute(plan), output, lambda _: console.print(
+        f"workspace {store.workspace()['workspace_name']} updated", highlight=False))
 
 
 @workspace.command("config")
 @click.option("--path", type=click.Path(path_type=Path), default=Path("config.json"), show_default=True)
+@dry_run_option
+@output_option
 @click.pass_context
 @handle_errors
-def workspace_config(ctx: click.Context, path: Path) -> None:
+def workspace_config(ctx: click.Context, path: Path, dry_run: bool, output: str) -> None:
     """Write config.json for Workspace.from_config() / MLClient.from_config()."""
-    console.print(f"wrote {_emu(ctx).write_config(path)}", highlight=False)
+    plan = _emu(ctx).plan_write_config(path)
+    if dry_run:
+        show_plan(plan, output)
+        return
+    execute(plan)
+    report([str(path)], output, lambda done: console.print(f"wrote {done[0]}", highlight=False))

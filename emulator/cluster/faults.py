@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from emulator.actions import Action, execute
 from emulator.backends import BACKENDS, NodeBackend, NodeRequest, backend_class, get_backend
 from emulator.cluster import allocation as autoscale
 from emulator.cluster.store import Node, Store
@@ -74,19 +75,42 @@ class FaultInjector:
         record = self.store.cluster(cluster)
         return get_backend(record.backend, self.home), autoscale.node_request(self.home, record.spec, node.idx)
 
-    # --- the faults --------------------------------------------------------------------------
-    def preempt(self, cluster: str, node: int | str | None = None, reason: str = "requested") -> list[str]:
+    def _then(self, node: Node, removed: bool) -> str:
+        if node.run_id:
+            return f"run {node.run_id} reacts (see its system_logs/faults.txt)"
+        return "the idle node is removed" if removed else "the idle node stays"
+
+    def _fault(self, kind: str, cluster: str, node: Node, detail: str,
+               fault: Callable[[NodeBackend, NodeRequest], None], take_down: bool = True) -> Action:
+        """The fault as an Action: carried out and recorded (store, the run's faults.txt); a node
+        taken down that is idle is removed (`_take_down`). A node taken down is recorded first: its
+        run's supervisor reads the record as it reacts to the node's death."""
+        def run() -> None:
+            if take_down:
+                self._record(cluster, node, kind, detail)
+                self._take_down(cluster, node, fault)
+            else:
+                fault(*self._backend_and_request(cluster, node))
+                self._record(cluster, node, kind, detail)
+        return Action(kind, "node", node.name, {"compute": cluster, "run": node.run_id, "fault": detail,
+                                                 "then": self._then(node, take_down)}, run=run)
+
+    # --- the faults: plan_* is each one's dry run, the verb carries the plan out ----------------
+    def plan_preempt(self, cluster: str, node: int | str | None = None, reason: str = "requested") -> list[Action]:
         """Low-priority preemption: the node is taken away without a signal the job could handle.
-        A busy node's run is restarted on fresh nodes; an idle node just goes. Returns the nodes."""
+        A busy node's run is restarted on fresh nodes; an idle node just goes."""
         spec = self.store.cluster(cluster).spec
         if spec.vm_priority is not Priority.LOW_PRIORITY:
             raise StateError(f"compute {cluster} is dedicated: only low-priority nodes are preempted; "
                              "create the compute with vm_priority lowpriority (tier: low_priority)")
-        victims = self._nodes(cluster, node)
-        for victim in victims:
-            self._record(cluster, victim, "preempt", reason)
-            self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
-        return [v.name for v in victims]
+        return [self._fault("preempt", cluster, victim, reason, lambda backend, request: backend.kill_node(request))
+                for victim in self._nodes(cluster, node)]
+
+    def preempt(self, cluster: str, node: int | str | None = None, reason: str = "requested") -> list[str]:
+        """Returns the nodes preempted."""
+        plan = self.plan_preempt(cluster, node, reason)
+        execute(plan)
+        return [a.name for a in plan]
 
     def _take_down(self, cluster: str, node: Node, fault: Callable[[NodeBackend, NodeRequest], None]) -> None:
         """A busy node's supervisor reacts to the fault (restart, gang failure) and removes the node;
@@ -98,34 +122,42 @@ class FaultInjector:
                 self.store.delete_node(db, cluster, node.idx)
             backend.remove_node(request)
 
-    def kill_node(self, cluster: str, node: int | str) -> str:
+    def plan_kill_node(self, cluster: str, node: int | str) -> list[Action]:
         [victim] = self._nodes(cluster, node)
-        self._record(cluster, victim, "kill", "the node was killed")
-        self._take_down(cluster, victim, lambda backend, request: backend.kill_node(request))
-        return victim.name
+        return [self._fault("kill", cluster, victim, "the node was killed",
+                            lambda backend, request: backend.kill_node(request))]
+
+    def kill_node(self, cluster: str, node: int | str) -> str:
+        [action] = self.plan_kill_node(cluster, node)
+        execute([action])
+        return action.name
+
+    def plan_partition(self, cluster: str, node: int | str) -> list[Action]:
+        [victim] = self._nodes(cluster, node)
+        require(self._backend_and_request(cluster, victim)[0], "can_partition", "a network partition")
+        detail = f"cut off from the cluster network; a job still running {PARTITION_TIMEOUT:g} s later fails"
+        return [self._fault("partition", cluster, victim, detail, lambda backend, request: backend.partition_node(request),
+                            take_down=not victim.run_id)]
 
     def partition(self, cluster: str, node: int | str) -> str:
-        [victim] = self._nodes(cluster, node)
-        backend, request = self._backend_and_request(cluster, victim)
-        require(backend, "can_partition", "a network partition")
-        backend.partition_node(request)
-        self._record(cluster, victim, "partition", f"cut off from the cluster network; a job still running "
-                     f"{PARTITION_TIMEOUT:g} s later fails")
-        if not victim.run_id:
-            self._take_down(cluster, victim, lambda backend, request: None)
-        return victim.name
+        [action] = self.plan_partition(cluster, node)
+        execute([action])
+        return action.name
 
-    def slow(self, cluster: str, node: int | str, cpus: float) -> str:
+    def plan_slow(self, cluster: str, node: int | str, cpus: float) -> list[Action]:
         if cpus <= 0:
             raise ConfigError("--cpus", f"must be positive, got {cpus}")
         [victim] = self._nodes(cluster, node)
-        backend, request = self._backend_and_request(cluster, victim)
-        require(backend, "can_slow", "slowing a node")
-        backend.slow_node(request, cpus)
-        self._record(cluster, victim, "slow", f"throttled to {cpus:g} CPU(s)")
-        return victim.name
+        require(self._backend_and_request(cluster, victim)[0], "can_slow", "slowing a node")
+        return [self._fault("slow", cluster, victim, f"throttled to {cpus:g} CPU(s)",
+                            lambda backend, request: backend.slow_node(request, cpus), take_down=False)]
 
-    def fail_data_read(self, cluster: str, node: int | str, uri: str) -> Path:
+    def slow(self, cluster: str, node: int | str, cpus: float) -> str:
+        [action] = self.plan_slow(cluster, node, cpus)
+        execute([action])
+        return action.name
+
+    def plan_fail_data_read(self, cluster: str, node: int | str, uri: str) -> list[Action]:
         """Reads of one cached file on one node fail (ELOOP: the entry becomes a symlink to itself)
         until the cache fetches it again (the next job, or a refresh after the TTL)."""
         [victim] = self._nodes(cluster, node)
@@ -134,14 +166,23 @@ class FaultInjector:
         if not cached.is_file():
             raise NotFoundError("cached file", f"{uri} on {victim.name}",
                                 "a read fault applies to a file the node has cached (start the job first)")
-        broken = cached.with_name(f".{cached.name}.fault")
-        os.symlink(cached.name, broken)
-        os.replace(broken, cached)
-        self._record(cluster, victim, "data-error", f"reads of {uri} fail with ELOOP")
-        return cached
 
-    def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int = 0,
-                              max_preemptions: int = MAX_PREEMPTIONS) -> None:
+        def run() -> None:
+            broken = cached.with_name(f".{cached.name}.fault")
+            os.symlink(cached.name, broken)
+            os.replace(broken, cached)
+            self._record(cluster, victim, "data-error", f"reads of {uri} fail with ELOOP")
+        return [Action("data-error", "cached file", str(cached), {"compute": cluster, "node": victim.name, "uri": uri,
+                                                                  "run": victim.run_id, "fault": "reads fail with ELOOP"},
+                       run=run)]
+
+    def fail_data_read(self, cluster: str, node: int | str, uri: str) -> Path:
+        [action] = self.plan_fail_data_read(cluster, node, uri)
+        execute([action])
+        return Path(action.name)
+
+    def plan_set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int = 0,
+                                   max_preemptions: int = MAX_PREEMPTIONS) -> list[Action]:
         """Random preemption of a low-priority cluster's busy nodes, reproducible with `seed`, and
         how many preemptions a run survives before it fails."""
         spec = self.store.cluster(cluster).spec
@@ -149,4 +190,12 @@ class FaultInjector:
             raise StateError(f"compute {cluster} is dedicated: only low-priority nodes are preempted")
         if rate_per_node_hour < 0 or max_preemptions < 0:
             raise ConfigError("preemption policy", "rate and limit must not be negative")
-        self.store.set_preemption_policy(cluster, rate_per_node_hour, seed, max_preemptions)
+        was = self.store.preemption_policy(cluster)
+        return [Action("set", "preemption policy", cluster,
+                       {"rate_per_node_hour": rate_per_node_hour, "seed": seed, "max_preemptions": max_preemptions,
+                        "was": {k: v for k, v in was.items() if k != "cluster"} if was else None},
+                       run=lambda: self.store.set_preemption_policy(cluster, rate_per_node_hour, seed, max_preemptions))]
+
+    def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int = 0,
+                              max_preemptions: int = MAX_PREEMPTIONS) -> None:
+        execute(self.plan_set_preemption_policy(cluster, rate_per_node_hour, seed, max_preemptions))

@@ -5,6 +5,7 @@ serialised by SQLite itself; WAL lets readers (`amlemu job list`) go on meanwhil
 """
 from __future__ import annotations
 
+import functools
 import json
 import sqlite3
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from emulator.actions import Action, execute
 from emulator.errors import ConfigError, NotFoundError, StateDbError, StateError
 from emulator.names import check_workspace_field
 from emulator.specs import ClusterSpec, Priority, RunStatus
@@ -161,15 +163,24 @@ class Store:
         stored = {r["key"]: r["value"] for r in self._db.execute("SELECT key, value FROM workspace")}
         return {**WORKSPACE_DEFAULTS, **stored}
 
-    def set_workspace(self, **values: str) -> dict[str, str]:
+    def plan_set_workspace(self, **values: str) -> list[Action]:
+        """Each field that changes, checked first (`workspace set --dry-run`)."""
         unknown = set(values) - set(WORKSPACE_DEFAULTS)
         if unknown:
             raise StateError(f"unknown workspace field(s): {', '.join(sorted(unknown))}")
         for key, value in values.items():
             check_workspace_field(key, value)
+        current = self.workspace()
+        return [Action("set", "workspace field", key, {"from": current[key], "to": value},
+                       run=functools.partial(self._set_workspace_field, key, value))
+                for key, value in values.items() if current[key] != value]
+
+    def _set_workspace_field(self, key: str, value: str) -> None:
         with self.transaction() as db:
-            for key, value in values.items():
-                db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
+            db.execute("INSERT OR REPLACE INTO workspace VALUES (?, ?)", (key, value))
+
+    def set_workspace(self, **values: str) -> dict[str, str]:
+        execute(self.plan_set_workspace(**values))
         return self.workspace()
 
     # --- datastores (specs only: secrets never enter the database) ----------------------------

@@ -8,21 +8,32 @@ specs; nothing here prints them, and errors are redacted before they are raised.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import posixpath
 import re
 import shutil
 import socket
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from emulator.actions import Action
 from emulator.errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
 from emulator.names import check_datastore_name
 from emulator.storage.azurite import Azurite
+from emulator.storage.transfer import (
+    copy_file,
+    get_file,
+    list_files,
+    plan_tree,
+    run_transfer,
+    sync_tree,  # noqa: F401 - where its callers import it from
+)
 
 # adlfs warns on stderr when it cannot read a container's properties (a refused credential):
 # the error that follows says it in one line.
@@ -95,7 +106,8 @@ def redact(text: str, secrets: list[str]) -> str:
 
 
 class Datastores:
-    """The workspace's datastore registry (in the home's SQLite store) and their filesystems."""
+    """The workspace's datastore registry (in the home's SQLite store) and their filesystems.
+    Each verb that writes has its plan_* (its dry run: Actions, emulator/actions.py)."""
 
     def __init__(self, store, home_root: Path, cache: Path) -> None:  # type: ignore[no-untyped-def]
         self.store, self.home_root, self.cache = store, home_root, cache
@@ -107,20 +119,21 @@ class Datastores:
         self.get(DEFAULT)
         return [DatastoreSpec(**spec) for spec in self.store.datastores()]
 
-    def spec(self, name: str) -> DatastoreSpec:
-        """The datastore's spec, without making anything (the default one is made on first use)."""
+    def peek(self, name: str) -> tuple[DatastoreSpec, list[Action]]:
+        """The datastore, creating nothing: its spec, and what using it first does (the default
+        datastore is made on first use)."""
         spec = self.store.datastore(name)
         if spec:
-            return DatastoreSpec(**spec)
+            return DatastoreSpec(**spec), []
         if name == DEFAULT:
-            return self._default_spec()
+            default = self._default_spec()
+            return default, self.plan_create(default)
         known = sorted({DEFAULT, *(s["name"] for s in self.store.datastores())})
         raise NotFoundError("datastore", name, f"known: {', '.join(known)}; create it with `amlemu datastore create`")
 
     def get(self, name: str) -> DatastoreSpec:
-        """The datastore's spec; the default one is made (its row, its folder) on first use."""
-        spec = self.spec(name)
-        return spec if self.store.datastore(name) else self.create(spec)
+        spec, first = self.peek(name)
+        return self.create(spec) if first else spec
 
     def _default_spec(self) -> DatastoreSpec:
         from emulator.storage.azurite import find_binary  # noqa: PLC0415
@@ -129,27 +142,32 @@ class Datastores:
             return DatastoreSpec(DEFAULT, "azurite", container="azureml-blobstore")
         return DatastoreSpec(DEFAULT, "local", folder=str(self.home_root / "datastores" / DEFAULT))
 
-    def create(self, spec: DatastoreSpec, secret: str | None = None) -> DatastoreSpec:
-        """Check everything, make the folder and the secret, and record the datastore last: a
-        refused datastore leaves no row, secret or folder behind."""
+    def plan_create(self, spec: DatastoreSpec, secret: str | None = None) -> list[Action]:
+        """Everything checked first; the folder, the secret (never shown), the record last."""
         if spec.credential in ("account_key", "sas") and not secret:
             raise ConfigError("credential", f"{spec.credential} needs a secret",
                               "pass it through the environment variable the CLI names")
         if self.store.datastore(spec.name):
             raise StateError(f"datastore '{spec.name}' already exists; pick another name")
+        plan = []
+        if spec.kind == "local":
+            folder = Path(spec.folder)
+            if folder.exists() and not folder.is_dir():
+                raise ConfigError("path", f"{folder} is a file", "give a folder for a local datastore")
+            if not folder.exists():
+                plan.append(Action("create", "folder", str(folder), run=functools.partial(_make_folder, folder)))
+        if secret:
+            plan.append(Action("write", "secret", str(self._secrets_dir / spec.name), {"mode": "0600"},
+                               run=functools.partial(self._write_secret, spec.name, secret)))
+        return plan + [Action("add", "datastore", spec.name, {"spec": asdict(spec)},
+                              run=lambda: self.store.add_datastore(spec.name, asdict(spec)))]
+
+    def create(self, spec: DatastoreSpec, secret: str | None = None) -> DatastoreSpec:
+        """Carry out plan_create; a refused datastore leaves no row, secret or folder behind."""
         made: list[Path] = []
         try:
-            if spec.kind == "local":
-                made = _make_folder(Path(spec.folder))
-            if secret:
-                if not self._secrets_dir.exists():
-                    self._secrets_dir.mkdir(mode=0o700)
-                    made.append(self._secrets_dir)
-                path = self._secrets_dir / spec.name
-                made.append(path)
-                path.touch(mode=0o600)
-                path.write_text(secret)
-            self.store.add_datastore(spec.name, asdict(spec))
+            for action in self.plan_create(spec, secret):
+                made += action.run() or []  # type: ignore[misc] - each returns what it made
         except BaseException:
             for path in reversed(made):
                 if path.is_dir():
@@ -158,6 +176,17 @@ class Datastores:
                     path.unlink(missing_ok=True)
             raise
         return spec
+
+    def _write_secret(self, name: str, secret: str) -> list[Path]:
+        made = []
+        if not self._secrets_dir.exists():
+            self._secrets_dir.mkdir(mode=0o700)
+            made.append(self._secrets_dir)
+        path = self._secrets_dir / name
+        made.append(path)
+        path.touch(mode=0o600)
+        path.write_text(secret)
+        return made
 
     def _secret(self, name: str) -> str:
         path = self._secrets_dir / name
@@ -168,12 +197,8 @@ class Datastores:
         """(fsspec filesystem, root within it) of a datastore; Azurite is started when needed.
         A storage error (unreachable, refused credential) is one redacted line naming the datastore."""
         spec = self.get(name)
-        try:
+        with self.guarded(name):
             return self._filesystem(spec)
-        except AmlEmuError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
-            raise self.guard(name)(exc) from None
 
     def _filesystem(self, spec: DatastoreSpec) -> tuple[Any, str]:
         name = spec.name
@@ -187,6 +212,40 @@ class Datastores:
             return fs, spec.container
         return open_filesystem(spec, self._secret(name))
 
+    def look(self, name: str) -> tuple[tuple[Any | None, str], list[Action]]:
+        """A dry run's read-only look: ((filesystem, root), what opening the datastore for writing
+        does first). The filesystem is None where reading it would start Azurite."""
+        spec, first = self.peek(name)
+
+        def prepare() -> None:
+            self.filesystem(name)
+        with self.guarded(name):
+            if spec.kind == "azurite":
+                running = self.azurite.running()
+                if running is None:
+                    return (None, spec.container), [*first, Action("start", "Azurite server", "", {
+                        "then": f"creates container {spec.container} if missing, reads what is there"}, run=prepare)]
+                import adlfs  # noqa: PLC0415
+
+                fs, root = adlfs.AzureBlobFileSystem(connection_string=running.connection_string,
+                                                     skip_instance_cache=True), spec.container
+            else:
+                fs, root = open_filesystem(spec, self._secret(name), create=False)
+            if spec.kind != "local" and not fs.exists(root):
+                first = [*first, Action("create", "container", root, {"datastore": name}, run=prepare)]
+            return (fs, root), first
+
+    @contextlib.contextmanager
+    def guarded(self, name: str) -> Iterator[None]:
+        """A storage error (unreachable, refused credential) comes out as one redacted line naming
+        the datastore; the emulator's own errors pass as they are."""
+        try:
+            yield
+        except AmlEmuError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
+            raise self.guard(name)(exc) from None
+
     def guard(self, name: str) -> Callable[[Exception], BackendError]:
         def wrap(exc: Exception) -> BackendError:
             text = f"datastore {name}: {type(exc).__name__}: {exc}".splitlines()[0]
@@ -195,69 +254,80 @@ class Datastores:
             return BackendError(redact(text, [self._secret(name)]))
         return wrap
 
-    def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None,
-               overwrite: bool = False) -> int:
-        """Copy a file or folder up; unless overwrite, files already there with the same size are
-        skipped (re-running a data upload is cheap). Returns the bytes covered."""
+    # --- transfers: plan_* lists each file (the dry run); the verb carries the plan out ----------
+    def plan_upload(self, local: Path, uri: str, overwrite: bool = False,
+                    dst: tuple[Any, str] | None = None) -> list[Action]:
+        """Each file of `local` (a file or folder) and where it goes; unless overwrite, files already
+        there with the same size are skipped. `dst`: the datastore opened for writing (an upload);
+        without it the datastore is only looked at, and what opening it does comes first."""
         name, path = parse_uri(uri)
         if not local.exists():
             raise ConfigError("local path", f"{local} does not exist")
         import fsspec  # noqa: PLC0415
 
-        fs, root = self.filesystem(name)
-        source = (fsspec.filesystem("file"), str(local.resolve()))
-        try:
-            sync_tree(source, (fs, posixpath.join(root, path)), progress, overwrite=overwrite)
-        except AmlEmuError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the storage SDKs' errors are many; each is redacted
-            raise self.guard(name)(exc) from None
-        return sum(size for _, size in list_files(*source))
+        (fs, root), first = (dst, []) if dst is not None else self.look(name)
+        source = fsspec.filesystem("file")
+        with self.guarded(name):
+            files = plan_tree((source, str(local.resolve())), (fs, posixpath.join(root, path)), overwrite)
+        return first + [Action("skip" if f.skip else "copy", "file", f.source,
+                               {"to": datastore_uri(name, posixpath.join(path, f.rel)), "size": f.size,
+                                **({"why": "already there with the same size"} if f.skip else {})},
+                               run=None if f.skip or dst is None else
+                               functools.partial(copy_file, source, f.source, fs, f.target)) for f in files]
+
+    def upload(self, local: Path, uri: str, progress: Callable[[int, int], None] | None = None,
+               overwrite: bool = False) -> int:
+        """Carry out plan_upload (re-running a data upload is cheap). Returns the bytes covered."""
+        name, _ = parse_uri(uri)
+        if not local.exists():
+            raise ConfigError("local path", f"{local} does not exist")
+        return self._transfer(name, lambda dst: self.plan_upload(local, uri, overwrite, dst), progress)
+
+    def plan_download(self, uri: str, local: Path, src: tuple[Any, str] | None = None) -> list[Action]:
+        """Each file at the URI and where it lands under `local` (the download copies every one).
+        `src` as `dst` of plan_upload."""
+        name, path = parse_uri(uri)
+        (fs, root), first = (src, []) if src is not None else self.look(name)
+        if fs is None:
+            return [*first, Action("copy", "files", uri, {"to": str(local), "which": "listed once Azurite runs"})]
+        base = posixpath.join(root, path)
+        with self.guarded(name):
+            listing = list_files(fs, base)
+        if not listing:
+            raise NotFoundError("path", uri, "list what is there with `amlemu data ls`")
+        plan = first
+        for remote, size in listing:
+            target = local / (posixpath.relpath(remote, base) if remote != base else posixpath.basename(remote))
+            plan.append(Action("copy", "file", datastore_uri(name, posixpath.relpath(remote, root)),
+                               {"to": str(target), "size": size},
+                               run=None if src is None else functools.partial(get_file, fs, remote, target)))
+        return plan
 
     def download(self, uri: str, local: Path, progress: Callable[[int, int], None] | None = None) -> int:
-        name, path = parse_uri(uri)
-        fs, root = self.filesystem(name)
-        base = posixpath.join(root, path)
-        try:
-            listing = list_files(fs, base)
-            if not listing:
-                raise NotFoundError("path", uri, "list what is there with `amlemu data ls`")
-            total, done = sum(size for _, size in listing), 0
-            for remote, size in listing:
-                rel = posixpath.relpath(remote, base) if remote != base else posixpath.basename(remote)
-                target = local / rel
-                target.parent.mkdir(parents=True, exist_ok=True)
-                fs.get_file(remote, str(target))
-                done += size
-                if progress:
-                    progress(done, total)
-        except AmlEmuError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - as above
-            raise self.guard(name)(exc) from None
-        return total
+        return self._transfer(parse_uri(uri)[0], lambda src: self.plan_download(uri, local, src), progress)
+
+    def _transfer(self, name: str, plan: Callable[[tuple[Any, str]], list[Action]],
+                  progress: Callable[[int, int], None] | None) -> int:
+        """Open the datastore for writing (Azurite started, the container made), plan with it, and
+        carry the plan out; storage errors come out as one redacted line."""
+        opened = self.filesystem(name)
+        with self.guarded(name):
+            return run_transfer(plan(opened), progress)
 
     def ls(self, uri: str) -> list[tuple[str, int]]:
         name, path = parse_uri(uri)
         fs, root = self.filesystem(name)
-        base = posixpath.join(root, path)
-        try:
-            return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, base)]
-        except Exception as exc:  # noqa: BLE001 - as above
-            raise self.guard(name)(exc) from None
+        with self.guarded(name):
+            return [(posixpath.relpath(p, root), size) for p, size in list_files(fs, posixpath.join(root, path))]
 
 
-def list_files(fs: Any, base: str) -> list[tuple[str, int]]:
-    """(path, size) of the file at `base` or of every file under it; empty when nothing is there."""
-    if fs.isfile(base):
-        return [(base, fs.size(base))]
-    if not fs.exists(base):
-        return []
-    return sorted((p, info["size"]) for p, info in fs.find(base, detail=True).items())
+def datastore_uri(name: str, path: str) -> str:
+    return f"azureml://datastores/{name}/paths/{path.strip('/')}"
 
 
-def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any, str]:
-    """(fsspec filesystem, root) of a local or Azure Blob datastore, given its secret."""
+def open_filesystem(spec: DatastoreSpec, secret: str | None = None, create: bool = True) -> tuple[Any, str]:
+    """(fsspec filesystem, root) of a local or Azure Blob datastore, given its secret; the blob
+    container is made when missing, unless not `create` (a dry run's look)."""
     if spec.kind == "local":
         import fsspec  # noqa: PLC0415
 
@@ -281,15 +351,13 @@ def open_filesystem(spec: DatastoreSpec, secret: str | None = None) -> tuple[Any
     else:
         fs = adlfs.AzureBlobFileSystem(account_name=spec.account, anon=spec.credential == "none")
     bound_retries(fs)
-    if not fs.exists(spec.container):
+    if create and not fs.exists(spec.container):
         fs.mkdir(spec.container)
     return fs, spec.container
 
 
 def _make_folder(folder: Path) -> list[Path]:
     """Create a local datastore's folder; returns what was created (to undo on a later failure)."""
-    if folder.exists() and not folder.is_dir():
-        raise ConfigError("path", f"{folder} is a file", "give a folder for a local datastore")
     missing = [p for p in (folder, *folder.parents) if not p.exists()]
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -322,30 +390,6 @@ def _probe(spec: DatastoreSpec) -> None:
         reason = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
         raise BackendError(f"datastore {spec.name}: cannot reach {where} ({reason}); check the endpoint and "
                            "account name, and that this machine can reach it") from None
-
-
-def sync_tree(src: tuple[Any, str], dst: tuple[Any, str], progress: Callable[[int, int], None] | None = None,
-              overwrite: bool = False) -> tuple[list[str], list[str]]:
-    """Copy the file at src, or every file under it, to the same relative path under dst; unless
-    overwrite, files already there with the same size are skipped (a re-run sends only what
-    changed). Returns the relative paths copied and those skipped."""
-    (src_fs, src_root), (dst_fs, dst_root) = src, dst
-    listing = list_files(src_fs, src_root)
-    total, done, copied, skipped = sum(size for _, size in listing), 0, [], []
-    for path, size in listing:
-        rel = posixpath.relpath(path, src_root) if path != src_root else posixpath.basename(path)
-        target = posixpath.join(dst_root, rel)
-        if not overwrite and dst_fs.exists(target) and dst_fs.size(target) == size:
-            skipped.append(rel)
-        else:
-            dst_fs.makedirs(posixpath.dirname(target), exist_ok=True)  # a no-op on blob storage
-            with src_fs.open(path, "rb") as reader, dst_fs.open(target, "wb") as writer:
-                shutil.copyfileobj(reader, writer, 4 * 1024 * 1024)
-            copied.append(rel)
-        done += size
-        if progress:
-            progress(done, total)
-    return copied, skipped
 
 
 def credential_from_env(var: str | None) -> str | None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from emulator import safeyaml
+from emulator.actions import Action
 from emulator.errors import ConfigError, TargetError
 from emulator.jobs import sdk1, sdk2
 from emulator.jobs.jobyaml import load_job
@@ -216,15 +217,25 @@ class AzureMLTarget(Target):
         self._call(f"streaming job {name}", stream)
         return self.status(name)
 
-    def cancel(self, name: str) -> str:
-        self._call(f"canceling job {name}", lambda: self.client().jobs.begin_cancel(name).result())
-        return self.status(name)
+    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        jobs = self._call("listing jobs", lambda: list(self.client().jobs.list()))
+        rows = [{"name": j.name, "experiment": j.experiment_name, "compute": getattr(j, "compute", None),
+                 "status": str(getattr(j.status, "value", j.status))} for j in jobs]
+        return [r for r in rows if experiment is None or r["experiment"] == experiment]
 
-    def download(self, name: str, dest: Path) -> Path:
-        dest = Path(dest) / name
-        self._call(f"downloading job {name}",
-                   lambda: self.client().jobs.download(name, download_path=str(dest), all=True))
-        return dest
+    def metrics(self, name: str) -> dict[str, float]:
+        return {}  # Azure ML keeps them in the workspace's MLflow tracking server: see the studio
+
+    def plan_cancel(self, name: str) -> list[Action]:
+        return [Action("request", "job cancel", name, {"method": "POST", "path": f"{self.workspace.arm_path}/jobs/{name}/cancel"},
+                       run=lambda: self._call(f"canceling job {name}",
+                                              lambda: self.client().jobs.begin_cancel(name).result()))]
+
+    def plan_download(self, name: str, dest: Path) -> list[Action]:
+        target = Path(dest) / name
+        return [Action("download", "job outputs and logs", name, {"to": str(target), "call": "MLClient.jobs.download(all=True)"},
+                       run=lambda: self._call(f"downloading job {name}", lambda: self.client().jobs.download(
+                           name, download_path=str(target), all=True)))]
 
     # --- computes --------------------------------------------------------------------------------
     def plan_compute(self, spec: ClusterSpec) -> Plan:
@@ -238,12 +249,35 @@ class AzureMLTarget(Target):
         self._call(f"creating compute {plan.payload.name}",
                    lambda: self.client().compute.begin_create_or_update(plan.payload).result())
 
+    def show_compute(self, name: str) -> dict[str, Any]:
+        return compute_data(self._call(f"compute {name}", lambda: self.client().compute.get(name)))
+
+    def list_computes(self) -> list[dict[str, Any]]:
+        return [compute_data(c) for c in self._call("listing computes", lambda: list(self.client().compute.list()))]
+
+    def plan_delete_compute(self, name: str) -> list[Action]:
+        return [Action("request", "compute delete", name, {"method": "DELETE",
+                                                           "path": f"{self.workspace.arm_path}/computes/{name}"},
+                       run=lambda: self._call(f"deleting compute {name}",
+                                              lambda: self.client().compute.begin_delete(name).result()))]
+
     # --- datastores ------------------------------------------------------------------------------
     def datastore(self, name: str) -> tuple[DatastoreSpec, str | None]:
         """The workspace's blob datastore `name` as the emulator's DatastoreSpec, with its secret
         (account key or SAS) when the datastore holds one; identity-based ones get none."""
         ds = self._call(f"datastore {name}", lambda: self.client().datastores.get(name, include_secrets=True))
         return datastore_spec(ds)
+
+
+def compute_data(compute: Any) -> dict[str, Any]:
+    """An azure.ai.ml compute entity, in the emulator's names (show_compute); node states are
+    not in the entity."""
+    tier = str(getattr(compute, "tier", None) or "dedicated").lower().replace("_", "")
+    return {"name": compute.name, "vm_size": getattr(compute, "size", None), "vm_priority": tier,
+            "min_nodes": getattr(compute, "min_instances", None), "max_nodes": getattr(compute, "max_instances", None),
+            "idle_seconds_before_scaledown": getattr(compute, "idle_time_before_scale_down", None),
+            "backend": "azureml", "state": getattr(compute, "provisioning_state", None),
+            "busy": None, "idle": None, "nodes": []}
 
 
 def datastore_spec(ds: Any) -> tuple[DatastoreSpec, str | None]:

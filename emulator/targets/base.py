@@ -1,11 +1,18 @@
-"""The submission interface: one small base class, a dry run that returns data, submit = plan + run."""
+"""The submission interface: one small base class, a dry run that returns data, submit = plan + run.
+
+Everything the `job` and `compute` commands do goes through it, so the command line never asks
+which target it talks to. A verb that changes something has its dry run: a Plan (job and
+compute creation: the request) or a list of Actions (emulator/actions.py: the steps).
+"""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from emulator.actions import Action, execute
 from emulator.specs import ClusterSpec
 
 # What a job can be given as: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job, or an
@@ -27,6 +34,13 @@ class Plan:
 class Target(ABC):
     name: ClassVar[str]
 
+    @classmethod
+    def for_cli(cls, emulator: Callable[[], Any]) -> Target:
+        """The target a command uses; `emulator()` makes the command's Emulator (the home rule
+        applied), for a target that needs one."""
+        return cls()
+
+    # --- jobs ----------------------------------------------------------------------------------
     @abstractmethod
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan: ...
 
@@ -38,6 +52,42 @@ class Target(ABC):
         return self.run_job(self.plan_job(job, overrides))
 
     @abstractmethod
+    def status(self, name: str) -> str: ...
+
+    @abstractmethod
+    def show(self, name: str) -> dict[str, Any]:
+        """The job's name, status, compute, experiment and what else the target knows (JSON-able)."""
+
+    @abstractmethod
+    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        """Each job's name, experiment, compute and status (of one experiment, if given)."""
+
+    @abstractmethod
+    def metrics(self, name: str) -> dict[str, float]:
+        """The last value of each metric the job logged (empty where the target does not say)."""
+
+    @abstractmethod
+    def stream(self, name: str) -> str:
+        """Print the job's log until it ends; returns its final status."""
+
+    @abstractmethod
+    def plan_cancel(self, name: str) -> list[Action]: ...
+
+    def cancel(self, name: str) -> str:
+        """Carry out plan_cancel; returns the job's status then."""
+        execute(self.plan_cancel(name))
+        return self.status(name)
+
+    @abstractmethod
+    def plan_download(self, name: str, dest: Path) -> list[Action]:
+        """What `download` copies, and where (into dest/<name>)."""
+
+    def download(self, name: str, dest: Path) -> Path:
+        execute(self.plan_download(name, dest))
+        return Path(dest) / name
+
+    # --- computes ------------------------------------------------------------------------------
+    @abstractmethod
     def plan_compute(self, spec: ClusterSpec) -> Plan: ...
 
     @abstractmethod
@@ -47,18 +97,16 @@ class Target(ABC):
         self.run_compute(self.plan_compute(spec))
 
     @abstractmethod
-    def status(self, name: str) -> str: ...
+    def show_compute(self, name: str) -> dict[str, Any]:
+        """name, vm_size, vm_priority, min_nodes, max_nodes, idle_seconds_before_scaledown,
+        backend, busy and idle node counts (None: not known) and the nodes."""
 
     @abstractmethod
-    def show(self, name: str) -> dict[str, Any]:
-        """The job's name, status, compute and what else the target knows (JSON-able)."""
+    def list_computes(self) -> list[dict[str, Any]]:
+        """show_compute of each compute."""
 
     @abstractmethod
-    def stream(self, name: str) -> str:
-        """Print the job's log until it ends; returns its final status."""
+    def plan_delete_compute(self, name: str) -> list[Action]: ...
 
-    @abstractmethod
-    def cancel(self, name: str) -> str: ...
-
-    @abstractmethod
-    def download(self, name: str, dest: Path) -> Path: ...
+    def delete_compute(self, name: str) -> list[str]:
+        return execute(self.plan_delete_compute(name))

@@ -1,16 +1,29 @@
 """The `emulator` target: the job runs on this machine's emulated AmlCompute."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from emulator.api import Emulator
-from emulator.errors import StateError
+from emulator.actions import Action, execute
+from emulator.api import Emulator, Run
+from emulator.errors import ConfigError, StateError
 from emulator.jobs.sdkjobs import to_job
+from emulator.runs.metrics import PLOT_NAME
 from emulator.specs import ClusterSpec
 from emulator.targets.base import JobSource, Plan, Target
 from emulator.validate import check_job
+
+CANCEL_WAIT = 30.0  # seconds `cancel` waits for the run's supervisor to stop the job
+
+
+def run_data(run: Run) -> dict[str, Any]:
+    record = run.record
+    return {"name": run.id, "experiment": record.experiment, "compute": record.cluster,
+            "status": record.status.value, "error": record.error, "outputs": str(run.outputs),
+            "logs": str(run.dir / "user_logs"),
+            "history": [{"time": ts, "status": st.value, "detail": d} for ts, st, d in run.events()]}
 
 
 class EmulatorTarget(Target):
@@ -19,6 +32,11 @@ class EmulatorTarget(Target):
     def __init__(self, emulator: Emulator | None = None, **emulator_options: Any) -> None:
         self.emu = emulator or Emulator(**emulator_options)
 
+    @classmethod
+    def for_cli(cls, emulator: Callable[[], Any]) -> Target:
+        return cls(emulator=emulator())
+
+    # --- jobs ----------------------------------------------------------------------------------
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
         """The emulator runs jobs AmlCompute would refuse (no environment, say): the findings of
         `amlemu job validate` go with the plan, for the CLI to show."""
@@ -29,6 +47,47 @@ class EmulatorTarget(Target):
     def run_job(self, plan: Plan) -> str:
         return self.emu.submit(plan.payload).id
 
+    def status(self, name: str) -> str:
+        self.emu.reconcile()
+        return self.emu.run(name).status.value
+
+    def show(self, name: str) -> dict[str, Any]:
+        self.emu.reconcile()
+        run = self.emu.run(name)
+        plot = run.plot_path
+        return {**run_data(run), "metrics": run.metrics(), "plot": str(plot) if plot else None}
+
+    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+        self.emu.reconcile()
+        return [{k: v for k, v in run_data(r).items() if k != "history"} for r in self.emu.runs(experiment)]
+
+    def metrics(self, name: str) -> dict[str, float]:
+        return self.emu.run(name).metrics()
+
+    def stream(self, name: str) -> str:
+        return self.emu.run(name).wait(show_output=True).value
+
+    def plan_cancel(self, name: str) -> list[Action]:
+        return self.emu.plan_cancel(name)
+
+    def cancel(self, name: str) -> str:
+        execute(self.plan_cancel(name))
+        return self.emu.run(name).wait(timeout=CANCEL_WAIT).value
+
+    def plan_download(self, name: str, dest: Path) -> list[Action]:
+        """Outputs, logs, the run's own logs and its metrics plot (as `az ml job download` does),
+        copied by Run.download."""
+        run = self.emu.run(name)
+        if Path(dest).exists() and not Path(dest).is_dir():
+            raise ConfigError("--download-path", f"{dest} is a file", "give a folder (it is created if missing)")
+        target = Path(dest) / name
+        if target.exists() and not target.is_dir():
+            raise ConfigError("--download-path", f"{target} is a file", "move it away or download elsewhere")
+        parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "system_logs", PLOT_NAME)
+                 if (run.dir / sub).exists()]
+        return [Action("copy", "run files", name, {"from": parts, "to": str(target)}, run=lambda: run.download(dest))]
+
+    # --- computes ------------------------------------------------------------------------------
     def plan_compute(self, spec: ClusterSpec) -> Plan:
         if any(c.spec.name == spec.name for c in self.emu.computes()):  # refused before any notice is printed
             raise StateError(f"compute '{spec.name}' already exists; delete it first or pick another name")
@@ -37,23 +96,15 @@ class EmulatorTarget(Target):
     def run_compute(self, plan: Plan) -> None:
         self.emu.create_compute(plan.payload, plan.data["backend"])
 
-    def status(self, name: str) -> str:
-        self.emu.reconcile()
-        return self.emu.run(name).status.value
+    def show_compute(self, name: str) -> dict[str, Any]:
+        cluster = self.emu.compute(name)
+        nodes = self.emu.store.nodes(name)
+        return {**cluster.spec.__dict__, "vm_priority": cluster.spec.vm_priority.value, "backend": cluster.backend,
+                "busy": sum(n.state == "busy" for n in nodes), "idle": sum(n.state == "idle" for n in nodes),
+                "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address} for n in nodes]}
 
-    def show(self, name: str) -> dict[str, Any]:
-        run = self.emu.run(name)
-        record = run.record
-        return {"name": name, "target": self.name, "status": record.status.value, "compute": record.cluster,
-                "experiment": record.experiment, "error": record.error, "metrics": run.metrics()}
+    def list_computes(self) -> list[dict[str, Any]]:
+        return [self.show_compute(c.spec.name) for c in self.emu.computes()]
 
-    def stream(self, name: str) -> str:
-        return self.emu.run(name).wait(show_output=True).value
-
-    def cancel(self, name: str) -> str:
-        run = self.emu.run(name)
-        run.cancel()
-        return run.wait(timeout=30).value
-
-    def download(self, name: str, dest: Path) -> Path:
-        return self.emu.run(name).download(dest)
+    def plan_delete_compute(self, name: str) -> list[Action]:
+        return self.emu.plan_delete_compute(name)

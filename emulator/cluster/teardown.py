@@ -1,0 +1,150 @@
+"""Taking things down, planned first: deleting a compute, cleaning a home up (with or without a
+readable state database), setting a broken database aside, forgetting the workspace's data.
+
+Each plan_* reads the state and returns the Actions (emulator/actions.py) that its verb carries
+out with `execute`: `amlemu compute delete|cleanup --dry-run` print exactly these.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import psutil
+
+from emulator.actions import Action
+from emulator.backends import BACKENDS, backend_class, get_backend
+from emulator.cluster import allocation as autoscale
+from emulator.cluster.store import Store
+from emulator.errors import StateError
+from emulator.home import Home
+from emulator.storage.azurite import Azurite
+
+# What a cleanup empties in the home; the UI store (mlflow-ui) copies runs, so it goes with them.
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow-ui")
+# What `cleanup --all` forgets besides the records: (folder, what it holds).
+DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders"), ("secrets", "secrets"))
+
+
+def ours(pid: int, run_id: str) -> bool:
+    """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
+    try:
+        proc = psutil.Process(pid)
+        # The id as a whole word of the argv (an argument, a path component): a job may be named
+        # `a`, which a bare substring test would find in almost any process reusing the pid.
+        word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
+        return proc.status() != psutil.STATUS_ZOMBIE and any(word.search(part) for part in proc.cmdline())
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _kill_group(pid: int) -> bool | None:
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        return False  # gone meanwhile: nothing was done
+    return None
+
+
+def _remove_folder(path: Path) -> Action:
+    return Action("remove", "folder", str(path), run=functools.partial(shutil.rmtree, path, ignore_errors=True))
+
+
+def plan_delete_compute(home: Home, store: Store, name: str) -> list[Action]:
+    """Its nodes, what the cluster holds on its backend (a network), its records and folders."""
+    cluster = store.cluster(name)
+    active = [r.id for r in store.runs(cluster=name) if not r.status.is_terminal]
+    if active:
+        raise StateError(f"compute '{name}' has active job(s) {', '.join(active)}; cancel them first")
+    backend = get_backend(cluster.backend, home)
+    nodes = store.nodes(name)
+    plan = [a for node in nodes
+            for a in backend.plan_remove_node(autoscale.node_request(home, cluster.spec, node.idx))]
+    plan += backend.plan_remove_cluster(name)
+    plan.append(Action("delete", "compute record", name, {"node_records": len(nodes)},
+                       run=lambda: store.delete_cluster(name)))
+    listed = {folder for a in plan for folder in a.detail.get("folders", [])}
+    return plan + [_remove_folder(home.root / sub / name) for sub in ("nodes", "caches")
+                   if (home.root / sub / name).exists() and str(home.root / sub / name) not in listed]
+
+
+def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:
+    """Every node and network of the home (of every home: all_homes), on every usable backend."""
+    return [a for name in BACKENDS if backend_class(name).available()[0]
+            for a in get_backend(name, home).plan_reap(all_homes)]
+
+
+def plan_stop_azurite(azurite: Azurite) -> list[Action]:
+    """The home's storage server, which never outlives a cleanup, even a failed one."""
+    running = azurite.running()
+    return [Action("stop", "Azurite server", "", {"port": running.port}, run=azurite.stop, always=True)] \
+        if running else []
+
+
+def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = False) -> list[Action]:
+    """Stop every run and server, remove every node, network, run and cluster of the home. The
+    workspace and its datastores' records and data stay, as a blob container would."""
+    plan = [Action("stop", "process group", str(pid), {"run": record.id, "role": role},
+                   run=functools.partial(_kill_group, pid))
+            for record in store.runs()
+            for role, pid in (("supervisor", record.supervisor_pid), ("launch", record.launch_pid))
+            if pid and ours(pid, record.id)]
+    plan += plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
+    plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
+                       run=lambda: store.reset(keep_data=True)))
+    return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS if (home.root / sub).exists()]
+
+
+def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Action]:
+    """What cleanup can do when the state database cannot be read: supervisors found by their
+    command line (`python -m emulator.runs.supervisor <home> <run id>`, each leading its own process
+    group: exactly that, never a looser match), nodes and networks found as reap finds them
+    (Docker labels, process nodes' folders), and Azurite."""
+    supervisors = [Action("stop", "process group", str(p.info["pid"]), {"run": (p.info["cmdline"] or [""])[-1],
+                                                                       "role": "supervisor"},
+                          run=functools.partial(_kill_group, p.info["pid"]))
+                   for p in psutil.process_iter(["pid", "cmdline"])
+                   if "emulator.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
+                   and p.info["pid"] != os.getpid()]
+    return supervisors + plan_reap_nodes(home, all_homes) + plan_stop_azurite(Azurite(home.root, cache))
+
+
+def plan_move_state_aside(home: Home, store: Store | None) -> list[Action]:
+    """amlemu.db (and its -wal/-shm, which belong to it) -> amlemu.db.broken-<time>: kept for a
+    post-mortem, out of the way of the fresh database the next command creates."""
+    target = home.db.with_name(f"{home.db.name}.broken-{time.strftime('%Y%m%d-%H%M%S')}")
+
+    def move() -> str:
+        if store is not None:
+            store.close()
+        for suffix in ("", "-wal", "-shm"):
+            source = Path(f"{home.db}{suffix}")
+            if source.exists():
+                source.rename(f"{target}{suffix}")
+        return f"state database (moved to {target})"
+    return [Action("move aside", "state database", str(home.db), {"to": str(target)}, run=move)]
+
+
+def plan_forget_data(home: Home, store: Store | None) -> list[Action]:
+    """`cleanup --all`, after a cleanup plan (which stops Azurite): the workspace's settings,
+    datastore records, secrets, and the data the emulator holds for its datastores (Azurite's,
+    and local datastores' folders inside the home). A local datastore's folder outside the home
+    is the user's own and stays. No store: the database was set aside, only the folders go."""
+    specs = store.datastores() if store is not None else []
+    plan = [Action("remove", "folder", str(folder), {"holds": f"data of datastore {spec['name']}"},
+                   run=functools.partial(shutil.rmtree, folder, ignore_errors=True))
+            for spec in specs if spec.get("kind") == "local"
+            for folder in [Path(spec.get("folder") or "/nonexistent")]
+            if folder.is_relative_to(home.root) and folder.exists()
+            and not any(folder.is_relative_to(home.root / sub) for sub, _ in DATA_FOLDERS)]
+    plan += [Action("remove", "folder", str(home.root / sub), {"holds": what},
+                    run=functools.partial(shutil.rmtree, home.root / sub, ignore_errors=True))
+             for sub, what in DATA_FOLDERS if (home.root / sub).exists()]
+    if store is not None:
+        plan.append(Action("forget", "workspace settings and datastore records", "", {"datastores": len(specs)},
+                           run=lambda: store.reset(keep_data=False)))
+    return plan
