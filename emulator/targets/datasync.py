@@ -14,7 +14,8 @@ from emulator.actions import Action
 from emulator.errors import BackendError, ConfigError
 from emulator.jobs.jobyaml import load_job
 from emulator.runs.contract import LOCAL_SOURCE, bindings
-from emulator.storage.datastores import DatastoreSpec, open_filesystem, parse_uri, redact
+from emulator.storage.datastores import DatastoreSpec, parse_uri, redact
+from emulator.storage.filesystems import open_filesystem
 from emulator.storage.transfer import copy_file, plan_tree, run_transfer
 
 if TYPE_CHECKING:
