@@ -70,7 +70,7 @@ def portable(plan: dict[str, Any], home: Home) -> dict[str, Any]:
     venv, python = str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())
     volumes = []
     for src, spec in plan["volumes"].items():
-        if src in (venv, python):
+        if src == venv or (src == python and src != "/usr"):  # a Python in /usr is the /usr mount
             continue
         if src.startswith(str(home.root)):
             src = HOME_VAR + src.removeprefix(str(home.root))

@@ -79,6 +79,14 @@ def test_both_files_validate_with_no_variable_set() -> None:
     assert set(_config(COMPOSE / "docker-compose.yml", NO_VARIABLES)["services"]) == {"azurite", "node"}
 
 
+@pytest.mark.parametrize("python", ["/usr", "/usr/local", "pyenv"])
+def test_the_file_is_the_same_whatever_python_generates_it(python: str, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    expected = cluster_compose(2)
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path) if python == "pyenv" else python)
+    assert cluster_compose(2) == expected
+
+
 @pytest.mark.parametrize("nodes", [1, 3])
 def test_the_generator_follows_the_node_count(nodes: int) -> None:
     assert len(yaml.safe_load(cluster_compose(nodes))["services"]) == nodes
