@@ -58,7 +58,7 @@ def test_a_link_out_of_the_code_folder_is_refused(code: Path, case: str, tmp_pat
     message = str(caught.value)
     assert "\n" not in message and message.startswith("code: '")
     assert "is a symbolic link to" in message and f"outside the code folder {code}" in message
-    assert "copy what it needs into the code folder, delete the link, or leave it out with .amlignore" in message
+    assert "copy what it needs into the code folder" in message and "delete the link" in message
     with pytest.raises(ConfigError):
         take_snapshot(code, tmp_path / "snap")
     assert not (tmp_path / "snap").exists()  # nothing half-made
@@ -236,6 +236,8 @@ def _tricky(code: Path, ignore_file: str) -> None:
     (code / "docs2").symlink_to("docs")  # docs/*.md tested under docs/: docs2/r.md is left out
     (code / "link.log").symlink_to("train.py")  # a link to a file is tested by its own name
     (code / "secret.log").symlink_to("../outside/secret.txt")  # out of the folder, but left out: not refused
+    (code / "sub" / "b.log").unlink()
+    (code / "sub" / "b.log").symlink_to("/etc/hostname")  # the same
 
 
 def _azure_ml_uploads(tmp_path: Path, code: Path) -> dict[str, bytes]:
@@ -263,6 +265,16 @@ def test_the_snapshot_leaves_out_what_azure_ml_leaves_out(code: Path, tmp_path: 
     expected |= {".amlignore", ".gitignore"} if ignore_file == "both" else {ignore_file}
     assert set(uploaded) == expected
     assert not any((snap / d).exists() for d in ("sub/notes", "build/deep", "__pycache__"))  # no empty folders
+
+
+def test_a_linked_folder_outside_is_refused_even_when_ignored_as_azure_ml_uploads_it(code: Path, tmp_path: Path) -> None:
+    (code / "data").symlink_to("../outside")
+    (code / ".amlignore").write_text("data\ndata/\n")
+    assert "data/secret.txt" in _azure_ml_uploads(tmp_path, code)  # walked into, whatever .amlignore says
+    with pytest.raises(ConfigError, match=r"^code: 'data' is a symbolic link to \.\./outside .*, outside the code "
+                       r"folder .*; copy what it needs into the code folder or delete the link: .* even one "
+                       r"\.amlignore names\)$"):
+        check_code(code)
 
 
 def test_an_ignore_file_git_would_refuse_is_one_line_naming_it(code: Path) -> None:

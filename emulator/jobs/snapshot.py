@@ -17,7 +17,8 @@ until the path grows too long).
 What is left out is Azure ML's too (emulator/jobs/ignorefile.py): the code folder's `.amlignore`,
 else its `.gitignore`, with git's patterns, and `__pycache__`; nothing else (no fixed list: `.git`
 or `.venv` go up to Azure ML unless an ignore file names them, so they are copied here too). A file
-left out is never looked at (a link to outside that is ignored is not refused); folders are walked
+left out is never looked at (a link to a file outside that is ignored is not refused; a link to a
+folder outside is, ignored or not: Azure ML uploads that folder all the same); folders are walked
 even when all they hold is left out, as Azure ML's walk does (a file in them may be included again,
 or reached through a link to a folder that is not left out). Folders that hold no file are not made
 (blob storage has no folders).
@@ -40,6 +41,11 @@ MAX_DEPTH = 64  # links to folders inside the folder can nest; a deeper tree is 
 OUTSIDE_FIX = ("copy what it needs into the code folder, delete the link, or leave it out with .amlignore: the "
                "emulator never copies files from outside the code folder into a run (Azure ML would upload the "
                "link's target)")
+# Azure ML walks into a linked folder whatever the ignore file says (its files are tested under the
+# target's path, which no pattern of the code folder names): .amlignore is no way out for these.
+OUTSIDE_FOLDER_FIX = ("copy what it needs into the code folder or delete the link: the emulator never copies files "
+                      "from outside the code folder into a run (Azure ML would upload the linked folder, even one "
+                      ".amlignore names)")
 LOOP_FIX = "delete the link or point it at a folder that does not contain it"
 
 
@@ -133,7 +139,7 @@ def _link(plan: SnapshotPlan, source: str, rel: str, tested: str, stack: tuple[s
     if not _inside(target, str(plan.root)):
         plan.outside.append(ConfigError(
             "code", f"'{rel}' is a symbolic link to {shown}" + (f" ({target})" if target != shown else "")
-            + f", outside the code folder {plan.root}", OUTSIDE_FIX))
+            + f", outside the code folder {plan.root}", OUTSIDE_FOLDER_FIX if is_dir else OUTSIDE_FIX))
     elif mode is None:
         plan.skipped.append(f"{rel}: a link to {shown}, which does not exist")
     elif is_dir and target in stack:
