@@ -6,16 +6,16 @@ emulator cannot verify but AmlCompute will.
 """
 from __future__ import annotations
 
-import fnmatch
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from emulator import safeyaml
 from emulator.errors import AmlEmuError, ConfigError
+from emulator.jobs import sdkschema
 from emulator.jobs.jobyaml import load_job
-from emulator.jobs.snapshot import plan_snapshot
+from emulator.jobs.snapshot import SnapshotPlan, plan_snapshot
 from emulator.runs.contract import LOCAL_SOURCE, bindings
 from emulator.specs import DistributionType, JobSpec
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 MB = 1024 * 1024
 SNAPSHOT_MAX_BYTES = 300 * MB  # Azure ML refuses larger code snapshots ("Snapshot size limit exceeded")
 SNAPSHOT_MAX_FILES = 2000
-IGNORE_FILES = (".amlignore", ".gitignore")  # Azure ML reads .amlignore, else .gitignore
 MPI_IMAGE_RE = re.compile(r"mpi|azureml", re.IGNORECASE)
 
 
@@ -40,34 +39,12 @@ class Finding:
         return f"{self.severity}: {self.field}: {self.problem}; {self.fix}"
 
 
-def ignore_patterns(code: Path) -> list[str]:
-    for name in IGNORE_FILES:
-        path = code / name
-        if path.is_file():
-            return [line.strip().rstrip("/") for line in path.read_text().splitlines()
-                    if line.strip() and not line.startswith("#")]
-    return []
-
-
-def snapshot_files(code: Path) -> list[Path]:
-    """The files Azure ML would upload as the code snapshot (ignore file patterns applied)."""
-    patterns = ignore_patterns(code)
-
-    def ignored(rel: str) -> bool:
-        name = rel.rsplit("/", 1)[-1]
-        return any(fnmatch.fnmatch(rel, p.lstrip("/")) or fnmatch.fnmatch(name, p) for p in patterns)
-
-    found = []
-    for folder, dirs, files in os.walk(code):
-        base = Path(folder).relative_to(code).as_posix()
-        dirs[:] = [d for d in dirs if not ignored(f"{base}/{d}".lstrip("./"))]
-        found += [Path(folder) / f for f in files if not ignored(f"{base}/{f}".lstrip("./"))]
-    return found
-
-
-def check_snapshot(code: Path) -> list[Finding]:
-    files = snapshot_files(code)
-    size = sum(f.stat().st_size for f in files if f.exists())  # a dangling link has no size
+def check_snapshot(code: Path | SnapshotPlan) -> list[Finding]:
+    """Azure ML's limits on the code snapshot, counted over what it would upload: the code folder
+    less what its .amlignore (else .gitignore) leaves out, as emulator/jobs/ignorefile.py applies it."""
+    plan = code if isinstance(code, SnapshotPlan) else plan_snapshot(code)
+    files = list(plan.files.values())
+    size = sum(f.stat().st_size for f in files if f.exists())  # removed meanwhile: no size
     findings = []
     if len(files) > SNAPSHOT_MAX_FILES:
         findings.append(Finding("code", f"{len(files)} files in the snapshot, Azure ML takes at most {SNAPSHOT_MAX_FILES}",
@@ -78,11 +55,11 @@ def check_snapshot(code: Path) -> list[Finding]:
     return findings
 
 
-def check_links(code: Path, refuse_outside: bool) -> list[Finding]:
+def check_links(code: Path | SnapshotPlan, refuse_outside: bool) -> list[Finding]:
     """Links and special files in the code folder, as emulator/jobs/snapshot.py copies them. A link out
     of the folder is an error where the emulator runs the job (it refuses it); Azure ML would
     upload the target from this machine, which is only worth a warning for a job going there."""
-    plan = plan_snapshot(code)
+    plan = code if isinstance(code, SnapshotPlan) else plan_snapshot(code)
     outside = "error" if refuse_outside else "warning"
     return ([Finding(e.field, e.problem, e.fix or "", outside) for e in plan.outside]
             + [Finding(e.field, e.problem, e.fix or "") for e in plan.refused]
@@ -98,8 +75,9 @@ def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
     elif job.distribution.type is DistributionType.MPI and job.image and not MPI_IMAGE_RE.search(job.image):
         findings.append(Finding("environment", f"cannot tell whether {job.image} has Open MPI, which mpi jobs need",
                                 "base it on an Azure ML image (mcr.microsoft.com/azureml/openmpi...)", "warning"))
-    findings += check_snapshot(job.code)
-    findings += check_links(job.code, refuse_outside=emu is not None)
+    plan = plan_snapshot(job.code)
+    findings += check_snapshot(plan)
+    findings += check_links(plan, refuse_outside=emu is not None)
     if emu is not None:
         findings += check_against_workspace(job, emu)
     return findings
@@ -135,9 +113,31 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
 
 
 def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emulator | None = None) -> list[Finding]:
-    """The job file as `amlemu job validate -f` checks it: loading errors first (one finding), then the rules."""
+    """The job file as `amlemu job validate -f` checks it: the emulator's loading error (one finding)
+    or its rules, then, when azure-ai-ml is installed, what its own `load_job` refuses besides: one
+    finding per problem, so a field the emulator already named is not named twice."""
     try:
-        job = load_job(path, overrides)
+        findings = check_job(load_job(path, overrides), emu)
     except ConfigError as exc:
-        return [Finding(exc.field, exc.problem, exc.fix or "see the Azure ML job schema")]
-    return check_job(job, emu)
+        findings = [Finding(exc.field, exc.problem, exc.fix or "see the Azure ML job schema")]
+        if exc.field.startswith("--set"):
+            return findings
+    if _a_command_job(Path(path)) and sdkschema.installed():
+        findings += [Finding(e.field, e.problem, e.fix or sdkschema.REFERENCE) for e in sdkschema.schema_errors(path, overrides)
+                     if not any(_same_field(e.field, f.field) for f in findings)]
+    return findings
+
+
+def _a_command_job(path: Path) -> bool:
+    """Only a YAML the emulator's own reader takes (never /dev/zero or a YAML bomb) goes to the SDK,
+    and only a command job's: of another type it would list that type's fields as problems."""
+    try:
+        data = safeyaml.load_file(path, "-f", "job YAML")
+    except ConfigError:
+        return False
+    return isinstance(data, dict) and data.get("type", "command") == "command"
+
+
+def _same_field(a: str, b: str) -> bool:
+    """One field, or one inside the other (`inputs.data` and `inputs.data.path`): one problem."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")

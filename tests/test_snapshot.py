@@ -58,7 +58,7 @@ def test_a_link_out_of_the_code_folder_is_refused(code: Path, case: str, tmp_pat
     message = str(caught.value)
     assert "\n" not in message and message.startswith("code: '")
     assert "is a symbolic link to" in message and f"outside the code folder {code}" in message
-    assert "copy what it needs into the code folder or delete the link" in message
+    assert "copy what it needs into the code folder" in message and "delete the link" in message
     with pytest.raises(ConfigError):
         take_snapshot(code, tmp_path / "snap")
     assert not (tmp_path / "snap").exists()  # nothing half-made
@@ -70,12 +70,13 @@ def test_the_message_names_the_link_and_where_it_resolves(code: Path) -> None:
     refused = [str(e) for e in plan_snapshot(code).outside]
     outside = code.parent / "outside" / "secret.txt"
     assert refused == [f"code: 'hop1' is a symbolic link to lib/up ({outside}), outside the code folder {code}; "
-                       "copy what it needs into the code folder or delete the link: the emulator never copies "
-                       "files from outside the code folder into a run (Azure ML would upload the link's target)",
+                       "copy what it needs into the code folder, delete the link, or leave it out with .amlignore: "
+                       "the emulator never copies files from outside the code folder into a run (Azure ML would "
+                       "upload the link's target)",
                        f"code: 'lib/up' is a symbolic link to ../../outside/secret.txt ({outside}), outside the "
-                       f"code folder {code}; copy what it needs into the code folder or delete the link: the "
-                       "emulator never copies files from outside the code folder into a run (Azure ML would "
-                       "upload the link's target)"]
+                       f"code folder {code}; copy what it needs into the code folder, delete the link, or leave "
+                       "it out with .amlignore: the emulator never copies files from outside the code folder into "
+                       "a run (Azure ML would upload the link's target)"]
 
 
 def test_links_inside_arrive_as_regular_files_as_azure_ml_uploads_them(code: Path, tmp_path: Path) -> None:
@@ -199,3 +200,89 @@ def test_a_job_runs_with_its_inner_links_and_a_fifo_in_its_folder(workspace: Emu
     plan = json.loads(_cli(workspace, "job", "create", "-f", str(job), "--dry-run").stdout)
     assert {"field": "code", "problem": "pipe: a fifo, not copied", "severity": "warning",
             "fix": "remove it from the code folder (Azure ML's upload would try to read it)"} in plan["findings"]
+
+
+# --- what is left out: Azure ML's ignore rules ---------------------------------------------------------
+IGNORE = """# a comment, then git's patterns
+*.log
+!keep.log
+/top.txt
+build/
+!build/keep.txt
+data/**/*.bin
+notes
+docs/*.md
+"""
+TRICKY = {  # path -> is it uploaded (by azure-ai-ml 1.35.2, which the test also asks)
+    "train.py": True, "a.log": False, "keep.log": True, "sub/b.log": False, "sub/keep.log": True,
+    "top.txt": False, "sub/top.txt": True,  # anchored: only at the top
+    "build/x.o": False, "build/deep/y.o": False, "sub/build/z.o": False, "other/build": True,  # folder-only
+    "build/keep.txt": True,  # included again under an excluded folder: Azure ML tests files, not folders
+    "data/a.bin": False, "data/x/y/z.bin": False, "data/x/keep.txt": True,  # ** spans folders
+    "notes": False, "sub/notes/n.txt": False, "docs/r.md": False, "docs/sub/r.md": True,
+    "__pycache__/m.pyc": False, "sub/__pycache__/n.pyc": False,  # always left out
+    ".git/config": True,  # no fixed list: what the ignore file does not name goes up
+    "sub/.amlignore": True, "sub/s.py": True,  # an ignore file below the code folder is not read
+}
+
+
+def _tricky(code: Path, ignore_file: str) -> None:
+    for rel in TRICKY:
+        (code / rel).parent.mkdir(parents=True, exist_ok=True)
+        (code / rel).write_text(rel)
+    (code / "sub" / ".amlignore").write_text("*.py\n")
+    (code / ignore_file).write_text(IGNORE)
+    (code / "bins").symlink_to("data/x")  # its files are tested as data/x/...: bins/y/z.bin is left out
+    (code / "docs2").symlink_to("docs")  # docs/*.md tested under docs/: docs2/r.md is left out
+    (code / "link.log").symlink_to("train.py")  # a link to a file is tested by its own name
+    (code / "secret.log").symlink_to("../outside/secret.txt")  # out of the folder, but left out: not refused
+    (code / "sub" / "b.log").unlink()
+    (code / "sub" / "b.log").symlink_to("/etc/hostname")  # the same
+
+
+def _azure_ml_uploads(tmp_path: Path, code: Path) -> dict[str, bytes]:
+    """What azure-ai-ml uploads for a command job with this code folder: its component's code, through
+    the ignore file it builds (ComponentIgnoreFile), listed by the function its upload uses."""
+    from azure.ai.ml import load_job  # noqa: PLC0415
+    from azure.ai.ml._utils._asset_utils import get_upload_files_from_folder  # noqa: PLC0415
+
+    (tmp_path / "job.yml").write_text(f"code: {code.name}\ncommand: python train.py\nenvironment: azureml:e@1\n")
+    with load_job(tmp_path / "job.yml").component._build_code() as built:
+        listed = get_upload_files_from_folder(built.path, ignore_file=built._ignore_file)
+    return {dest: Path(src).read_bytes() for src, dest in listed}
+
+
+@pytest.mark.parametrize("ignore_file", [".amlignore", ".gitignore", "both"])
+def test_the_snapshot_leaves_out_what_azure_ml_leaves_out(code: Path, tmp_path: Path, ignore_file: str) -> None:
+    _tricky(code, ".amlignore" if ignore_file == "both" else ignore_file)
+    if ignore_file == "both":
+        (code / ".gitignore").write_text("*\n")  # .amlignore wins: this one is not read
+    uploaded = _azure_ml_uploads(tmp_path, code)
+    take_snapshot(code, tmp_path / "snap")
+    snap = tmp_path / "snap"
+    assert {p.relative_to(snap).as_posix(): p.read_bytes() for p in snap.rglob("*") if p.is_file()} == uploaded
+    expected = {rel for rel, up in TRICKY.items() if up} | {"lib/util.py", "bins/keep.txt", "docs2/sub/r.md"}
+    expected |= {".amlignore", ".gitignore"} if ignore_file == "both" else {ignore_file}
+    assert set(uploaded) == expected
+    assert not any((snap / d).exists() for d in ("sub/notes", "build/deep", "__pycache__"))  # no empty folders
+
+
+def test_a_linked_folder_outside_is_refused_even_when_ignored_as_azure_ml_uploads_it(code: Path, tmp_path: Path) -> None:
+    (code / "data").symlink_to("../outside")
+    (code / ".amlignore").write_text("data\ndata/\n")
+    assert "data/secret.txt" in _azure_ml_uploads(tmp_path, code)  # walked into, whatever .amlignore says
+    with pytest.raises(ConfigError, match=r"^code: 'data' is a symbolic link to \.\./outside .*, outside the code "
+                       r"folder .*; copy what it needs into the code folder or delete the link: .* even one "
+                       r"\.amlignore names\)$"):
+        check_code(code)
+
+
+def test_an_ignore_file_git_would_refuse_is_one_line_naming_it(code: Path) -> None:
+    (code / ".amlignore").write_text("ok.txt\nbad\\\n")  # a trailing backslash escapes nothing
+    with pytest.raises(ConfigError) as caught:
+        check_code(code)
+    assert str(caught.value).startswith(f"code: {code}/.amlignore: line 2, 'bad\\\\', is not a pattern")
+    (code / ".amlignore").unlink()
+    os.mkfifo(code / ".amlignore")  # never waited on
+    with pytest.raises(ConfigError, match=r"\.amlignore is not a regular file"):
+        check_code(code)

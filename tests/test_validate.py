@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -90,3 +93,55 @@ def test_the_cli_exits_1_on_errors_and_prints_json(workspace: Emulator, tmp_path
                               "resources.instance_count=5", "-o", "json"])
     assert bad.exit_code == 1
     assert json.loads(bad.output)[0]["field"] == "resources.instance_count"
+
+
+# --- azure-ai-ml's own load_job, when the SDK is installed ------------------------------------------
+def test_a_field_only_azure_ml_refuses_is_one_finding_from_its_schema(tmp_path: Path) -> None:
+    """queue_settings is a field the emulator takes without reading it; azure-ai-ml's load_job (what
+    `az ml job create` runs first) refuses the tier: that is the one finding."""
+    job = _job(tmp_path, GOOD + "queue_settings: {job_tier: gold}\n")
+    assert _lines(validate_file(job)) == [
+        "error: queue_settings.job_tier: 'gold' is not allowed (azure-ai-ml); use one of: spot, basic, standard, premium"]
+    assert _lines(validate_file(job, ["queue_settings.job_tier=spot"])) == []  # --set reaches the SDK too
+
+
+def test_a_problem_both_refuse_is_one_finding(tmp_path: Path) -> None:
+    """The emulator names it first (its message, its fix); azure-ai-ml's message for the same field is
+    dropped. Problems only azure-ai-ml sees are added, one per field."""
+    job = _job(tmp_path)
+    [only] = validate_file(job, ["resources.instance_count=two"])
+    assert only.line() == "error: resources.instance_count: must be an integer, got 'two'; see the Azure ML job schema"
+    job = _job(tmp_path, GOOD.replace("resources: {instance_count: 2}", "resources: {instance_count: two}")
+               + "bogus: 1\ntags: [a, b]\nlimits: {timeout: soon}\n")
+    lines = _lines(validate_file(job))
+    assert [line.split(":")[1].strip() for line in lines] == ["bogus", "tags", "resources.instance_count",
+                                                             "limits.timeout"], lines
+    assert lines[0].startswith("error: bogus: unknown field; known fields:")  # the emulator's, stopped at the first
+    assert lines[1].startswith("error: tags: not a valid mapping type (azure-ai-ml)")
+    assert lines[2] == ("error: resources.instance_count: not a valid integer (azure-ai-ml); "
+                        "see https://aka.ms/ml-cli-v2-job-command-yaml-reference")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("distribution: {type: horovod}\n", "error: distribution.type: 'horovod' is not supported; use mpi or pytorch"),
+    ("type: sweep\n", "error: type: 'sweep' jobs are not supported; use type: command"),  # not its other schema
+    ("inputs: {data: {path: azureml://datastores/workspaceblobstore/paths/vdata, mode: rw_mount}}\n",
+     "error: inputs.data.mode: rw_mount is not allowed here; use one of: ro_mount, download, direct"),
+])
+def test_the_emulators_finding_stands_alone(tmp_path: Path, text: str, expected: str) -> None:
+    base = GOOD.replace("distribution: {type: mpi, process_count_per_instance: 1}\n", "")
+    base = base[:base.index("inputs:")] if text.startswith("inputs") else base
+    lines = _lines(validate_file(_job(tmp_path, base + text)))
+    assert len(lines) == 1 and lines[0].startswith(expected), lines
+
+
+def test_the_cli_prints_the_schemas_finding_and_nothing_else(tmp_path: Path) -> None:
+    """No "experimental class" notices from azure-ai-ml on the terminal: one line per finding, a total."""
+    job = _job(tmp_path, GOOD + "queue_settings: {job_tier: gold}\n")
+    done = subprocess.run([sys.executable, "-c", "from emulator.cli import main; main()", "job", "validate", "-f",
+                           str(job)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home"), "AMLEMU_BACKEND": "process"})
+    assert done.returncode == 1 and done.stderr == "", done.stderr
+    lines = done.stdout.splitlines()  # the workspace is empty: its compute is a finding too
+    assert [line.split(":")[1] for line in lines[:-1]] == [" compute", " queue_settings.job_tier"], lines
+    assert lines[-1].endswith("2 error(s), 0 warning(s)")

@@ -178,6 +178,11 @@ class DockerBackend(NodeBackend):
             self.client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
                                                    changes=[f"LABEL {LABEL}=1"])
 
+    def ensure_mirror_image(self) -> None:
+        """Import the offline node image if the engine lacks it (what a compose file's `up` needs)."""
+        with self._lock:
+            self._ensure_image(MIRROR_IMAGE)
+
     def _ensure_network(self, name: str, cluster: str) -> None:
         if not self._networks(cluster):
             self.client.networks.create(name, driver="bridge", check_duplicate=True,
