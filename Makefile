@@ -18,7 +18,7 @@ setup:
 # Ends with the run's status, test accuracy, and where its outputs and logs are.
 AMLEMU := $(VENV)/bin/amlemu
 demo: setup
-	@$(AMLEMU) compute show gpucluster >/dev/null 2>&1 || $(AMLEMU) compute create -f trainer/compute.yml
+	@$(AMLEMU) compute show -n gpucluster -o none 2>/dev/null || $(AMLEMU) compute create -f trainer/compute.yml
 	$(AMLEMU) job create -f trainer/job.yml --stream
 
 test: setup

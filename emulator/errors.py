@@ -15,8 +15,12 @@ class ConfigError(AmlEmuError):
 
 
 class NotFoundError(AmlEmuError):
-    def __init__(self, kind: str, name: str, hint: str = "") -> None:
-        super().__init__(f"{kind} '{name}' not found" + (f"; {hint}" if hint else ""))
+    """A named thing that does not exist. A `show` verb exits 3 on it, as az does (ResourceNotFound);
+    `message` replaces the default wording where the thing is better said otherwise."""
+
+    def __init__(self, kind: str, name: str, hint: str = "", message: str | None = None) -> None:
+        self.kind, self.name = kind, name
+        super().__init__(message or f"{kind} '{name}' not found" + (f"; {hint}" if hint else ""))
 
 
 class CapacityError(AmlEmuError):

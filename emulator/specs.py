@@ -23,7 +23,8 @@ class Priority(str, enum.Enum):
         for member in cls:
             if member.value == normalized:
                 return member
-        raise ConfigError("vm_priority", f"'{value}' is not a priority", "use dedicated or lowpriority")
+        raise ConfigError("vm_priority", f"'{value}' is not a priority",
+                          "use dedicated or low_priority (az ml's tier; v1's lowpriority is taken too)")
 
 
 @dataclass(frozen=True)

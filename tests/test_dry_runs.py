@@ -232,7 +232,7 @@ def invoke(world: World, *argv: str) -> Any:
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_dry_run_lists_its_actions_and_changes_nothing(case: Case, world: World, monkeypatch) -> None:
     monkeypatch.chdir(world.root)  # no project's pyproject.toml chooses a target
-    monkeypatch.setattr("emulator.cli.sync.AzureMLTarget", lambda: LocalWorkspace(world.root))
+    monkeypatch.setattr("emulator.cli.sync.AzureMLTarget", lambda **_: LocalWorkspace(world.root))
     before = snapshot(world)
     result = invoke(world, *case.argv, "--dry-run", "-o", "json")
     assert result.exit_code == 0, result.output
@@ -293,7 +293,7 @@ def test_cleanup_dry_run_without_a_readable_database(tmp_path: Path, monkeypatch
     finally:
         sleeper.kill()
         sleeper.wait()
-        CliRunner().invoke(cli, ["--home", str(home), "cleanup", "--reset-state"])
+        CliRunner().invoke(cli, ["--home", str(home), "cleanup", "--reset-state", "--yes"])
 
 
 # --- the command tree ------------------------------------------------------------------------------

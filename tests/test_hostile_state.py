@@ -33,14 +33,14 @@ def test_cleanup_works_without_the_database_and_reset_state_recovers(tmp_path: P
                                 str(home), "some_run"], start_new_session=True)
     try:
         corrupt_db(home, tmp_path)
-        broken = run_cli(home, "cleanup")
+        broken = run_cli(home, "cleanup", "--yes")
         assert broken.exit_code == 1 and "Traceback" not in broken.output
         assert broken.stderr.count("\n") == 1 and "amlemu cleanup --reset-state" in broken.stderr
         assert "process node c1-node-0" in broken.stdout and f"process group {sleeper.pid}" in broken.stdout
         assert sleeper.wait(timeout=10) == -9
         assert not (home / "nodes" / "c1" / "c1-node-0").exists()
         assert run_cli(home, "compute", "list").exit_code == 1  # still broken: nothing was moved yet
-        fixed = run_cli(home, "cleanup", "--reset-state")
+        fixed = run_cli(home, "cleanup", "--reset-state", "--yes")
         assert fixed.exit_code == 0, fixed.output
         assert "state database (moved to" in fixed.stdout
         [aside] = home.glob("amlemu.db.broken-*")
@@ -66,17 +66,17 @@ def test_cleanup_keeps_the_workspace_and_all_forgets_it(tmp_path: Path, monkeypa
     (outside / "a.txt").write_text("the user's own")
     (home / "datastores" / "held" / "b.txt").write_text("held by the emulator")
     assert "persist" in run_cli(home, "cleanup", "--help").stdout
-    assert run_cli(home, "cleanup").exit_code == 0
+    assert run_cli(home, "cleanup", "--yes").exit_code == 0
     names = [d["name"] for d in json.loads(run_cli(home, "datastore", "list", "-o", "json").stdout)]
     assert {"mine", "held", "blob"} <= set(names)
     assert (home / "secrets" / "blob").read_text() == SAS
     assert "kept-ws" in run_cli(home, "workspace", "show").stdout
-    gone = run_cli(home, "cleanup", "--all")
+    gone = run_cli(home, "cleanup", "--all", "--yes")
     assert gone.exit_code == 0, gone.output
     assert not (home / "secrets").exists() and not (home / "datastores" / "held").exists()
     assert (outside / "a.txt").read_text() == "the user's own"  # never the user's own folder
     assert "amlemu-ws" in run_cli(home, "workspace", "show").stdout
-    assert run_cli(home, "datastore", "show", "blob").exit_code == 1
+    assert run_cli(home, "datastore", "show", "blob").exit_code == 3  # az: ResourceNotFound
 
 
 def test_datastore_list_shows_a_table_and_json(world) -> None:

@@ -43,7 +43,7 @@ def test_nodes_are_scaled_to_this_machine_with_a_notice() -> None:
     ({"min_nodes": -1}, "min_nodes: must be a non-negative integer, got -1"),
     ({"max_nodes": 0}, "max_nodes: must be at least 1"),
     ({"idle_seconds_before_scaledown": -5}, "idle_seconds_before_scaledown: must be a non-negative integer"),
-    ({"vm_priority": "spot"}, "vm_priority: 'spot' is not a priority; use dedicated or lowpriority"),
+    ({"vm_priority": "spot"}, "vm_priority: 'spot' is not a priority; use dedicated or low_priority"),
 ])
 def test_bad_cluster_fields_are_named(kwargs, message) -> None:
     with pytest.raises(ConfigError, match="^" + message.replace("(", r"\(").replace(")", r"\)")):

@@ -40,7 +40,7 @@ class ToyTarget(Target):
     def show(self, name: str) -> dict[str, Any]:
         return {"name": name, "experiment": "toys", "compute": "toybox", "status": "Completed", "studio_url": "toy://"}
 
-    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
         return [{"name": "toy_job", "experiment": experiment or "toys", "compute": "toybox", "status": "Completed"}]
 
     def metrics(self, name: str) -> dict[str, float]:
@@ -52,8 +52,10 @@ class ToyTarget(Target):
     def plan_cancel(self, name: str) -> list[Action]:
         return [Action("cancel", "toy job", name, run=lambda: self.calls.append(f"cancel {name}"))]
 
-    def plan_download(self, name: str, dest: Path) -> list[Action]:
-        return [Action("copy", "toy files", name, {"to": str(dest)}, run=lambda: self.calls.append("download"))]
+    def plan_download(self, name: str, dest: Path, output_name: str | None = None,
+                      everything: bool = False) -> list[Action]:
+        return [Action("copy", "toy files", name, {"to": str(dest), "output": output_name, "all": everything},
+                       run=lambda: self.calls.append("download"))]
 
     def plan_compute(self, spec: ClusterSpec) -> Plan:
         return Plan(self.name, "compute", {"toy": spec.name}, payload=spec)
@@ -100,7 +102,7 @@ def test_every_job_and_compute_verb_goes_through_the_target(toy) -> None:
     assert json.loads(toy("compute", "list", "-o", "json"))[0]["backend"] == "toy"
     assert "-/-" in toy("compute", "list")  # node counts the target does not know
     assert "remove toy compute toybox" in toy("compute", "delete", "toybox", "--dry-run")
-    toy("compute", "delete", "toybox")
+    toy("compute", "delete", "toybox", "--yes")
     assert ToyTarget.calls == ["run_job", "cancel toy_job", "download", "create toybox", "delete toybox"]
 
 

@@ -11,7 +11,17 @@ from __future__ import annotations
 import click
 
 from emulator.actions import execute
-from emulator.cli.common import cli, console, dry_run_option, handle_errors, output_option, report, show_plan
+from emulator.cli.common import (
+    cli,
+    confirm,
+    console,
+    dry_run_option,
+    handle_errors,
+    output_option,
+    report,
+    show_plan,
+    yes_option,
+)
 from emulator.cluster import teardown
 from emulator.errors import StateDbError
 from emulator.home import default_cache
@@ -30,13 +40,15 @@ def _report(done: list[str], output: str) -> None:
 @click.option("--reset-state", is_flag=True,
               help="then move the state database aside (kept as amlemu.db.broken-<time>) and start afresh: the "
                    "way out of a corrupt database or one written by a newer amlemu")
+@yes_option
 @dry_run_option
 @output_option
 @click.pass_context
 @handle_errors
-def cleanup(ctx: click.Context, everything: bool, all_homes: bool, reset_state: bool, dry_run: bool,
+def cleanup(ctx: click.Context, everything: bool, all_homes: bool, reset_state: bool, yes: bool, dry_run: bool,
             output: str) -> None:
-    """Stop every job and remove every node, network and run the emulator created.
+    """Stop every job and remove every node, network and run the emulator created (asks first,
+    unless --yes; without a terminal, e.g. in CI, --yes is required).
 
     The workspace and its datastores persist, as a real workspace's do: their settings, records,
     secrets and data stay for the next job. --all removes them too.
@@ -56,6 +68,9 @@ def cleanup(ctx: click.Context, everything: bool, all_homes: bool, reset_state: 
     if dry_run:
         show_plan(plan, output)
     else:
+        confirm(yes, f"every job of {home.root} will be stopped and its nodes and runs removed"
+                     + (", and the workspace's datastores and data forgotten" if everything else "")
+                     + f" ({len(plan)} action(s); --dry-run lists them)")
         _report(execute(plan), output)
     if broken is not None and not reset_state:
         raise broken  # the way out (--reset-state) in one line, after what could be done was done

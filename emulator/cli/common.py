@@ -1,21 +1,20 @@
-"""What every `amlemu` command shares: errors as one line (never a traceback) and the home rule.
+"""What every `amlemu` command shares: its groups, az's options, the output formats, the home rule
+and errors as one line (never a traceback).
 
-Every failure reaches the user as `amlemu: error: <field>: <problem>; <fix>` on stderr with a
-non-zero exit: the emulator's own errors (exit 1), a command line click cannot parse (exit 2),
-a state database that cannot be used (with the way out), and anything unexpected (one line
-saying so, and how to see the traceback: AMLEMU_DEBUG=1).
+Every failure reaches the user as `amlemu: error: <field>: <problem>; <fix>` on stderr with az's
+exit codes (cli/failure.py: 1 an error, 2 a command line that does not parse, 3 a `show` verb whose
+resource does not exist), a state database that cannot be used with the way out, and anything
+unexpected as one line saying so and how to see the traceback (AMLEMU_DEBUG=1). The command
+modules import from here alone: cli/failure.py, cli/azshape.py and cli/output.py are reached
+through this module.
 """
 from __future__ import annotations
 
 import contextlib
-import functools
-import json
 import os
-import sqlite3
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import click
 from click.core import ParameterSource
@@ -23,79 +22,22 @@ from rich.console import Console
 
 from emulator.actions import Action, document
 from emulator.api import Emulator
-from emulator.errors import AmlEmuError, ConfigError, StateDbError
+from emulator.cli import output as formats
+from emulator.cli.azshape import (  # noqa: F401 - re-exported for the command modules
+    OneLineGroup,
+    confirm,
+    name_argument,
+    version_option,
+    workspace_options,
+    yes_option,
+)
+from emulator.cli.failure import EXIT_CODES, fail, handle_errors  # noqa: F401 - re-exported
+from emulator.errors import ConfigError
+from emulator.jobs.jobyaml import apply_overrides  # noqa: F401 - `--set`, for compute create as for jobs
 from emulator.specs import ClusterSpec, Priority
 from emulator.targets import TARGETS, Target, resolve_target, target_class
 
-DEBUG_VAR = "AMLEMU_DEBUG"
-USAGE_EXIT = 2  # click's own code for a command line it cannot parse
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split("\n")).strip() or "(no message)"
-
-
-def message_of(exc: BaseException) -> str:
-    """The one line an exception is shown as."""
-    if isinstance(exc, AmlEmuError):
-        return _one_line(str(exc))
-    if isinstance(exc, sqlite3.DatabaseError):  # met after a successful open: a page went bad
-        return _one_line(str(StateDbError("amlemu.db in the home", f"cannot be read ({exc})")))
-    if isinstance(exc, OSError) and exc.strerror:
-        where = f"{exc.filename}: " if exc.filename else ""
-        return _one_line(f"{where}{exc.strerror}; check the path (run with {DEBUG_VAR}=1 for the traceback)")
-    if isinstance(exc, MemoryError):
-        return f"out of memory; run with {DEBUG_VAR}=1 for the traceback"
-    first = _one_line(str(exc).split("\n", 1)[0])
-    return (f"unexpected {type(exc).__name__}: {first}; this is a bug in amlemu: run with {DEBUG_VAR}=1 "
-            "for the traceback and report it")
-
-
-def fail(exc: BaseException, code: int = 1) -> NoReturn:
-    click.echo(f"amlemu: error: {message_of(exc)}", err=True)
-    sys.exit(code)
-
-
-def handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Kept for the commands that carry it: the group below now catches for every command."""
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except AmlEmuError as exc:
-            fail(exc)
-    return wrapper
-
-
-class OneLineGroup(click.Group):
-    """A click group whose every error, its own usage errors included, is one line on stderr."""
-
-    def main(self, args: Any = None, prog_name: str | None = None, complete_var: str | None = None,
-             standalone_mode: bool = True, **extra: Any) -> Any:
-        if not standalone_mode:
-            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
-        try:
-            rv = super().main(args, prog_name, complete_var, False, **extra)
-        except click.exceptions.NoArgsIsHelpError as exc:  # `amlemu job`: the help is the answer
-            exc.show()
-            sys.exit(exc.exit_code)
-        except click.UsageError as exc:
-            path = exc.ctx.command_path if exc.ctx else "amlemu"
-            click.echo(f"amlemu: error: {_one_line(exc.format_message()).rstrip('.')}; see `{path} --help`", err=True)
-            sys.exit(exc.exit_code)
-        except click.ClickException as exc:
-            click.echo(f"amlemu: error: {_one_line(exc.format_message())}", err=True)
-            sys.exit(exc.exit_code)
-        except click.Abort:
-            click.echo("amlemu: aborted", err=True)
-            sys.exit(130)
-        except SystemExit:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the last line of defence: no traceback reaches a user
-            if os.environ.get(DEBUG_VAR):
-                raise
-            fail(exc)
-        sys.exit(rv if isinstance(rv, int) else 0)  # non-standalone main returns Exit's code
+META_QUERY = "amlemu.query"
 
 
 # --- the home ------------------------------------------------------------------------------------
@@ -152,24 +94,57 @@ def compute_from_dict(data: dict[str, Any]) -> ClusterSpec:
         idle_seconds_before_scaledown=data.get("idle_time_before_scale_down", 120))
 
 
-def emit(data: Any, output: str, human) -> None:  # type: ignore[no-untyped-def]
-    if output == "json":
-        click.echo(json.dumps(data, indent=2, default=str))
-    else:
+# --- -o/--output and --query (cli/output.py formats) ---------------------------------------------
+def _remember_query(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        try:
+            ctx.meta[META_QUERY] = formats.compile_query(value)
+        except ValueError as exc:
+            raise click.BadParameter(f"not a JMESPath query ({exc})", ctx, param) from None
+
+
+def output_option(fn: Callable[..., Any] | None = None, *, default: str = "table") -> Any:
+    """-o/--output (az's formats; table: the command's own human form) and --query (JMESPath,
+    applied before formatting). `@output_option` or `@output_option(default="json")`."""
+    def decorate(f: Callable[..., Any]) -> Callable[..., Any]:
+        f = click.option("--query", metavar="JMESPATH", expose_value=False, callback=_remember_query,
+                         help="JMESPath query applied to the data before it is printed (https://jmespath.org)")(f)
+        return click.option("-o", "--output", type=click.Choice(formats.FORMATS, case_sensitive=False),
+                            default=default, show_default=True,
+                            help="json/yaml for scripts, tsv for shell variables, jsonc/yamlc colored, "
+                                 "none prints nothing")(f)
+    return decorate(fn) if fn is not None else decorate
+
+
+def _query() -> Any:
+    ctx = click.get_current_context(silent=True)
+    return ctx.meta.get(META_QUERY) if ctx is not None else None
+
+
+def is_human(output: str) -> bool:
+    """-o table without --query: the command prints its own human form."""
+    return output == "table" and _query() is None
+
+
+def emit(data: Any, output: str, human: Callable[[Any], Any] | None = None) -> None:
+    """Print a command's data: its human form (-o table), else in the -o format after --query."""
+    if is_human(output) and human is not None:
         human(data)
+        return
+    query, data = _query(), formats.plain(data)
+    if query is not None:
+        data = formats.apply_query(query, data)
+    click.echo(formats.render(data, output, queried=query is not None), nl=False)
 
 
-output_option = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table",
-                             show_default=True, help="json for scripts")
-
-
-@click.group(cls=OneLineGroup)
+@click.group(cls=OneLineGroup, epilog=EXIT_CODES)
 @click.option("--home", envvar="AMLEMU_HOME", type=click.Path(path_type=Path), default=None,
               help="emulator home (the emulated workspace); default $AMLEMU_HOME or ~/.amlemu, created on "
                    "first use; a --home folder must exist already")
+@version_option
 @click.pass_context
 def cli(ctx: click.Context, home: Path | None) -> None:
-    """amlemu: an Azure ML Compute cluster on this machine."""
+    """amlemu: an Azure ML Compute cluster on this machine, driven as `az ml` drives the real one."""
     ctx.obj = EmulatorFactory(home, ctx.get_parameter_source("home"))
 
 
@@ -183,8 +158,9 @@ target_option = click.option("--target", "target_name", type=click.Choice(list(T
 
 
 def _target(ctx: click.Context, explicit: str | None, backend: str | None = None) -> Target:
+    """The command's target, given the workspace the command line named (-g/-w/--subscription)."""
     name, _ = resolve_target(explicit, os.environ, Path.cwd())
-    return target_class(name).for_cli(lambda: _emu(ctx, backend))
+    return target_class(name).for_cli(lambda: _emu(ctx, backend), workspace_options(ctx))
 
 
 def target_flag(explicit: str | None) -> str:
@@ -199,17 +175,17 @@ dry_run_option = click.option("--dry-run", is_flag=True,
 
 
 def show_plan(plan: list[Action], output: str) -> None:
-    """A dry run's plan: a JSON document, or a line per action."""
-    if output == "json":
-        click.echo(json.dumps(document(plan), indent=2, default=str))
-        return
-    console.print(f"dry run: {len(plan)} action(s), none taken" + ("" if plan else " (nothing to do)"), highlight=False)
-    for action in plan:
-        console.print(f"  {action.line()}", highlight=False, markup=False)
+    """A dry run's plan: a line per action, or the plan's document in the -o format."""
+    def human(_: Any) -> None:
+        console.print(f"dry run: {len(plan)} action(s), none taken" + ("" if plan else " (nothing to do)"),
+                      highlight=False)
+        for action in plan:
+            console.print(f"  {action.line()}", highlight=False, markup=False)
+    emit(document(plan), output, human)
 
 
 def report(done: list[str], output: str, human: Callable[[list[str]], None]) -> None:
-    """What a verb did: {"done": [...]} for -o json, else the verb's own words."""
+    """What a verb did: {"done": [...]} in the -o format, else (-o table) the verb's own words."""
     emit({"done": done}, output, lambda d: human(d["done"]))
 
 

@@ -1,11 +1,11 @@
 """`amlemu compute create|list|show|delete`: AmlCompute clusters, on either target."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import click
+from click.core import ParameterSource
 from rich.table import Table
 
 from emulator import safeyaml
@@ -13,31 +13,41 @@ from emulator.actions import execute
 from emulator.backends import BACKENDS
 from emulator.cli.common import (
     _target,
+    apply_overrides,
     compute,
     compute_from_dict,
+    confirm,
     console,
     dry_run_option,
     emit,
     err_console,
     handle_errors,
+    name_argument,
     output_option,
     report,
     show_plan,
     target_option,
+    yes_option,
 )
 from emulator.errors import ConfigError
 
-# --- compute -------------------------------------------------------------------------------------
+# The compute YAML field each of create's options sets, with the option's default.
+FIELDS = {"name": ("name", None), "size": ("size", "Standard_D2_v2"), "min_instances": ("min_instances", 0),
+          "max_instances": ("max_instances", 4), "tier": ("tier", "dedicated"), "compute_type": ("type", "amlcompute"),
+          "idle_time_before_scale_down": ("idle_time_before_scale_down", 120)}
 
 
-@compute.command("create")
+@compute.command("create", workspace="target")
 @click.option("-f", "--file", "file", type=click.Path(path_type=Path), help="compute YAML (az ml schema)")
-@click.option("--name")
+@click.option("-n", "--name", help="the compute's name (over the YAML's)")
+@click.option("-t", "--type", "compute_type", default="amlcompute", show_default=True, help="only AmlCompute is emulated")
 @click.option("--size", default="Standard_D2_v2", show_default=True, help="Azure VM size")
 @click.option("--min-instances", type=int, default=0, show_default=True)
 @click.option("--max-instances", type=int, default=4, show_default=True)
-@click.option("--idle-time-before-scale-down", type=int, default=120, show_default=True, help="seconds")
+@click.option("-d", "--idle-time-before-scale-down", type=int, default=120, show_default=True, help="seconds")
 @click.option("--tier", default="dedicated", show_default=True, help="dedicated | low_priority")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="set a field of the compute YAML, as az ml does (e.g. --set max_instances=2)")
 @click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default=None,
               help="how nodes are made (default $AMLEMU_BACKEND or auto)")
 @click.option("--dry-run", is_flag=True, help="print what would be created (or sent), create nothing")
@@ -45,17 +55,21 @@ from emulator.errors import ConfigError
 @output_option
 @click.pass_context
 @handle_errors
-def compute_create(ctx: click.Context, file: Path | None, name: str | None, size: str, min_instances: int,
-                   max_instances: int, idle_time_before_scale_down: int, tier: str, backend: str | None,
-                   dry_run: bool, target_name: str | None, output: str) -> None:
-    if file:
-        spec = compute_from_dict(safeyaml.load_file(file, "-f", "compute YAML") or {})
-    else:
-        if not name:
-            raise ConfigError("--name", "missing", "give --name or -f compute.yml")
-        spec = compute_from_dict({"name": name, "size": size, "min_instances": min_instances,
-                                  "max_instances": max_instances, "tier": tier,
-                                  "idle_time_before_scale_down": idle_time_before_scale_down})
+def compute_create(ctx: click.Context, file: Path | None, overrides: tuple[str, ...], backend: str | None,
+                   dry_run: bool, target_name: str | None, output: str, **options: Any) -> None:
+    """Create an AmlCompute cluster from -f compute.yml and/or options (an option given, and then
+    --set, override the YAML's field, as az ml does)."""
+    data = (safeyaml.load_file(file, "-f", "compute YAML") or {}) if file else {}
+    if not isinstance(data, dict):
+        compute_from_dict(data)  # says what is wrong with it
+    for option, (field, default) in FIELDS.items():
+        given = ctx.get_parameter_source(option) is ParameterSource.COMMANDLINE
+        if given or (not file and default is not None):
+            data[field] = options[option]
+    data = apply_overrides(data, list(overrides))
+    if "name" not in data and not file:
+        raise ConfigError("--name", "missing", "give --name or -f compute.yml")
+    spec = compute_from_dict(data)
     target = _target(ctx, target_name, backend)
     plan = target.plan_compute(spec)
     if plan.data.get("notice"):
@@ -63,7 +77,7 @@ def compute_create(ctx: click.Context, file: Path | None, name: str | None, size
     if plan.data.get("backend_note"):
         err_console.print(plan.data["backend_note"], highlight=False)
     if dry_run:
-        click.echo(json.dumps(plan.data, indent=2, default=str))
+        emit(plan.data, output, lambda d: emit(d, "json"))
         return
     with err_console.status(f"creating {spec.name} on {target.name} ({spec.min_nodes} node(s) now)"):
         target.run_compute(plan)
@@ -74,23 +88,24 @@ def _count(value: int | None) -> str:
     return "-" if value is None else str(value)
 
 
-@compute.command("list")
+@compute.command("list", workspace="target")
+@click.option("-r", "--max-results", type=click.IntRange(min=1), default=None, help="at most this many")
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
-def compute_list(ctx: click.Context, target_name: str | None, output: str) -> None:
+def compute_list(ctx: click.Context, max_results: int | None, target_name: str | None, output: str) -> None:
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "size", "tier", "nodes (busy/idle)", "min", "max", "backend")
         for d in data:
             table.add_row(d["name"], d["vm_size"], d["vm_priority"], f"{_count(d['busy'])}/{_count(d['idle'])}",
                           _count(d["min_nodes"]), _count(d["max_nodes"]), d["backend"])
         console.print(table)
-    emit(_target(ctx, target_name).list_computes(), output, human)
+    emit(_target(ctx, target_name).list_computes()[:max_results], output, human)
 
 
-@compute.command("show")
-@click.argument("name")
+@compute.command("show", workspace="target")
+@name_argument("compute")
 @target_option
 @output_option
 @click.pass_context
@@ -109,20 +124,23 @@ def _show_compute(data: dict[str, Any], output: str) -> None:
     emit(data, output, human)
 
 
-@compute.command("delete")
-@click.argument("name")
+@compute.command("delete", workspace="target")
+@name_argument("compute")
+@yes_option
 @dry_run_option
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
-def compute_delete(ctx: click.Context, name: str, dry_run: bool, target_name: str | None, output: str) -> None:
-    """Remove the compute: its nodes, network, records and folders."""
+def compute_delete(ctx: click.Context, name: str, yes: bool, dry_run: bool, target_name: str | None,
+                   output: str) -> None:
+    """Remove the compute: its nodes, network, records and folders (asks first, unless --yes)."""
     target = _target(ctx, target_name)
     plan = target.plan_delete_compute(name)
     if dry_run:
         show_plan(plan, output)
         return
+    confirm(yes, f"compute {name} and its nodes will be deleted ({len(plan)} action(s); --dry-run lists them)")
     with err_console.status(f"deleting {name}"):
         done = execute(plan)
     report(done, output, lambda _: console.print(f"deleted compute {name}", highlight=False))

@@ -1,7 +1,6 @@
 """`amlemu datastore ...` and `amlemu data ...`: the workspace's datastores and the data on them."""
 from __future__ import annotations
 
-import json
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ from emulator.cli.common import (
     dry_run_option,
     emit,
     handle_errors,
+    name_argument,
     output_option,
     progress_bar,
     report,
@@ -45,15 +45,18 @@ def datastore_list(ctx: click.Context, output: str) -> None:
 
 
 @datastore.command("show")
-@click.argument("name")
+@name_argument("datastore")
+@output_option(default="json")
 @click.pass_context
 @handle_errors
-def datastore_show(ctx: click.Context, name: str) -> None:
-    click.echo(json.dumps(asdict(_emu(ctx).datastores.get(name)), indent=2))
+def datastore_show(ctx: click.Context, name: str, output: str) -> None:
+    """The datastore's record (JSON unless -o says otherwise, as it always was)."""
+    emit(asdict(_emu(ctx).datastores.get(name)), output,
+         lambda d: [console.print(f"{k}: {v}", highlight=False, markup=False) for k, v in d.items()])
 
 
 @datastore.command("create")
-@click.option("--name", required=True)
+@click.option("-n", "--name", required=True)
 @click.option("--type", "kind", type=click.Choice(["local", "azurite", "azure_blob"]), required=True)
 @click.option("--path", "folder", type=click.Path(path_type=Path), help="folder of a local datastore")
 @click.option("--account-name", default="")

@@ -15,6 +15,7 @@ from emulator.cli.common import (
     dry_run_option,
     fault,
     handle_errors,
+    name_argument,
     output_option,
     report,
     show_plan,
@@ -31,7 +32,7 @@ def _carry_out(plan: list[Action], dry_run: bool, output: str, say: Callable[[li
 
 
 @compute.command("preempt")
-@click.argument("name")
+@name_argument("compute")
 @click.option("--node", default=None, help="node index or name (default: every node of the compute)")
 @dry_run_option
 @output_option
@@ -44,7 +45,7 @@ def compute_preempt(ctx: click.Context, name: str, node: str | None, dry_run: bo
 
 
 @compute.command("preemption-policy")
-@click.argument("name")
+@name_argument("compute")
 @click.option("--rate-per-node-hour", type=float, required=True, help="mean preemptions per busy node-hour (0: none)")
 @click.option("--seed", type=int, default=0, show_default=True, help="same seed, same preemption times")
 @click.option("--max-preemptions", type=int, default=3, show_default=True,

@@ -2,7 +2,6 @@
 interface (emulator/targets/base.py) alone."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from emulator.cli.common import (
     err_console,
     handle_errors,
     job,
+    name_argument,
     output_option,
     report,
     show_plan,
@@ -26,12 +26,15 @@ from emulator.cli.common import (
     target_option,
 )
 
+MAX_RESULTS = 50  # az ml job list's default
 
-@job.command("create")
+
+@job.command("create", workspace="target")
 @click.option("-f", "--file", "file", type=click.Path(path_type=Path), required=True, help="job YAML (CLI v2)")
+@click.option("-n", "--name", default=None, help="the job's name (instead of the YAML's name or a generated one)")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="override a field of the YAML, as az ml does (e.g. inputs.data.path=./data)")
-@click.option("--stream", is_flag=True, help="stream rank 0's log until the job ends")
+@click.option("-s", "--stream", is_flag=True, help="stream rank 0's log until the job ends")
 @click.option("--dry-run", is_flag=True,
               help="print what would run (emulator: nodes, launch command, environment; azureml: the REST "
                    "request) and run nothing")
@@ -39,27 +42,31 @@ from emulator.cli.common import (
 @output_option
 @click.pass_context
 @handle_errors
-def job_create(ctx: click.Context, file: Path, overrides: tuple[str, ...], stream: bool, dry_run: bool,
-               target_name: str | None, output: str) -> None:
+def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tuple[str, ...], stream: bool,
+               dry_run: bool, target_name: str | None, output: str) -> None:
     target = _target(ctx, target_name)
-    plan = target.plan_job(file, list(overrides))
+    plan = target.plan_job(file, [*overrides, *([f"name={name}"] if name else [])])
     if dry_run:
-        click.echo(json.dumps(plan.data, indent=2, default=str))
+        emit(plan.data, output, _print_json)
         return
     notes = {n.get("image_note") for n in plan.data.get("nodes", [])} - {None}
     notes |= {("AmlCompute would refuse this job: " if f["severity"] == "error" else "") +
               f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])}
     for note in sorted(notes):
         err_console.print(f"notice: {note}", highlight=False)
-    name = target.run_job(plan)
+    created = target.run_job(plan)
     if stream:
-        status = target.stream(name)
-        _print_metrics(target.metrics(name))
+        status = target.stream(created)
+        _print_metrics(target.metrics(created))
         sys.exit(0 if status == "Completed" else 1)
     flag = target_flag(target_name)
-    emit(target.show(name), output, lambda d: console.print(
+    emit(target.show(created), output, lambda d: console.print(
         f"submitted {d['name']} to {d['compute']} on {target.name} (status {d['status']}); "
-        f"follow it with: amlemu job stream{flag} {d['name']}", highlight=False))
+        f"follow it with: amlemu job stream{flag} -n {d['name']}", highlight=False))
+
+
+def _print_json(data: Any) -> None:
+    emit(data, "json")
 
 
 def _print_metrics(metrics: dict[str, float]) -> None:
@@ -67,23 +74,33 @@ def _print_metrics(metrics: dict[str, float]) -> None:
         console.print("Metrics: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(metrics.items())), highlight=False)
 
 
-@job.command("list")
+@job.command("list", workspace="target")
 @click.option("--experiment", default=None, help="only this experiment's jobs")
+@click.option("-r", "--max-results", type=click.IntRange(min=1), default=MAX_RESULTS, show_default=True,
+              help="at most this many: the most recent ones")
+@click.option("--all-results", is_flag=True, help="every job (overrides --max-results)")
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
-def job_list(ctx: click.Context, experiment: str | None, target_name: str | None, output: str) -> None:
+def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_results: bool,
+             target_name: str | None, output: str) -> None:
+    """The jobs, oldest first; the 50 most recent unless --max-results or --all-results says otherwise."""
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "experiment", "compute", "status")
         for d in data:
             table.add_row(d["name"], d["experiment"], d["compute"], d["status"])
         console.print(table)
-    emit(_target(ctx, target_name).list_jobs(experiment), output, human)
+    jobs = _target(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1)
+    if not all_results and len(jobs) > max_results:  # one more than asked: there are more
+        jobs = jobs[1:]
+        err_console.print(f"notice: the {max_results} most recent jobs; --max-results N or --all-results for more",
+                          highlight=False)
+    emit(jobs, output, human)
 
 
-@job.command("show")
-@click.argument("name")
+@job.command("show", workspace="target")
+@name_argument("job")
 @target_option
 @output_option
 @click.pass_context
@@ -107,26 +124,28 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
     emit(_target(ctx, target_name).show(name), output, human)
 
 
-@job.command("stream")
-@click.argument("name")
+@job.command("stream", workspace="target")
+@name_argument("job")
 @target_option
 @click.pass_context
 @handle_errors
 def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
+    """Print the job's log until it ends; exit 0 when it completed, 1 otherwise."""
     target = _target(ctx, target_name)
     status = target.stream(name)
     _print_metrics(target.metrics(name))
     sys.exit(0 if status == "Completed" else 1)
 
 
-@job.command("cancel")
-@click.argument("name")
+@job.command("cancel", workspace="target")
+@name_argument("job")
 @dry_run_option
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
 def job_cancel(ctx: click.Context, name: str, dry_run: bool, target_name: str | None, output: str) -> None:
+    """Cancel the job (no --yes: az ml job cancel does not ask either)."""
     target = _target(ctx, target_name)
     plan = target.plan_cancel(name)
     if dry_run:
@@ -136,19 +155,23 @@ def job_cancel(ctx: click.Context, name: str, dry_run: bool, target_name: str | 
     emit({"name": name, "status": status}, output, lambda d: console.print(f"{name}: {status}", highlight=False))
 
 
-@job.command("download")
-@click.argument("name")
-@click.option("--download-path", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@job.command("download", workspace="target")
+@name_argument("job")
+@click.option("-p", "--download-path", type=click.Path(path_type=Path), default=Path("."), show_default=True)
+@click.option("--output-name", default=None, metavar="OUTPUT",
+              help="only this named output of the job (`default`: its logs and default output)")
+@click.option("--all", "everything", is_flag=True, help="the logs, the default output and every named output")
 @dry_run_option
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
-def job_download(ctx: click.Context, name: str, download_path: Path, dry_run: bool, target_name: str | None,
-                 output: str) -> None:
-    """Copy the job's outputs and logs to <download-path>/<name>."""
+def job_download(ctx: click.Context, name: str, download_path: Path, output_name: str | None, everything: bool,
+                 dry_run: bool, target_name: str | None, output: str) -> None:
+    """Copy the job's logs and default output (outputs/, logs/) to <download-path>/<name>; named
+    outputs go to <download-path>/<name>/named-outputs/<output>."""
     target = _target(ctx, target_name)
-    plan = target.plan_download(name, download_path)
+    plan = target.plan_download(name, download_path, output_name, everything)
     if dry_run:
         show_plan(plan, output)
         return

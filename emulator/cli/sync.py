@@ -13,16 +13,18 @@ from emulator.cli.common import (
     dry_run_option,
     emit,
     handle_errors,
+    is_human,
     output_option,
     progress_bar,
     show_plan,
+    workspace_options,
 )
 from emulator.errors import ConfigError
 from emulator.targets.azureml import AzureMLTarget
 from emulator.targets.datasync import job_data_uris, plan_sync, sync
 
 
-@data.command("sync")
+@data.command("sync", workspace="azureml")
 @click.argument("uris", nargs=-1, metavar="[azureml://datastores/<ds>/paths/<path>]...")
 @click.option("-f", "--file", "job_file", type=click.Path(path_type=Path), help="sync every datastore input of this job")
 @dry_run_option
@@ -32,11 +34,11 @@ from emulator.targets.datasync import job_data_uris, plan_sync, sync
 def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None, dry_run: bool, output: str) -> None:
     """Copy datastore paths from the emulator to the real workspace's datastore of the same name
     (workspace and credential as for --target azureml); files already there with the same size
-    are skipped."""
+    are skipped. --subscription, -g and -w name that real workspace."""
     wanted = list(uris) + (job_data_uris(job_file) if job_file else [])
     if not wanted:
         raise ConfigError("URI", "nothing to sync", "give azureml://datastores/<ds>/paths/<path> or -f job.yml")
-    emu, target = _emu(ctx), AzureMLTarget()
+    emu, target = _emu(ctx), AzureMLTarget(options=workspace_options(ctx))
     if dry_run:
         plan: list[Action] = []
         for uri in wanted:
@@ -50,7 +52,7 @@ def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None, 
             result = sync(emu, target, uri, update)
         lines.append(f"{uri} -> {result.destination}: {len(result.copied)} file(s) copied, "
                      f"{len(result.skipped)} already there")
-        if output != "json":  # each as it is done
+        if is_human(output):  # each as it is done
             console.print(lines[-1], highlight=False)
-    if output == "json":
-        emit({"done": lines}, output, None)
+    if not is_human(output):
+        emit({"done": lines}, output)

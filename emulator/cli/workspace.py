@@ -21,26 +21,29 @@ from emulator.cli.common import (
 # --- workspace -----------------------------------------------------------------------------------
 
 
-@workspace.command("show")
+@workspace.command("show", workspace_aliases=("-n", "--name"))
 @output_option
 @click.pass_context
 @handle_errors
 def workspace_show(ctx: click.Context, output: str) -> None:
+    """The emulated workspace (-n/-w, -g, --subscription: exit 3 unless they name it, as az's show)."""
     emu = _emu(ctx)
     data = {**emu.workspace(), "home": str(emu.home.root)}
     emit(data, output, lambda d: [console.print(f"{k}: {v}", highlight=False) for k, v in d.items()])
 
 
 @workspace.command("set")
-@click.option("--name", "workspace_name")
-@click.option("--subscription-id")
-@click.option("--resource-group")
-@click.option("--location")
+@click.option("--name", "workspace_name", help="the new workspace name")
+@click.option("--subscription-id", help="the new subscription id")
+@click.option("--resource-group", help="the new resource group")
+@click.option("--location", help="the new location")
 @dry_run_option
 @output_option
 @click.pass_context
 @handle_errors
 def workspace_set(ctx: click.Context, dry_run: bool, output: str, **values: str | None) -> None:
+    """Change the emulated workspace's placeholders (what config.json and the jobs' AZUREML_ARM_*
+    variables say); -w and --subscription, as everywhere, name the workspace as it is now."""
     store = _emu(ctx).store
     plan = store.plan_set_workspace(**{k: v for k, v in values.items() if v})
     if dry_run:

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from emulator.errors import ConfigError
-from emulator.targets.base import JobSource, Plan, Target
+from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
 
-__all__ = ["TARGETS", "JobSource", "Plan", "Target", "get_target", "project_config", "resolve_target"]
+__all__ = ["TARGETS", "JobSource", "Plan", "Target", "WorkspaceOptions", "get_target", "project_config",
+           "resolve_target"]
 
 # Imported lazily: the azureml target needs an Azure ML SDK, which is an optional extra.
 TARGETS = {

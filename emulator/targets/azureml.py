@@ -13,25 +13,27 @@ import json
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
 from emulator import safeyaml
 from emulator.actions import Action
-from emulator.errors import ConfigError, TargetError
+from emulator.errors import ConfigError, NotFoundError, TargetError
 from emulator.jobs import sdk1, sdk2
 from emulator.jobs.jobyaml import load_job
 from emulator.specs import ClusterSpec, JobSpec
 from emulator.storage.datastores import DatastoreSpec, redact
 from emulator.targets import project_config
-from emulator.targets.base import JobSource, Plan, Target
+from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
 from emulator.validate import Finding, check_job
 
 ENV_KEYS = ("AZUREML_ARM_SUBSCRIPTION", "AZUREML_ARM_RESOURCEGROUP", "AZUREML_ARM_WORKSPACE_NAME")
 WORKSPACE_FIX = ("write config.json (Azure portal: the workspace's 'Download config.json'), or set "
                  f"{', '.join('$' + k for k in ENV_KEYS)}, or subscription_id, resource_group and "
-                 "workspace_name under [tool.amlemu.azureml] in pyproject.toml")
+                 "workspace_name under [tool.amlemu.azureml] in pyproject.toml, or pass --subscription, -g "
+                 "and -w")
 CREDENTIAL_FIX = ("DefaultAzureCredential found no usable credential: run `az login`, or set AZURE_TENANT_ID, "
                   "AZURE_CLIENT_ID and AZURE_CLIENT_SECRET (a service principal), or use a managed identity")
 T = TypeVar("T")
@@ -58,8 +60,17 @@ def _config_json(start: Path) -> Path | None:
     return None
 
 
-def resolve_workspace(environ: Mapping[str, str], start: Path) -> WorkspaceRef:
-    """The real workspace jobs go to, from the usual places, in order."""
+def resolve_workspace(environ: Mapping[str, str], start: Path, options: WorkspaceOptions | None = None) -> WorkspaceRef:
+    """The real workspace jobs go to: the command line's --subscription, -g and -w, each over the
+    usual places, in order (all three given: those alone)."""
+    given = (options or WorkspaceOptions()).given()
+    if len(given) == len(ENV_KEYS):
+        return WorkspaceRef(**given, source="command line")
+    found = _resolve_workspace(environ, start)
+    return replace(found, **given, source=f"{found.source} and the command line") if given else found
+
+
+def _resolve_workspace(environ: Mapping[str, str], start: Path) -> WorkspaceRef:
     if all(environ.get(k) for k in ENV_KEYS):
         return WorkspaceRef(*(environ[k] for k in ENV_KEYS), source="environment")
     config, pyproject = project_config(start)
@@ -87,15 +98,19 @@ class AzureMLTarget(Target):
     name = "azureml"
 
     def __init__(self, workspace: WorkspaceRef | None = None, credential: Any = None, start: Path | None = None,
-                 environ: Mapping[str, str] | None = None) -> None:
-        self._workspace, self._credential = workspace, credential
+                 environ: Mapping[str, str] | None = None, options: WorkspaceOptions | None = None) -> None:
+        self._workspace, self._credential, self._options = workspace, credential, options
         self._start, self._environ = start or Path.cwd(), os.environ if environ is None else environ
         self._client: Any = None
+
+    @classmethod
+    def for_cli(cls, emulator: Callable[[], Any], workspace: WorkspaceOptions | None = None) -> Target:
+        return cls(options=workspace)
 
     @property
     def workspace(self) -> WorkspaceRef:
         if self._workspace is None:
-            self._workspace = resolve_workspace(self._environ, self._start)
+            self._workspace = resolve_workspace(self._environ, self._start, self._options)
         return self._workspace
 
     def client(self) -> Any:
@@ -123,8 +138,9 @@ class AzureMLTarget(Target):
         except ClientAuthenticationError:
             raise TargetError(f"azureml target: {what}: {CREDENTIAL_FIX}") from None
         except ResourceNotFoundError as exc:
-            raise TargetError(f"azureml target: {what}: not found in workspace {self.workspace.workspace_name}: "
-                              f"{_first_line(exc)}") from None
+            raise NotFoundError(what, self.workspace.workspace_name, message=(
+                f"azureml target: {what}: not found in workspace {self.workspace.workspace_name}: "
+                f"{_first_line(exc)}")) from None
         except ServiceRequestError as exc:
             raise TargetError(f"azureml target: {what}: cannot reach Azure ML: {_first_line(exc)}") from None
         except HttpResponseError as exc:
@@ -217,11 +233,14 @@ class AzureMLTarget(Target):
         self._call(f"streaming job {name}", stream)
         return self.status(name)
 
-    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
-        jobs = self._call("listing jobs", lambda: list(self.client().jobs.list()))
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
+        """The service lists the newest first (az ml job list takes its first max_results)."""
+        def jobs() -> list[Any]:
+            wanted = (j for j in self.client().jobs.list() if experiment is None or j.experiment_name == experiment)
+            return list(wanted if max_results is None else islice(wanted, max_results))
         rows = [{"name": j.name, "experiment": j.experiment_name, "compute": getattr(j, "compute", None),
-                 "status": str(getattr(j.status, "value", j.status))} for j in jobs]
-        return [r for r in rows if experiment is None or r["experiment"] == experiment]
+                 "status": str(getattr(j.status, "value", j.status))} for j in self._call("listing jobs", jobs)]
+        return rows[::-1]  # oldest first, as every target lists them
 
     def metrics(self, name: str) -> dict[str, float]:
         return {}  # Azure ML keeps them in the workspace's MLflow tracking server: see the studio
@@ -231,11 +250,13 @@ class AzureMLTarget(Target):
                        run=lambda: self._call(f"canceling job {name}",
                                               lambda: self.client().jobs.begin_cancel(name).result()))]
 
-    def plan_download(self, name: str, dest: Path) -> list[Action]:
+    def plan_download(self, name: str, dest: Path, output_name: str | None = None,
+                      everything: bool = False) -> list[Action]:
         target = Path(dest) / name
-        return [Action("download", "job outputs and logs", name, {"to": str(target), "call": "MLClient.jobs.download(all=True)"},
+        call = f"MLClient.jobs.download(output_name={output_name!r}, all={everything})"
+        return [Action("download", "job outputs and logs", name, {"to": str(target), "call": call},
                        run=lambda: self._call(f"downloading job {name}", lambda: self.client().jobs.download(
-                           name, download_path=str(target), all=True)))]
+                           name, download_path=str(target), output_name=output_name, all=everything)))]
 
     # --- computes --------------------------------------------------------------------------------
     def plan_compute(self, spec: ClusterSpec) -> Plan:

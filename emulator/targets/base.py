@@ -7,12 +7,13 @@ compute creation: the request) or a list of Actions (emulator/actions.py: the st
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from emulator.actions import Action, execute
+from emulator.errors import ConfigError, NotFoundError
 from emulator.specs import ClusterSpec
 
 # What a job can be given as: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job, or an
@@ -31,13 +32,48 @@ class Plan:
     payload: Any = field(default=None, compare=False, repr=False)
 
 
+# az's options that name the workspace, by the field of the workspace each one names.
+WORKSPACE_OPTIONS = {"subscription_id": ("--subscription", "--subscription"),
+                     "resource_group": ("-g/--resource-group", "-g"),
+                     "workspace_name": ("-w/--workspace-name", "-w")}
+
+
+@dataclass(frozen=True)
+class WorkspaceOptions:
+    """--subscription, -g/--resource-group and -w/--workspace-name as a command line gave them
+    (None: not given). The emulator checks them against its workspace; the azureml target looks
+    the workspace up with them."""
+
+    subscription_id: str | None = None
+    resource_group: str | None = None
+    workspace_name: str | None = None
+
+    def given(self) -> dict[str, str]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    def check(self, workspace: Mapping[str, str], whose: str = "the emulated workspace") -> None:
+        """Each option given names this workspace, or the command goes no further: the workspace
+        it names is not here (a `show` verb exits 3 on it, as az does on a workspace it cannot find)."""
+        for key, value in self.given().items():
+            if workspace.get(key) != value:
+                option, short = WORKSPACE_OPTIONS[key]
+                label = key.replace("_id", "").replace("_", " ")
+                raise NotFoundError("workspace", value, message=(
+                    f"{option}: '{value}' is not {whose}'s {label} ('{workspace.get(key)}'); pass "
+                    f"{short} {workspace.get(key)} or leave {short} out (`amlemu workspace show` shows it)"))
+
+
 class Target(ABC):
     name: ClassVar[str]
 
     @classmethod
-    def for_cli(cls, emulator: Callable[[], Any]) -> Target:
+    def for_cli(cls, emulator: Callable[[], Any], workspace: WorkspaceOptions | None = None) -> Target:
         """The target a command uses; `emulator()` makes the command's Emulator (the home rule
-        applied), for a target that needs one."""
+        applied), for a target that needs one; `workspace`: the workspace the command line named,
+        which a target without workspaces refuses."""
+        for key in (workspace or WorkspaceOptions()).given():
+            raise ConfigError(WORKSPACE_OPTIONS[key][0], f"the {cls.name} target has no workspace to choose",
+                              "leave the option out")
         return cls()
 
     # --- jobs ----------------------------------------------------------------------------------
@@ -59,8 +95,9 @@ class Target(ABC):
         """The job's name, status, compute, experiment and what else the target knows (JSON-able)."""
 
     @abstractmethod
-    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
-        """Each job's name, experiment, compute and status (of one experiment, if given)."""
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
+        """Each job's name, experiment, compute and status (of one experiment, if given), oldest
+        first; with max_results, only that many of the most recent ones."""
 
     @abstractmethod
     def metrics(self, name: str) -> dict[str, float]:
@@ -79,11 +116,15 @@ class Target(ABC):
         return self.status(name)
 
     @abstractmethod
-    def plan_download(self, name: str, dest: Path) -> list[Action]:
-        """What `download` copies, and where (into dest/<name>)."""
+    def plan_download(self, name: str, dest: Path, output_name: str | None = None,
+                      everything: bool = False) -> list[Action]:
+        """What `download` copies, and where (into dest/<name>), as `az ml job download` chooses:
+        the job's logs and default output; with output_name, only that named output (`default`
+        being the logs and default output); with everything (--all), both and every named output
+        (into dest/<name>/named-outputs/<output>)."""
 
-    def download(self, name: str, dest: Path) -> Path:
-        execute(self.plan_download(name, dest))
+    def download(self, name: str, dest: Path, output_name: str | None = None, everything: bool = False) -> Path:
+        execute(self.plan_download(name, dest, output_name, everything))
         return Path(dest) / name
 
     # --- computes ------------------------------------------------------------------------------

@@ -8,14 +8,16 @@ from typing import Any
 
 from emulator.actions import Action, execute
 from emulator.api import Emulator, Run
-from emulator.errors import ConfigError, StateError
+from emulator.errors import ConfigError, NotFoundError, StateError
 from emulator.jobs.sdkjobs import to_job
+from emulator.runs.contract import bindings
 from emulator.runs.metrics import PLOT_NAME
 from emulator.specs import ClusterSpec
-from emulator.targets.base import JobSource, Plan, Target
+from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
 from emulator.validate import check_job
 
 CANCEL_WAIT = 30.0  # seconds `cancel` waits for the run's supervisor to stop the job
+DEFAULT_OUTPUT = "default"  # az ml's name for a job's logs and default output (`--output-name default`)
 
 
 def run_data(run: Run) -> dict[str, Any]:
@@ -33,8 +35,11 @@ class EmulatorTarget(Target):
         self.emu = emulator or Emulator(**emulator_options)
 
     @classmethod
-    def for_cli(cls, emulator: Callable[[], Any]) -> Target:
-        return cls(emulator=emulator())
+    def for_cli(cls, emulator: Callable[[], Any], workspace: WorkspaceOptions | None = None) -> Target:
+        target = cls(emulator=emulator())
+        if workspace is not None and workspace.given():
+            workspace.check(target.emu.workspace())
+        return target
 
     # --- jobs ----------------------------------------------------------------------------------
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
@@ -57,9 +62,12 @@ class EmulatorTarget(Target):
         plot = run.plot_path
         return {**run_data(run), "metrics": run.metrics(), "plot": str(plot) if plot else None}
 
-    def list_jobs(self, experiment: str | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
         self.emu.reconcile()
-        return [{k: v for k, v in run_data(r).items() if k != "history"} for r in self.emu.runs(experiment)]
+        runs = self.emu.runs(experiment)  # oldest first
+        if max_results is not None:
+            runs = runs[max(len(runs) - max_results, 0):]
+        return [{k: v for k, v in run_data(r).items() if k != "history"} for r in runs]
 
     def metrics(self, name: str) -> dict[str, float]:
         return self.emu.run(name).metrics()
@@ -74,18 +82,43 @@ class EmulatorTarget(Target):
         execute(self.plan_cancel(name))
         return self.emu.run(name).wait(timeout=CANCEL_WAIT).value
 
-    def plan_download(self, name: str, dest: Path) -> list[Action]:
-        """Outputs, logs, the run's own logs and its metrics plot (as `az ml job download` does),
-        copied by Run.download."""
+    def plan_download(self, name: str, dest: Path, output_name: str | None = None,
+                      everything: bool = False) -> list[Action]:
+        """The default output (outputs, logs, the run's own logs and its metrics plot, copied by
+        Run.download) and named outputs (read from their datastore URIs), as `az ml job download`
+        chooses them."""
         run = self.emu.run(name)
         if Path(dest).exists() and not Path(dest).is_dir():
             raise ConfigError("--download-path", f"{dest} is a file", "give a folder (it is created if missing)")
         target = Path(dest) / name
         if target.exists() and not target.is_dir():
             raise ConfigError("--download-path", f"{target} is a file", "move it away or download elsewhere")
-        parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "system_logs", PLOT_NAME)
-                 if (run.dir / sub).exists()]
-        return [Action("copy", "run files", name, {"from": parts, "to": str(target)}, run=lambda: run.download(dest))]
+        outputs = {} if output_name in (None, DEFAULT_OUTPUT) and not everything else \
+            {b.ref.split(".", 1)[1]: b.uri for b in bindings(run.job, name) if b.ref.startswith("outputs.")}
+        if output_name not in (None, DEFAULT_OUTPUT, *outputs):
+            raise NotFoundError("output", output_name, f"job {name} has: {', '.join([DEFAULT_OUTPUT, *outputs])}")
+        plan = []
+        if output_name in (None, DEFAULT_OUTPUT) or everything:
+            parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "system_logs", PLOT_NAME)
+                     if (run.dir / sub).exists()]
+            plan.append(Action("copy", "run files", name, {"from": parts, "to": str(target)},
+                               run=lambda: run.download(dest)))
+        wanted = outputs if everything else {k: v for k, v in outputs.items() if k == output_name}
+        for out, uri in wanted.items():
+            plan.append(self._named_output(out, uri, target / "named-outputs" / out, required=not everything))
+        return plan
+
+    def _named_output(self, out: str, uri: str, to: Path, required: bool) -> Action:
+        """A named output's download; one the job never wrote is an error when asked for by name,
+        and skipped by --all (az ml skips it too)."""
+        try:
+            self.emu.datastores.plan_download(uri, to)
+        except NotFoundError:
+            if required:
+                raise
+            return Action("skip", "named output", out, {"from": uri, "why": "the job wrote nothing there"})
+        return Action("download", "named output", out, {"from": uri, "to": str(to)},
+                      run=lambda: self.emu.datastores.download(uri, to))
 
     # --- computes ------------------------------------------------------------------------------
     def plan_compute(self, spec: ClusterSpec) -> Plan:
