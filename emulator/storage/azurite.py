@@ -110,7 +110,7 @@ class Azurite:
             pass
         return None
 
-    def ensure(self, timeout: float = 20.0) -> AzuriteEndpoint:
+    def ensure(self, timeout: float = 60.0) -> AzuriteEndpoint:
         """The running server of this home, started and health-checked if needed. Callers in
         several threads or processes (a supervisor's nodes, the CLI) get the one same server."""
         running = self.running()
