@@ -86,7 +86,7 @@ python_env() {
   wheel=$("$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE") || die "horovod build failed (see above)"
   pip_install --no-deps "$wheel"
   step "installing amlemu and its dependencies"
-  pip_install -e "$ROOT[dev,sdk1,sdk2]"
+  pip_install -e "$ROOT[trainer,dev,sdk1,sdk2]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
   echo "$stamp" >"$stamp_file"
 }
