@@ -8,7 +8,9 @@ import re
 import subprocess
 from pathlib import Path
 
-# The NVIDIA driver's devices every CUDA process opens, besides its GPUs' /dev/nvidia<minor>.
+# The NVIDIA driver's devices every CUDA process opens, besides its GPUs' /dev/nvidia<minor>, as far
+# as they exist when the node is created (/dev/nvidia-uvm appears with the first CUDA process on
+# this machine: scripts/gpu_check.sh runs one before it creates nodes).
 NVIDIA_CONTROL_DEVICES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", "/dev/nvidia-modeset")
 # Where the dynamic loader looks without ld.so.cache (the mirror image has none) on Debian.
 DEFAULT_LIB_DIRS = ("/lib", "/usr/lib", "/lib64", "/usr/lib64", "/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu",
