@@ -11,8 +11,10 @@ measured in one run, printed as ratios. Not a test: goals are targets, the figur
 3. Horovod MNIST samples/s on the emulator vs the same trainer run bare (goal >= 0.95x): the
    headline baseline is `mpirun -np 2` with the emulator's own mpirun options and the emulated
    ranks' thread settings (OMP_NUM_THREADS), so the ratio measures the emulator (containers,
-   launch agent, mounts), not a threading or MPI-polling difference; also reported: bare
-   `horovodrun -np 2` with those thread settings, and as a user would run it (no thread variable);
+   launch agent, mounts), not a threading or MPI-polling difference; also reported: that
+   baseline with MPI's TCP transport only (emulated nodes, like real ones, talk over a network,
+   where 2 ranks on one machine use shared memory), bare `horovodrun -np 2` with those thread
+   settings, and as a user would run it (no thread variable);
 4. the largest cluster (up to --max-nodes) that runs a 1-rank-per-node Horovod allreduce here, and
    the memory an idle node holds.
 """
@@ -91,8 +93,10 @@ def bare_mnist(kind: str, data: Path, folder: Path, threads: dict[str, str]) -> 
     emulator's own options, or `horovodrun` as its docs say; the ranks with `threads`. Its summary."""
     folder.mkdir(parents=True)
     program = [sys.executable, str(REPO / "trainer" / "train.py"), "--data-dir", str(data), "--epochs", "1"]
-    if kind == "mpirun":
+    if kind.startswith("mpirun"):
         argv = mpirun_argv(MpiLaunch(program=program, nprocs=2, as_root=os.geteuid() == 0))
+        if kind == "mpirun-tcp":  # as between emulated nodes: no shared-memory transport
+            argv = argv[:-len(program)] + ["--mca", "btl", "tcp,self"] + program
     else:
         argv = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", *program]
     env = baseline_env(os.environ, threads, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'm.db'}")
@@ -166,6 +170,7 @@ def main() -> int:
         job = REPO / "trainer" / "job.yml"
         baselines = {  # name -> (launcher, thread settings); the first is the ratio's baseline
             "bare_mpirun_same_options_same_threads": ("mpirun", threads),
+            "bare_mpirun_same_options_same_threads_tcp_only": ("mpirun-tcp", threads),
             "bare_horovodrun_same_threads": ("horovodrun", threads),
             "bare_horovodrun_no_thread_vars": ("horovodrun", {}),
         }
