@@ -165,9 +165,11 @@ def check_nodes(backend: str = "docker") -> tuple[bool, str]:
                     trained = (status is RunStatus.COMPLETED and summary.get("device") == "cuda"
                                and summary.get("params_in_sync") and (summary.get("test_accuracy") or 0) >= 0.9)
                     ok = ok and bool(trained)
+                    last = (run.logs(0).strip().splitlines() or [""])[-1][-200:]
                     said.append(f"seed job on {layout.nodes} node(s): {status.value}, device {summary.get('device')}, "
-                                f"accuracy {summary.get('test_accuracy')}, {summary.get('samples_per_second')} samples/s"
-                                + ("" if trained else f" ({run.record.error or 'see ' + str(run.log_path(0))})"))
+                                f"accuracy {summary.get('test_accuracy', 0):.4f}, "
+                                f"{summary.get('samples_per_second')} samples/s"
+                                + ("" if trained else f" ({run.record.error or last})"))
         finally:
             emu.cleanup()
     return ok, "; ".join(said)

@@ -79,7 +79,7 @@ horovod_nccl() {
     wheel=$("$PY" "$ROOT/scripts/horovod_wheel.py" --cache "$AMLEMU_CACHE" --gpu-operations NCCL) || return 1
     "$PY" -m pip install -q --disable-pip-version-check --no-deps --force-reinstall "$wheel" || return 1
   fi
-  "$PY" -c 'import horovod, horovod.torch as h; assert h.nccl_built(), "no NCCL"; print(f"horovod {horovod.__version__}: NCCL, CUDA {h.cuda_built()}, MPI {h.mpi_built()}, Gloo {h.gloo_built()}")'
+  "$PY" -c 'import horovod, horovod.torch as h; assert h.nccl_built(), "no NCCL"; print(f"horovod {horovod.__version__}: NCCL {h.nccl_built()}, CUDA {h.cuda_built()}, MPI {h.mpi_built()}, Gloo {h.gloo_built()}")'
 }
 
 # A skipped GPU test is no pass: the plugin skips it where it sees no GPU.
