@@ -14,9 +14,10 @@
 #
 # One report line per step (ok/FAILED, seconds, its last output line); exit 0 when all passed,
 # 1 when any failed, 2 without an NVIDIA GPU (then it installs nothing). Each step's full output:
-# ~/.cache/amlemu/gpu-check/. Safe to run again: every install is checked first and cached, a
-# second run spends its time on the checks (about 3 minutes on 1 GPU and 16 cores; the first,
-# on a fresh machine, adds the downloads and a Horovod build).
+# ~/.cache/amlemu/gpu-check/. Safe to run again: every install is checked first and cached, so a
+# second run spends its time on the checks. Aimed at under 10 minutes on 1 GPU and 16 cores, the
+# first run's downloads and Horovod build included (an estimate: not yet run on a GPU; the NCCL
+# build took 9 minutes on 2 busy cores).
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
