@@ -96,7 +96,9 @@ def bare_mnist(kind: str, data: Path, folder: Path, threads: dict[str, str]) -> 
     if kind.startswith("mpirun"):
         argv = mpirun_argv(MpiLaunch(program=program, nprocs=2, as_root=os.geteuid() == 0))
         if kind == "mpirun-tcp":  # as between emulated nodes: no shared-memory transport
-            argv = argv[:-len(program)] + ["--mca", "btl", "tcp,self"] + program
+            # Over loopback only: Open MPI leaves lo out by default and then tries every other
+            # interface, which hung here on other sessions' bridge networks.
+            argv = argv[:-len(program)] + ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"] + program
     else:
         argv = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", *program]
     env = baseline_env(os.environ, threads, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'm.db'}")
