@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export AMLEMU_VENV := $(VENV)
 export AMLEMU_CACHE := $(CACHE)
 
-.PHONY: setup demo test
+.PHONY: setup demo test gpu-check
 
 setup:
 	bash scripts/setup.sh
@@ -23,3 +23,8 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest
+
+# On a machine with NVIDIA GPUs: installs the CUDA stack (setup, Horovod with NCCL) and checks the
+# GPU path (scripts/gpu_check.sh); one report line per check. Without a GPU it stops at once (exit 2).
+gpu-check:
+	bash scripts/gpu_check.sh

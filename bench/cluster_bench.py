@@ -5,9 +5,16 @@ measured in one run, printed as ratios. Not a test: goals are targets, the figur
 
 1. warm submit -> all ranks running (2 nodes x 1 rank, nodes already up), for a script that
    imports torch + horovod (ratio to bare `mpirun -np 2`, goal <= 1.2x) and for a trivial script
-   (absolute overhead over bare mpirun, goal <= 0.3 s);
+   (absolute overhead over bare mpirun, goal <= 0.3 s); bare mpirun gets the emulated ranks' thread
+   settings (the ratio), and none (as a user would run it, reported beside);
 2. cold: cluster from zero nodes to all ranks running (goal <= 3 s on docker);
-3. Horovod MNIST samples/s on the emulator vs bare `horovodrun -np 2` (goal >= 0.95x);
+3. Horovod MNIST samples/s on the emulator vs the same trainer run bare (goal >= 0.95x): the
+   headline baseline is `mpirun -np 2` with the emulator's own mpirun options and the emulated
+   ranks' thread settings (OMP_NUM_THREADS), so the ratio measures the emulator (containers,
+   launch agent, mounts), not a threading or MPI-polling difference; also reported: that
+   baseline with MPI's TCP transport only (emulated nodes, like real ones, talk over a network,
+   where 2 ranks on one machine use shared memory), bare `horovodrun -np 2` with those thread
+   settings, and as a user would run it (no thread variable);
 4. the largest cluster (up to --max-nodes) that runs a 1-rank-per-node Horovod allreduce here, and
    the memory an idle node holds.
 """
@@ -26,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import bench_home, report  # noqa: E402 - bench/common.py
+from common import THREAD_PROBE, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
 
 from emulator.api import Emulator  # noqa: E402
 from emulator.backends import BACKENDS  # noqa: E402
@@ -34,15 +41,16 @@ from emulator.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
 from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
 from fixtures import mnist  # noqa: E402
 
-# Each rank writes the wall-clock time at which it was running (after its imports) to a shared file.
+# Each rank writes the wall-clock time at which it was running (after its imports) to a shared file,
+# and its thread settings (what a fair baseline must copy).
 READY = """
-import os, sys, time
+import json, os, sys, time
 {imports}
 rank = os.environ["OMPI_COMM_WORLD_RANK"]
 out = os.environ.get("BENCH_OUT") or "outputs"  # an emulated rank: collected into the run's outputs
 os.makedirs(out, exist_ok=True)
 with open(os.path.join(out, f"ready-{{rank}}"), "w") as fh:
-    fh.write(repr(time.time()))
+    json.dump({{"time": time.time(), "threads": {probe}}}, fh)
 """
 TORCH = "import torch, horovod.torch as hvd\nhvd.init()"
 ALLREDUCE = """
@@ -54,22 +62,48 @@ print(f"allreduce over {hvd.size()} ranks ok", flush=True)
 """
 
 
+def _ready(folder: Path, ranks: int) -> list[dict]:
+    return [json.loads((folder / f"ready-{r}").read_text()) for r in range(ranks)]
+
+
 def ready_time(folder: Path, ranks: int) -> float:
-    stamps = [float((folder / f"ready-{r}").read_text()) for r in range(ranks)]
-    return max(stamps)
+    return max(stamp["time"] for stamp in _ready(folder, ranks))
 
 
-def bare_mpirun(script: str, folder: Path) -> float:
-    """Seconds from starting `mpirun -np 2 python script` to both ranks running."""
+def ready_threads(folder: Path, ranks: int) -> dict[str, str]:
+    return same_threads([stamp["threads"] for stamp in _ready(folder, ranks)])
+
+
+def bare_mpirun(script: str, folder: Path, threads: dict[str, str]) -> float:
+    """Seconds from starting `mpirun -np 2 python script` (the emulator's mpirun options) to both
+    ranks running, the ranks with the thread settings `threads` ({}: none, as a user would)."""
     path = folder / "bare.py"
     path.write_text(script)
     launch = MpiLaunch(program=[sys.executable, str(path)], nprocs=2, as_root=os.geteuid() == 0)
     for stale in folder.glob("ready-*"):
         stale.unlink()
     start = time.time()
-    subprocess.run(mpirun_argv(launch), check=True, env={**os.environ, "BENCH_OUT": str(folder)},
+    subprocess.run(mpirun_argv(launch), check=True, env=baseline_env(os.environ, threads, BENCH_OUT=str(folder)),
                    stdout=subprocess.DEVNULL)
     return ready_time(folder, 2) - start
+
+
+def bare_mnist(kind: str, data: Path, folder: Path, threads: dict[str, str]) -> dict:
+    """One epoch of the trainer as 2 ranks on this machine, outside the emulator: `mpirun` with the
+    emulator's own options, or `horovodrun` as its docs say; the ranks with `threads`. Its summary."""
+    folder.mkdir(parents=True)
+    program = [sys.executable, str(REPO / "trainer" / "train.py"), "--data-dir", str(data), "--epochs", "1"]
+    if kind.startswith("mpirun"):
+        argv = mpirun_argv(MpiLaunch(program=program, nprocs=2, as_root=os.geteuid() == 0))
+        if kind == "mpirun-tcp":  # as between emulated nodes: no shared-memory transport
+            # Over loopback only: Open MPI leaves lo out by default and then tries every other
+            # interface, which hung here on other sessions' bridge networks.
+            argv = argv[:-len(program)] + ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo"] + program
+    else:
+        argv = [str(Path(sys.executable).with_name("horovodrun")), "-np", "2", "-H", "localhost:2", *program]
+    env = baseline_env(os.environ, threads, MLFLOW_TRACKING_URI=f"sqlite:///{folder / 'm.db'}")
+    subprocess.run(argv, cwd=folder, check=True, stdout=subprocess.DEVNULL, env=env)
+    return json.loads((folder / "outputs" / "summary.json").read_text())
 
 
 def write_job(root: Path, name: str, script: str, nodes: int, compute: str = "bench") -> Path:
@@ -108,37 +142,62 @@ def main() -> int:
         emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
         emu.create_compute(ClusterSpec("big", "STANDARD_D2_V2", max_nodes=args.max_nodes,
                                        idle_seconds_before_scaledown=3600))
-        trivial, heavy = READY.format(imports=""), READY.format(imports=TORCH)
+        trivial = READY.format(imports="", probe=THREAD_PROBE)
+        heavy = READY.format(imports=TORCH, probe=THREAD_PROBE)
 
-        # 2. cold first: the cluster has no node yet.
-        results["cold_zero_to_running_s"] = round(emulated(emu, write_job(root, "cold", trivial, 2), 2), 3)
+        # 2. cold first: the cluster has no node yet. Its ranks also tell their thread settings.
+        start = time.time()
+        cold = emu.submit(write_job(root, "cold", trivial, 2))
+        if cold.wait(timeout=600) is not RunStatus.COMPLETED:
+            raise RuntimeError(f"bench job {cold.id}: {cold.record.error}")
+        results["cold_zero_to_running_s"] = round(ready_time(cold.outputs, 2) - start, 3)
+        threads = ready_threads(cold.outputs, 2)
+        results["emulated_rank_threads"] = threads
 
         # 1. warm: nodes are up (idle) from the cold run.
         for name, script in (("trivial", trivial), ("torch_horovod", heavy)):
             job = write_job(root, name, script, 2)
             emu_times = [emulated(emu, job, 2) for _ in range(args.repeat)]
-            bare_times = [bare_mpirun(script, root) for _ in range(args.repeat)]
-            e, b = statistics.median(emu_times), statistics.median(bare_times)
+            bare_times = [bare_mpirun(script, root, threads) for _ in range(args.repeat)]
+            user_times = [bare_mpirun(script, root, {}) for _ in range(args.repeat)]
+            e, b, u = (statistics.median(t) for t in (emu_times, bare_times, user_times))
             results[f"warm_{name}"] = {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3),
-                                       "ratio": round(e / b, 2), "overhead_s": round(e - b, 3)}
+                                       "ratio": round(e / b, 2), "overhead_s": round(e - b, 3),
+                                       "bare_mpirun_no_thread_vars_s": round(u, 3),
+                                       "ratio_vs_no_thread_vars": round(e / u, 2)}
 
-        # 3. MNIST throughput, one epoch on the real data, both sides the same trainer.
+        # 3. MNIST throughput, one epoch on the real data, both sides the same trainer, the runs of
+        # each round alternated (this machine's speed drifts).
         data = mnist.prepare().root
         job = REPO / "trainer" / "job.yml"
-        run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
-        if run.wait(timeout=900) is not RunStatus.COMPLETED:
-            raise RuntimeError(f"MNIST run failed: {run.record.error}")
-        emu_sps = json.loads((run.outputs / "summary.json").read_text())["samples_per_second"]
-        bare_dir = root / "bare-mnist"
-        bare_dir.mkdir()
-        horovodrun = str(Path(sys.executable).with_name("horovodrun"))
-        subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", sys.executable,
-                        str(REPO / "trainer" / "train.py"), "--data-dir", str(data), "--epochs", "1"],
-                       cwd=bare_dir, check=True, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{bare_dir / 'm.db'}"})
-        bare_sps = json.loads((bare_dir / "outputs" / "summary.json").read_text())["samples_per_second"]
-        results["mnist_samples_per_s"] = {"emulator": emu_sps, "bare_horovodrun": bare_sps,
-                                          "ratio": round(emu_sps / bare_sps, 3)}
+        baselines = {  # name -> (launcher, thread settings); the first is the ratio's baseline
+            "bare_mpirun_same_options_same_threads": ("mpirun", threads),
+            "bare_mpirun_same_options_same_threads_tcp_only": ("mpirun-tcp", threads),
+            "bare_horovodrun_same_threads": ("horovodrun", threads),
+            "bare_horovodrun_no_thread_vars": ("horovodrun", {}),
+        }
+        sps: dict[str, list[float]] = {"emulator": [], **{name: [] for name in baselines}}
+        torch_threads: dict[str, int | None] = {}
+        for i in range(args.repeat):
+            run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
+            if run.wait(timeout=900) is not RunStatus.COMPLETED:
+                raise RuntimeError(f"MNIST run failed: {run.record.error}")
+            summary = json.loads((run.outputs / "summary.json").read_text())
+            sps["emulator"].append(summary["samples_per_second"])
+            torch_threads["emulator"] = summary.get("threads", {}).get("torch")
+            for name, (launcher, env) in baselines.items():
+                summary = bare_mnist(launcher, data, root / f"bare-mnist-{name}-{i}", env)
+                sps[name].append(summary["samples_per_second"])
+                torch_threads[name] = summary.get("threads", {}).get("torch")
+        medians = {name: statistics.median(values) for name, values in sps.items()}
+        first = next(iter(baselines))
+        results["mnist_samples_per_s"] = {
+            **medians,
+            "ratio": round(medians["emulator"] / medians[first], 3),
+            **{f"ratio_vs_{name[5:]}": round(medians["emulator"] / medians[name], 3) for name in list(baselines)[1:]},
+            "torch_threads_per_rank": torch_threads,
+            "runs": sps,
+        }
 
         # 4. the largest cluster: one Horovod rank per node, growing until it fails or reaches max.
         largest, took = 0, None

@@ -9,6 +9,11 @@ Not a test: goals are targets, the figures are reported.
    (goal >= 0.8x the throughput);
 3. the seed's job (Horovod MNIST, 2 nodes) samples/s reading from the mount vs from a local
    folder copied onto the nodes (goal >= 0.95x).
+
+Each ratio compares like with like, threads included: 1 reads both trees in the same process of
+the same job; 2 runs both downloads in this process (the node cache fetches through the same
+adlfs `get`); 3 runs the same job on the same emulated nodes both ways, so both sides' ranks have
+the emulator's OMP_NUM_THREADS (reported, from the trainer's summary).
 """
 from __future__ import annotations
 
@@ -107,15 +112,15 @@ def seed_job(emu: Emulator, repeats: int) -> dict:
     emu.datastores.upload(root, f"{WS}/mnist")
     job = REPO / "trainer" / "job.yml"
     local = ["compute=bench", f"inputs.data_dir.path={root}", "inputs.data_dir.mode=download"]
-    mounted, copied = [], []
+    mounted, copied, threads = [], [], {}
     for _ in range(repeats):  # alternated: this machine's speed drifts between runs
-        mounted.append(json.loads((run_job(emu, job, ["compute=bench"]).outputs / "summary.json").read_text())
-                       ["samples_per_second"])
-        copied.append(json.loads((run_job(emu, job, local).outputs / "summary.json").read_text())
-                      ["samples_per_second"])
+        for label, runs, overrides in (("mount", mounted, ["compute=bench"]), ("local", copied, local)):
+            summary = json.loads((run_job(emu, job, overrides).outputs / "summary.json").read_text())
+            runs.append(summary["samples_per_second"])
+            threads[label] = summary.get("threads")
     mount, base = statistics.median(mounted), statistics.median(copied)
     return {"mount_samples_per_s": mount, "local_folder_samples_per_s": base, "ratio": round(mount / base, 3),
-            "runs": {"mount": mounted, "local": copied}}
+            "runs": {"mount": mounted, "local": copied}, "rank_threads": threads}
 
 
 def main() -> int:

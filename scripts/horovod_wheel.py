@@ -7,14 +7,22 @@ horovod's setup.py forwards only HOROVOD_CMAKE and MAKEFLAGS, so we patch the CM
 
 Run it with the venv's python (torch must be importable, the build uses --no-build-isolation):
 
-    python scripts/horovod_wheel.py --cache ~/.cache/amlemu
+    python scripts/horovod_wheel.py --cache ~/.cache/amlemu [--gpu-operations NCCL]
 
 It prints the wheel's path. Stdlib only: it runs before the project itself is installed.
+
+With a CUDA build of torch (PyPI's Linux torch is one), horovod compiles CUDA parts and needs a
+toolkit (nvcc): CUDA_HOME, HOROVOD_CUDA_HOME or /usr/local/cuda, else one is assembled from PyPI's
+`cuda-toolkit` wheels of the version torch was built with, once, under <cache>/cuda.
+`--gpu-operations NCCL` (scripts/gpu_check.sh) also builds Horovod's NCCL operations against the
+NCCL that torch brought (the nvidia-nccl wheel): its own cache entry, the default build unchanged.
 """
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -34,6 +42,13 @@ STANDARD_PATCHES: tuple[tuple[str, str, int], ...] = (
 )
 
 DEFAULT_CC_LIST = "80,90"  # A100, and H100/H200 (sm_90 PTX also JITs on newer chips)
+
+
+# The parts of PyPI's cuda-toolkit that compiling horovod's kernels needs (nvcc, its front end and
+# headers, cudart). Installed with `pip install --target`, they land in nvidia/cu<major>/.
+TOOLKIT_EXTRAS = "nvcc,cccl,crt,nvvm,cudart"
+# nvcc.profile looks for headers and libraries under targets/<this>/ (as /usr/local/cuda has them).
+NVCC_TARGET_DIRS = {"x86_64": "x86_64-linux", "aarch64": "sbsa-linux"}
 
 
 class BuildError(RuntimeError):
@@ -60,7 +75,72 @@ def find_cuda_home(env: dict[str, str]) -> str | None:
     return None
 
 
-def build_env(base: dict[str, str], *, cuda_home: str | None, cc_list: str, jobs: int) -> dict[str, str]:
+def toolkit_requirement(toolkit_version: str) -> str:
+    """What pip installs to get a CUDA toolkit matching torch's (PyPI's cuda-toolkit meta-package)."""
+    return f"cuda-toolkit[{TOOLKIT_EXTRAS}]=={toolkit_version}"
+
+
+def toolkit_layout(home: Path, machine: str | None = None) -> Path:
+    """Give a pip-installed toolkit (nvidia/cu<major>/ of the cuda-toolkit wheels) the layout that
+    nvcc.profile and CMake's FindCUDAToolkit expect of /usr/local/cuda: targets/<arch>/{include,lib}
+    links, lib64, and the unversioned libcudart.so. Idempotent."""
+    target = home / "targets" / NVCC_TARGET_DIRS.get(machine or platform.machine(), "x86_64-linux")
+    target.mkdir(parents=True, exist_ok=True)
+    links = {target / "include": "../../include", target / "lib": "../../lib", home / "lib64": "lib"}
+    runtime = sorted((home / "lib").glob("libcudart.so.[0-9]*"))
+    if runtime:
+        links[home / "lib" / "libcudart.so"] = runtime[0].name
+    for link, points_to in links.items():
+        if not link.is_symlink() and not link.exists():
+            link.symlink_to(points_to)
+    return home
+
+
+def torch_toolkit_version() -> str | None:
+    """The cuda-toolkit version the installed torch depends on (torch 2.14's CUDA wheels), or None."""
+    try:
+        return importlib.metadata.version("cuda-toolkit")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def wheel_toolkit(cache: Path, toolkit_version: str, log: Path) -> str:
+    """A CUDA toolkit from PyPI's wheels under <cache>/cuda, installed once; its home (CUDA_HOME)."""
+    prefix = cache / "cuda" / f"cuda-toolkit-{toolkit_version}"
+    if not any(prefix.glob("nvidia/cu*/bin/nvcc")):
+        shutil.rmtree(prefix, ignore_errors=True)  # whatever an interrupted install left
+        prefix.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(prefix="amlemu-cuda-", dir=prefix.parent) as tmp:
+            staged = Path(tmp) / "toolkit"
+            _run([sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-warn-script-location",
+                  "--target", str(staged), toolkit_requirement(toolkit_version)], log)
+            staged.rename(prefix)  # atomic: a half-installed toolkit is never taken for a whole one
+    nvcc = next(prefix.glob("nvidia/cu*/bin/nvcc"), None)
+    if nvcc is None:
+        raise BuildError(f"{toolkit_requirement(toolkit_version)} installed no nvcc under {prefix}")
+    return str(toolkit_layout(nvcc.parent.parent))
+
+
+def torch_nccl(torch_dir: Path) -> Path | None:
+    """The NCCL that torch's CUDA wheel brought (site-packages/nvidia/nccl), if any."""
+    nccl = torch_dir.parent / "nvidia" / "nccl"
+    return nccl if (nccl / "include" / "nccl.h").exists() and any((nccl / "lib").glob("libnccl.so*")) else None
+
+
+def stage_nccl(nccl: Path, dest: Path) -> tuple[str, str]:
+    """(include dir, lib dir) for horovod's FindNCCL, which looks for an unversioned libnccl.so
+    where the wheel has only libnccl.so.2: a link to it. The built library still needs libnccl.so.2
+    by its soname, which importing torch has loaded before horovod.torch loads."""
+    lib = dest / "lib"
+    lib.mkdir(parents=True, exist_ok=True)
+    link = lib / "libnccl.so"
+    if not link.is_symlink():
+        link.symlink_to(sorted((nccl / "lib").glob("libnccl.so.[0-9]*"))[0].resolve())
+    return str((nccl / "include").resolve()), str(lib)
+
+
+def build_env(base: dict[str, str], *, cuda_home: str | None, cc_list: str, jobs: int,
+              nccl: tuple[str, str] | None = None) -> dict[str, str]:
     env = dict(base)
     env.update(
         HOROVOD_WITH_PYTORCH="1",
@@ -72,12 +152,22 @@ def build_env(base: dict[str, str], *, cuda_home: str | None, cc_list: str, jobs
     )
     if cuda_home:
         env.update(CUDA_HOME=cuda_home, HOROVOD_CUDA_HOME=cuda_home, HOROVOD_BUILD_CUDA_CC_LIST=cc_list)
+        # nvcc finds cicc and its libraries relative to itself; CMake finds nvcc on the PATH first.
+        env["PATH"] = f"{cuda_home}/bin:{env['PATH']}" if env.get("PATH") else f"{cuda_home}/bin"
+    if nccl:
+        if not cuda_home:
+            raise BuildError("NCCL operations need a CUDA build of torch and a CUDA toolkit")
+        # CMake reads these itself ($ENV{...}), so they reach it through setup.py unchanged.
+        env.update(HOROVOD_GPU_OPERATIONS="NCCL", HOROVOD_NCCL_INCLUDE=nccl[0], HOROVOD_NCCL_LIB=nccl[1],
+                   HOROVOD_NCCL_LINK="SHARED")
     return env
 
 
-def cache_key(*, torch_version: str, torch_cuda: str | None, cc_list: str, python_tag: str) -> str:
+def cache_key(*, torch_version: str, torch_cuda: str | None, cc_list: str, python_tag: str,
+              gpu_operations: str | None = None) -> str:
     gpu = f"cu{torch_cuda.replace('.', '')}-cc{cc_list.replace(',', '_')}" if torch_cuda else "cpu"
-    return f"horovod{HOROVOD_VERSION}-torch{torch_version.replace('+', '_')}-{gpu}-{python_tag}"
+    ops = f"-{gpu_operations.lower()}" if gpu_operations else ""  # the default build keeps its old key
+    return f"horovod{HOROVOD_VERSION}-torch{torch_version.replace('+', '_')}-{gpu}{ops}-{python_tag}"
 
 
 def pip_download_argv(python: str, dest: Path) -> list[str]:
@@ -112,11 +202,14 @@ def _strip_wheel(wheel: Path, work: Path, log: Path) -> Path:
     return next(out.glob("*.whl"))
 
 
-def build(cache: Path, cc_list: str) -> Path:
+def build(cache: Path, cc_list: str, gpu_operations: str | None = None) -> Path:
     import torch  # noqa: PLC0415 - only importable from the venv this script is meant to run in
 
+    if gpu_operations and not torch.version.cuda:
+        raise BuildError(f"--gpu-operations {gpu_operations} needs a CUDA build of torch; "
+                         f"this one is {torch.__version__}")
     key = cache_key(torch_version=torch.__version__, torch_cuda=torch.version.cuda, cc_list=cc_list,
-                    python_tag=sysconfig.get_config_var("SOABI") or "py")
+                    python_tag=sysconfig.get_config_var("SOABI") or "py", gpu_operations=gpu_operations)
     target_dir = cache / "horovod" / key
     existing = sorted(target_dir.glob("horovod-*.whl"))
     if existing:
@@ -136,9 +229,19 @@ def build(cache: Path, cc_list: str) -> Path:
             path.write_text(raise_standard(path.read_text(), variable, standard))
         cuda_home = find_cuda_home(dict(os.environ)) if torch.version.cuda else None
         if torch.version.cuda and not cuda_home:
-            raise BuildError("torch is a CUDA build but no CUDA toolkit (nvcc) was found: "
-                             "set CUDA_HOME to the toolkit, or install a CPU build of torch")
-        env = build_env(dict(os.environ), cuda_home=cuda_home, cc_list=cc_list, jobs=os.cpu_count() or 1)
+            version = torch_toolkit_version()
+            if not version:
+                raise BuildError("torch is a CUDA build but no CUDA toolkit (nvcc) was found, and torch did "
+                                 "not come with PyPI's cuda-toolkit to match: set CUDA_HOME to a toolkit")
+            cuda_home = wheel_toolkit(cache, version, log)
+        nccl = None
+        if gpu_operations == "NCCL":
+            found = torch_nccl(Path(torch.__file__).resolve().parent)
+            if not found:
+                raise BuildError("--gpu-operations NCCL: torch brought no NCCL (site-packages/nvidia/nccl)")
+            nccl = stage_nccl(found, work / "nccl")
+        env = build_env(dict(os.environ), cuda_home=cuda_home, cc_list=cc_list, jobs=os.cpu_count() or 1,
+                        nccl=nccl)
         _run(pip_wheel_argv(sys.executable, source, work / "wheel"), log, env)
         wheel = _strip_wheel(next((work / "wheel").glob("horovod-*.whl")), work, log)
         staged = work / "staged"
@@ -153,9 +256,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cache", type=Path, required=True, help="cache folder (outside the work tree)")
     parser.add_argument("--cc-list", default=os.environ.get("HOROVOD_BUILD_CUDA_CC_LIST", DEFAULT_CC_LIST),
                         help="CUDA compute capabilities to build kernels for (default %(default)s)")
+    parser.add_argument("--gpu-operations", choices=["NCCL"],
+                        default=os.environ.get("AMLEMU_HOROVOD_GPU_OPERATIONS") or None, help="also build Horovod's GPU operations on NCCL (needs a CUDA build of torch)")
     args = parser.parse_args(argv)
     try:
-        print(build(args.cache.expanduser(), args.cc_list))
+        print(build(args.cache.expanduser(), args.cc_list, args.gpu_operations))
     except BuildError as exc:
         print(f"horovod build: {exc}", file=sys.stderr)
         return 1

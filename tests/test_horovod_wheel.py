@@ -60,3 +60,51 @@ def test_build_runs_without_build_isolation() -> None:
     argv = hw.pip_wheel_argv("/venv/bin/python", Path("/src"), Path("/out"))
     assert argv[:4] == ["/venv/bin/python", "-m", "pip", "wheel"] and "--no-build-isolation" in argv
     assert "--no-binary" in hw.pip_download_argv("py", Path("/d"))
+
+
+def test_nccl_build_has_its_own_cache_key_and_the_default_keeps_its_old_one() -> None:
+    base = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", cc_list="80,90", python_tag="cpython-311")
+    assert hw.cache_key(**base, gpu_operations=None) == hw.cache_key(**base)
+    assert hw.cache_key(**base, gpu_operations="NCCL") == "horovod0.28.1-torch2.14.1_cu130-cu130-cc80_90-nccl-cpython-311"
+
+
+def test_build_env_for_nccl_points_cmake_at_the_staged_nccl() -> None:
+    env = hw.build_env({"PATH": "/bin"}, cuda_home="/tk", cc_list="90", jobs=16, nccl=("/n/include", "/stage/lib"))
+    assert (env["HOROVOD_GPU_OPERATIONS"], env["HOROVOD_NCCL_INCLUDE"], env["HOROVOD_NCCL_LIB"],
+            env["HOROVOD_NCCL_LINK"]) == ("NCCL", "/n/include", "/stage/lib", "SHARED")
+    assert env["PATH"] == "/tk/bin:/bin"  # the toolkit's nvcc first
+    assert "HOROVOD_GPU_OPERATIONS" not in hw.build_env({}, cuda_home="/tk", cc_list="90", jobs=1)
+    with pytest.raises(hw.BuildError, match="CUDA"):
+        hw.build_env({}, cuda_home=None, cc_list="90", jobs=1, nccl=("/i", "/l"))
+
+
+def test_nccl_from_torchs_wheel_is_staged_with_the_unversioned_name_cmake_looks_for(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    (site / "torch").mkdir(parents=True)
+    assert hw.torch_nccl(site / "torch") is None
+    nccl = site / "nvidia" / "nccl"
+    (nccl / "include").mkdir(parents=True)
+    (nccl / "lib").mkdir()
+    (nccl / "include" / "nccl.h").write_text("#define NCCL_MAJOR 2\n")
+    (nccl / "lib" / "libnccl.so.2").write_bytes(b"\x7fELF")
+    assert hw.torch_nccl(site / "torch") == nccl
+    include, lib = hw.stage_nccl(nccl, tmp_path / "stage")
+    assert Path(include, "nccl.h").exists()
+    assert Path(lib, "libnccl.so").resolve() == (nccl / "lib" / "libnccl.so.2").resolve()
+    assert hw.stage_nccl(nccl, tmp_path / "stage") == (include, lib)  # twice is fine
+
+
+def test_a_wheel_toolkit_gets_the_layout_nvcc_and_cmake_expect(tmp_path: Path) -> None:
+    """PyPI's cuda-toolkit wheels install nvidia/cu13/{bin,include,lib}; nvcc.profile wants
+    targets/x86_64-linux/{include,lib} and CMake an unversioned libcudart.so (as /usr/local/cuda has)."""
+    home = tmp_path / "nvidia" / "cu13"
+    for folder in ("bin", "include", "lib"):
+        (home / folder).mkdir(parents=True)
+    (home / "lib" / "libcudart.so.13").write_bytes(b"\x7fELF")
+    (home / "include" / "cuda_runtime.h").write_text("")
+    for _ in range(2):  # idempotent
+        assert hw.toolkit_layout(home, machine="x86_64") == home
+    assert (home / "targets" / "x86_64-linux" / "include" / "cuda_runtime.h").exists()
+    assert (home / "targets" / "x86_64-linux" / "lib" / "libcudart.so").resolve() == (home / "lib" / "libcudart.so.13")
+    assert (home / "lib64" / "libcudart.so.13").exists()
+    assert hw.toolkit_requirement("13.0.3.0") == "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0"

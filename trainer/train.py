@@ -263,6 +263,8 @@ def train(args: argparse.Namespace, data_root: Path) -> dict[str, Any]:
         "device": device.type,
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(trained_samples / train_seconds, 1) if train_seconds else None,
+        # What this rank's throughput was planned on (benchmarks compare like with like).
+        "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "param_digests": digests,
         "params_in_sync": len(set(digests)) == 1,
     }

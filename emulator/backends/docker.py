@@ -6,6 +6,12 @@ machine's /usr, Python and virtual environment read-only (its own root is read-o
 private tmpfs folders that are emptied after each run). Containers are unprivileged, never see the
 Docker socket or the workspace's other runs (only the node's own disk), and carry labels from which
 state is rebuilt and leftovers are reaped.
+
+A node with GPUs gets exactly its own: through the engine's NVIDIA runtime (device requests) where
+one is installed, else (Debian's docker.io has none, and no registry here serves NVIDIA's toolkit)
+as the nvidia-container-toolkit did before device requests: its GPUs' /dev/nvidia<minor> and the
+driver's control devices, the driver's libraries being on the mirrored /usr. CUDA in the node then
+enumerates only those GPUs, numbered from 0.
 """
 from __future__ import annotations
 
@@ -23,7 +29,7 @@ from typing import Any
 import psutil
 
 from emulator.actions import Action
-from emulator.backends import nodefs
+from emulator.backends import gpudevices, nodefs
 from emulator.backends.base import (
     CACHE_ROOT,
     LABEL,
@@ -97,6 +103,12 @@ class DockerBackend(NodeBackend):
             self._docker = _client()
         return self._docker
 
+    @staticmethod
+    def nvidia_runtime() -> bool:
+        """Whether the engine can honour GPU device requests: dockerd registers its `gpu` device
+        driver when NVIDIA's container toolkit hook is on its PATH (the engine runs on this machine)."""
+        return bool(shutil.which("nvidia-container-runtime-hook"))
+
     @classmethod
     def available(cls) -> tuple[bool, str]:
         try:
@@ -144,6 +156,16 @@ class DockerBackend(NodeBackend):
             # Open MPI daemons check that the launch agent's path exists on their node.
             volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
         env = node_base_env(None if use_job_image else software_bin())
+        gpu_access, devices = None, []
+        if request.gpus:
+            gpu_access = "device_requests" if self.nvidia_runtime() else "device_nodes"
+            if gpu_access == "device_nodes":
+                devices = gpudevices.device_nodes(list(request.gpus), gpudevices.gpu_minors())
+                driver_libs = None if use_job_image else gpudevices.driver_lib_dir()
+                if driver_libs:
+                    env["LD_LIBRARY_PATH"] = driver_libs
+                    if not any(driver_libs == p or driver_libs.startswith(p + "/") for p in volumes):
+                        volumes[driver_libs] = {"bind": driver_libs, "mode": "ro"}
         return {
             "backend": self.name,
             "image": request.image if use_job_image else MIRROR_IMAGE,
@@ -169,6 +191,8 @@ class DockerBackend(NodeBackend):
             "mem_limit": request.memory_bytes,
             "shm_size": SHM_SIZE,
             "gpus": list(request.gpus),
+            "gpu_access": gpu_access,  # device_requests (NVIDIA runtime) | device_nodes | None
+            "devices": devices,
         }
 
     # --- execution ---------------------------------------------------------------------------
@@ -200,10 +224,11 @@ class DockerBackend(NodeBackend):
             self._ensure_network(plan["network"], request.cluster)
         api = self.client.api
         device_requests = [docker.types.DeviceRequest(device_ids=plan["gpus"], capabilities=[["gpu"]])] \
-            if plan["gpus"] else None
+            if plan["gpu_access"] == "device_requests" else None
         host_config = api.create_host_config(
             binds=plan["volumes"], cpu_period=plan["cpu_period"], cpu_quota=plan["cpu_quota"], mem_limit=plan["mem_limit"],
             shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests,
+            devices=plan["devices"] or None,
             read_only=plan["read_only"], tmpfs=plan["tmpfs"], security_opt=plan["security_opt"])
         networking = api.create_networking_config(
             {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})

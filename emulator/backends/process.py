@@ -89,8 +89,10 @@ class ProcessBackend(NodeBackend):
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         # This machine's software with the emulator's venv first (as a docker node's mirror image
-        # has it), and its own GPUs only ("" hides every GPU from a node that has none).
-        return {**node_base_env(software_bin()), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus)}
+        # has it), and its own GPUs only ("" hides every GPU from a node that has none). The indices
+        # are nvidia-smi's, which are in PCI bus order; CUDA's own default order is fastest first.
+        return {**node_base_env(software_bin()), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus),
+                "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(self.state_dir(request.cluster, request.name))

@@ -1,0 +1,67 @@
+"""scripts/gpu_check.sh and its helper scripts/gpu_check.py, as far as a machine without a GPU can
+check them: the script stops at once, installing nothing; the helper's pure parts."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO
+
+_spec = importlib.util.spec_from_file_location("gpu_check", REPO / "scripts" / "gpu_check.py")
+gc = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gc  # its dataclass looks its module up there
+_spec.loader.exec_module(gc)
+
+SCRIPT = REPO / "scripts" / "gpu_check.sh"
+
+
+@pytest.mark.parametrize("smi", [None, "echo 'NVIDIA-SMI has failed' >&2; exit 9", "exit 0"])
+def test_without_a_gpu_it_stops_at_once_with_one_line_and_installs_nothing(tmp_path: Path, smi: str | None) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    if smi is not None:
+        (bin_dir / "nvidia-smi").write_text(f"#!/bin/sh\n{smi}\n")
+        (bin_dir / "nvidia-smi").chmod(0o755)
+    path = f"{bin_dir}:" + ":".join(p for p in os.environ["PATH"].split(":") if not Path(p, "nvidia-smi").exists())
+    env = {**os.environ, "PATH": path, "AMLEMU_CACHE": str(tmp_path / "cache"), "AMLEMU_VENV": str(tmp_path / "venv")}
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert done.stdout == "" and len(done.stderr.splitlines()) == 1
+    assert done.stderr.startswith("gpu-check: no NVIDIA GPU here") and "nothing installed" in done.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "venv").exists()
+
+
+def test_node_layouts_say_what_one_gpu_cannot_show() -> None:
+    assert gc.node_layouts(2) == [gc.Layout(2, train=True)]
+    one = gc.node_layouts(1)
+    assert [(layout.nodes, layout.train) for layout in one] == [(2, False), (1, True)]
+    assert "shared" in one[0].note
+
+
+def test_probe_problems_name_each_rank_that_sees_another_gpu_or_several() -> None:
+    ok = [{"rank": 0, "count": 1, "uuids": ["aaaa-1"]}, {"rank": 1, "count": 1, "uuids": ["bbbb-2"]}]
+    assert gc.probe_problems(ok, ["GPU-AAAA-1", "GPU-bbbb-2"]) == []
+    assert gc.probe_problems(ok, ["GPU-aaaa-1", "GPU-aaaa-1"]) == ["rank 1 sees GPU bbbb-2, not its own GPU-aaaa-1"]
+    assert gc.probe_problems([{**ok[0], "count": 2, "uuids": ["x", "y"]}], ["x", "y"]) == [
+        "rank 0 sees 2 GPUs, not its 1", "rank 1 wrote no report"]
+
+
+def test_nccl_evidence_from_the_timeline_or_nccls_log() -> None:
+    timeline = json.dumps([{"name": "NEGOTIATE_ALLREDUCE", "ph": "B", "pid": 1},
+                           {"name": "NCCL_ALLREDUCE", "ph": "B", "pid": 1}, {"ph": "E", "pid": 1}])
+    assert gc.nccl_evidence(timeline[:-1] + ",", "") == ["timeline NCCL_ALLREDUCE"]  # unterminated, as written live
+    log = "host:1:1 [0] NCCL INFO comm 0x1 rank 0 nranks 1 cudaDev 0 busId 1000 - Init COMPLETE\n"
+    assert gc.nccl_evidence("", log) == ["NCCL communicator initialised"]
+    assert gc.nccl_evidence('[{"name": "MPI_ALLREDUCE", "ph": "B"}]', "") == []
+    assert gc.timeline_ops("not json") == set()
+
+
+def test_the_probe_and_allreduce_scripts_compile() -> None:
+    compile(gc.PROBE, "probe.py", "exec")
+    compile(gc.ALLREDUCE, "allreduce.py", "exec")
+    assert gc.main(["nothing"]) == 2
