@@ -5,8 +5,10 @@ import sys
 import textwrap
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 
+import click
 import psutil
 import pytest
 
@@ -160,6 +162,16 @@ def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no
         return found if found and all((f / "exe").is_dir() for f in found) else []
     for folder in wait_until(folders, timeout, f"run {run.id} is laid out on its nodes"):
         (folder / "release").touch()
+
+
+def commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
+    """Every leaf command of a click tree, with its path ("job create")."""
+    for name, command in group.commands.items():
+        path = f"{prefix} {name}".strip()
+        if isinstance(command, click.Group):
+            yield from commands(command, path)
+        else:
+            yield path, command
 
 
 def job_processes(marker: str) -> list[int]:

@@ -31,7 +31,7 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import REPO
+from conftest import REPO, commands
 
 from emulator.api import Emulator
 from emulator.cli import cli
@@ -166,13 +166,6 @@ class LocalWorkspace:
 
 
 # --- the command tree ------------------------------------------------------------------------------
-def commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
-    for name, command in group.commands.items():
-        path = f"{prefix} {name}".strip()
-        if isinstance(command, click.Group):
-            yield from commands(command, path)
-        else:
-            yield path, command
 
 
 TREE = dict(commands(cli))

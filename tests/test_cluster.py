@@ -11,7 +11,7 @@ import docker
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import REPO, job_processes, release, wait_until
+from conftest import BLOCK, REPO, job_processes, release, wait_until
 
 from emulator.api import Emulator
 from emulator.backends import get_backend
@@ -35,15 +35,6 @@ with open(f"outputs/rank-{rank}.json", "w") as fh:
 print(f"hello from rank {rank} on {socket.gethostname()}", flush=True)
 """
 
-# Blocks until the host drops a file into the run's record (a place every node can see).
-BLOCK = """
-import os, time
-print("started", flush=True)
-release = os.path.join(os.environ["AZUREML_CR_EXECUTION_WORKING_DIR_PATH"], "..", "..", "release")
-while not os.path.exists(release):
-    time.sleep(0.05)
-print("released", flush=True)
-"""
 
 
 def _reports(run) -> dict[str, dict]:  # type: ignore[no-untyped-def]

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import click
 import psutil
 import pytest
 from click.testing import CliRunner
+from conftest import commands
 from test_hostile_input import corrupt_db
 
 from emulator.api import Emulator
@@ -297,13 +297,6 @@ def test_cleanup_dry_run_without_a_readable_database(tmp_path: Path, monkeypatch
 
 
 # --- the command tree ------------------------------------------------------------------------------
-def commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
-    for name, command in group.commands.items():
-        path = f"{prefix} {name}".strip()
-        if isinstance(command, click.Group):
-            yield from commands(command, path)
-        else:
-            yield path, command
 
 
 def mutating_verbs() -> list[str]:
