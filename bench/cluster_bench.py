@@ -35,11 +35,11 @@ sys.path.insert(0, str(REPO))
 
 from common import THREAD_PROBE, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
 
-from emulator.api import Emulator  # noqa: E402
-from emulator.backends import BACKENDS  # noqa: E402
-from emulator.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
-from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
-from fixtures import mnist  # noqa: E402
+from amlemu.api import Emulator  # noqa: E402
+from amlemu.backends import BACKENDS  # noqa: E402
+from amlemu.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
+from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
+from pytest_amlemu import mnist  # noqa: E402
 
 # Each rank writes the wall-clock time at which it was running (after its imports) to a shared file,
 # and its thread settings (what a fair baseline must copy).

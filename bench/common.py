@@ -13,7 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from emulator.api import Emulator  # noqa: E402
+from amlemu.api import Emulator  # noqa: E402
 
 # The variables that size a process's thread pools (OpenMP, MKL, OpenBLAS, numexpr, Accelerate).
 # The emulator sets OMP_NUM_THREADS on every rank (its node's fair share of this machine's cores);

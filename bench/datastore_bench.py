@@ -31,11 +31,11 @@ sys.path.insert(0, str(REPO))
 
 from common import bench_home, report  # noqa: E402 - bench/common.py
 
-from emulator.api import Emulator  # noqa: E402
-from emulator.specs import ClusterSpec, RunStatus  # noqa: E402
-from emulator.storage.datastores import DEFAULT  # noqa: E402
-from emulator.storage.nodecache import CachePolicy, NodeCache, Source  # noqa: E402
-from fixtures import mnist  # noqa: E402
+from amlemu.api import Emulator  # noqa: E402
+from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
+from amlemu.storage.datastores import DEFAULT  # noqa: E402
+from amlemu.storage.nodecache import CachePolicy, NodeCache, Source  # noqa: E402
+from pytest_amlemu import mnist  # noqa: E402
 
 WS = f"azureml://datastores/{DEFAULT}/paths"
 READ = """

@@ -1,4 +1,4 @@
-"""`python -m emulator`: the `amlemu` command line (what the console script runs)."""
-from emulator.cli import main
+"""`python -m amlemu`: the `amlemu` command line (what the console script runs)."""
+from amlemu.cli import main
 
 main()

@@ -19,23 +19,23 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from emulator.actions import Action, execute
-from emulator.backends import get_backend, resolve_backend
-from emulator.cluster import allocation as autoscale
-from emulator.cluster import teardown
-from emulator.cluster.faults import FaultInjector
-from emulator.cluster.store import Cluster, Node, RunRecord, Store
-from emulator.cluster.teardown import ours
-from emulator.errors import CapacityError, ConfigError, NotFoundError
-from emulator.home import Home, default_cache, new_run_id
-from emulator.jobs import snapshot
-from emulator.jobs.jobspec_io import job_from_record, job_to_record
-from emulator.jobs.sdkjobs import to_cluster, to_job
-from emulator.runs.contract import LOCAL_SOURCE, bindings
-from emulator.runs.metrics import PLOT_NAME, metric_history, metric_stores
-from emulator.runs.plan import plan_launch
-from emulator.specs import JobSpec, RunStatus
-from emulator.storage.datastores import Datastores
+from amlemu.actions import Action, execute
+from amlemu.backends import get_backend, resolve_backend
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import teardown
+from amlemu.cluster.faults import FaultInjector
+from amlemu.cluster.store import Cluster, Node, RunRecord, Store
+from amlemu.cluster.teardown import ours
+from amlemu.errors import CapacityError, ConfigError, NotFoundError
+from amlemu.home import Home, default_cache, new_run_id
+from amlemu.jobs import snapshot
+from amlemu.jobs.jobspec_io import job_from_record, job_to_record
+from amlemu.jobs.sdkjobs import to_cluster, to_job
+from amlemu.runs.contract import LOCAL_SOURCE, bindings
+from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
+from amlemu.runs.plan import plan_launch
+from amlemu.specs import JobSpec, RunStatus
+from amlemu.storage.datastores import Datastores
 
 
 class Run:
@@ -287,7 +287,7 @@ class Emulator:
         self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "emulator.runs.supervisor", str(self.home.root), run_id],
+            proc = subprocess.Popen([sys.executable, "-m", "amlemu.runs.supervisor", str(self.home.root), run_id],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)

@@ -7,7 +7,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 _ADJECTIVES = ("amiable", "brave", "calm", "eager", "gentle", "happy", "jolly", "keen", "lively", "nice",
                "polite", "quirky", "sharp", "sincere", "tender", "upbeat", "witty", "zen", "bold", "frank")

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 # Azure ML resource names (jobs included): the ARM pattern ^[a-zA-Z0-9][a-zA-Z0-9\-_]{0,254}$.
 JOB_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,254}$")

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 MAX_BYTES = 1024 * 1024  # a job or compute YAML is a few KiB; data belongs in inputs
 MAX_NODES = 100_000

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 GIB = 1024**3
 

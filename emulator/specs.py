@@ -6,8 +6,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator import skus
-from emulator.errors import ConfigError, StateError
+from amlemu import skus
+from amlemu.errors import ConfigError, StateError
 
 NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,23}$")  # AmlCompute: 2-24 chars, letter first
 

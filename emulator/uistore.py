@@ -9,9 +9,9 @@ import fcntl
 from pathlib import Path
 from typing import Any
 
-from emulator.api import Emulator, Run
-from emulator.runs.metrics import SKIP_TAGS, all_runs, chunks
-from emulator.specs import RunStatus
+from amlemu.api import Emulator, Run
+from amlemu.runs.metrics import SKIP_TAGS, all_runs, chunks
+from amlemu.specs import RunStatus
 
 UI_RUN_TAG = "amlemu.run_id"
 UI_STATUS_TAG = "amlemu.status"

@@ -11,16 +11,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from emulator import safeyaml
-from emulator.errors import AmlEmuError, ConfigError
-from emulator.jobs import sdkschema
-from emulator.jobs.jobyaml import load_job
-from emulator.jobs.snapshot import SnapshotPlan, plan_snapshot
-from emulator.runs.contract import LOCAL_SOURCE, bindings
-from emulator.specs import DistributionType, JobSpec
+from amlemu import safeyaml
+from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.jobs import sdkschema
+from amlemu.jobs.jobyaml import load_job
+from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
+from amlemu.runs.contract import LOCAL_SOURCE, bindings
+from amlemu.specs import DistributionType, JobSpec
 
 if TYPE_CHECKING:
-    from emulator.api import Emulator
+    from amlemu.api import Emulator
 
 MB = 1024 * 1024
 SNAPSHOT_MAX_BYTES = 300 * MB  # Azure ML refuses larger code snapshots ("Snapshot size limit exceeded")

@@ -3,7 +3,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures import mnist
+from pytest_amlemu import mnist
 
 TRAINER = Path(__file__).resolve().parents[1] / "trainer" / "train.py"
 

@@ -21,7 +21,7 @@ def test_one_node_takes_the_single_node_branch(aml_run):
 @pytest.mark.aml(nodes=2, backend="process")
 def test_the_same_on_process_nodes_from_a_job_object(aml_run):
     """A job built in Python (the emulator's JobSpec) instead of a YAML file, on process nodes."""
-    from emulator.specs import Distribution, DistributionType, JobSpec
+    from amlemu.specs import Distribution, DistributionType, JobSpec
 
     job = JobSpec(command=f"python {SCRIPT.name}", code=SCRIPT.parent, compute="any", experiment_name="branch",
                   instance_count=2, distribution=Distribution(DistributionType.MPI))

@@ -125,10 +125,10 @@ def _job(folder: Path, compute: str, nodes: int) -> Path:
 
 def check_nodes(backend: str = "docker") -> tuple[bool, str]:
     sys.path.insert(0, str(REPO))
-    from emulator.api import Emulator  # noqa: PLC0415
-    from emulator.cluster import gpus as gpu_list  # noqa: PLC0415
-    from emulator.specs import ClusterSpec, RunStatus  # noqa: PLC0415
-    from fixtures import mnist  # noqa: PLC0415
+    from amlemu.api import Emulator  # noqa: PLC0415
+    from amlemu.cluster import gpus as gpu_list  # noqa: PLC0415
+    from amlemu.specs import ClusterSpec, RunStatus  # noqa: PLC0415
+    from pytest_amlemu import mnist  # noqa: PLC0415
 
     uuids = dict(host_gpus())
     visible = tuple(uuids)

@@ -109,9 +109,9 @@ azurite() {
 
 mnist() {
   step "real MNIST"
-  "$VENV/bin/python" -m fixtures.mnist prepare --cache "$CACHE"
+  "$VENV/bin/python" -m pytest_amlemu.mnist prepare --cache "$CACHE"
   step "MNIST on the emulator's workspaceblobstore (what trainer/job.yml reads)"
-  "$VENV/bin/python" -m fixtures.mnist publish || die "could not put MNIST on workspaceblobstore"
+  "$VENV/bin/python" -m pytest_amlemu.mnist publish || die "could not put MNIST on workspaceblobstore"
 }
 
 system_packages

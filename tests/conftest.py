@@ -12,10 +12,10 @@ import click
 import psutil
 import pytest
 
-from emulator.api import Emulator
-from emulator.backends import BACKENDS, backend_class
-from emulator.specs import ClusterSpec
-from fixtures import mnist
+from amlemu.api import Emulator
+from amlemu.backends import BACKENDS, backend_class
+from amlemu.specs import ClusterSpec
+from pytest_amlemu import mnist
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DIR = REPO / "trainer"

@@ -16,7 +16,7 @@ from azure.ai.ml.exceptions import JobException, MlException
 from azure.core.exceptions import ClientAuthenticationError, HttpResponseError, ResourceNotFoundError
 from azure.identity import DefaultAzureCredential
 
-from fixtures.amlservice import FakeAzureML
+from pytest_amlemu.amlservice import FakeAzureML
 
 TRAINER = Path(__file__).resolve().parents[1] / "trainer"
 JOB_YML = TRAINER / "job.yml"

@@ -2,6 +2,7 @@
 functions included) and modules small enough to read."""
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -22,3 +23,18 @@ def test_every_module_is_under_400_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in [*REPO.glob("emulator/**/*.py"), *REPO.glob("fixtures/**/*.py")]
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
     assert long == {}, f"split these modules (over {MAX_LINES} lines): {long}"
+
+
+def test_nothing_imports_the_folders_by_their_own_names() -> None:
+    # emulator/ and fixtures/ install as amlemu and pytest_amlemu; from the repository root the
+    # folder names would import too, as a second copy of every module that the wheel lacks.
+    wrong = []
+    for path in REPO.glob("*/**/*.py"):
+        if ".venv" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            wrong += [f"{path.relative_to(REPO)}:{node.lineno} {n}" for n in names
+                      if n.split(".")[0] in {"emulator", "fixtures"}]
+    assert wrong == []

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from fixtures.amlservice import FakeAzureML
+from pytest_amlemu.amlservice import FakeAzureML
 
 AMLEMU = Path(sys.prefix, "bin", "amlemu")
 CREDENTIAL_VARS = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET", "AZURE_USERNAME")

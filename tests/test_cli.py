@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 from conftest import REPO
 
-from emulator.cli import cli
+from amlemu.cli import cli
 
 
 @pytest.fixture

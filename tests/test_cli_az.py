@@ -13,16 +13,16 @@ import yaml
 from click.testing import CliRunner
 from conftest import REPO
 
-from emulator.api import Emulator
-from emulator.cli import azshape, cli
-from emulator.cli import output as formats
-from emulator.errors import TargetError
-from emulator.jobs.jobspec_io import job_to_record
-from emulator.jobs.jobyaml import load_job
-from emulator.specs import ClusterSpec, RunStatus
-from emulator.storage.datastores import DatastoreSpec
-from emulator.targets import WorkspaceOptions
-from emulator.targets.azureml import AzureMLTarget, WorkspaceRef, resolve_workspace
+from amlemu.api import Emulator
+from amlemu.cli import azshape, cli
+from amlemu.cli import output as formats
+from amlemu.errors import TargetError
+from amlemu.jobs.jobspec_io import job_to_record
+from amlemu.jobs.jobyaml import load_job
+from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.datastores import DatastoreSpec
+from amlemu.targets import WorkspaceOptions
+from amlemu.targets.azureml import AzureMLTarget, WorkspaceRef, resolve_workspace
 
 UP = "azureml://datastores/localds/paths"
 

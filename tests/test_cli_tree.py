@@ -33,13 +33,13 @@ import yaml
 from click.testing import CliRunner
 from conftest import REPO, commands
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.jobs.jobspec_io import job_to_record
-from emulator.jobs.jobyaml import load_job
-from emulator.specs import ClusterSpec, RunStatus
-from emulator.storage.datastores import DatastoreSpec
-from emulator.targets.azureml import WorkspaceRef
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.jobs.jobspec_io import job_to_record
+from amlemu.jobs.jobyaml import load_job
+from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.datastores import DatastoreSpec
+from amlemu.targets.azureml import WorkspaceRef
 
 READ, WRITE, LIVE, ONCE, PLAIN, ELSEWHERE = "read", "write", "live", "once", "plain", "elsewhere"
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -272,7 +272,7 @@ def test_the_command_in_every_format(path: str, template: Path, tmp_path: Path, 
     for fmt in formats:  # WRITE: for real on a fresh copy each time, the dry run on the home itself
         work = tmp_path / fmt
         shutil.copytree(template / "home", work / "home")
-        monkeypatch.setattr("emulator.cli.sync.AzureMLTarget", lambda work=work, **_: LocalWorkspace(work))
+        monkeypatch.setattr("amlemu.cli.sync.AzureMLTarget", lambda work=work, **_: LocalWorkspace(work))
         if dry:
             run(template / "home", path, fill(case.argv, root=template, work=work), fmt, dry=True)
         run(work / "home", path, fill(case.argv, root=template, work=work), fmt)
@@ -281,7 +281,7 @@ def test_the_command_in_every_format(path: str, template: Path, tmp_path: Path, 
 def test_colored_formats_are_json_and_yaml_under_the_color(template: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """On a terminal jsonc/yamlc color the text (ANSI escapes); without them it is the same document.
     (click.echo drops escapes on a stream that is not a terminal: the runner says it is one.)"""
-    monkeypatch.setattr("emulator.cli.output.colored", lambda: True)
+    monkeypatch.setattr("amlemu.cli.output.colored", lambda: True)
     for fmt, parse in (("jsonc", json.loads), ("yamlc", yaml.safe_load)):
         result = invoke(template / "home", ["compute", "show", "-n", "c1", "-o", fmt], color=True)
         assert result.exit_code == 0 and ANSI.search(result.stdout), result.output
@@ -292,7 +292,7 @@ def test_colored_formats_are_json_and_yaml_under_the_color(template: Path, monke
 def test_the_installed_command_answers_version_and_help() -> None:
     """As a user's shell runs it: the console script, its --version and the exit codes in --help."""
     exe = Path(sys.executable).with_name("amlemu")
-    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "emulator"]
+    argv = [str(exe)] if exe.exists() else [sys.executable, "-m", "amlemu"]
     done = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0 and re.fullmatch(r"amlemu \d+\.\d+\S*\n", done.stdout), done.stdout + done.stderr
     shown = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=60, cwd=REPO)

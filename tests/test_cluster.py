@@ -13,14 +13,14 @@ import pytest
 from click.testing import CliRunner
 from conftest import BLOCK, REPO, job_processes, release, wait_until
 
-from emulator.api import Emulator
-from emulator.backends import get_backend
-from emulator.cli import cli
-from emulator.errors import CapacityError
-from emulator.jobs.jobspec_io import job_to_record
-from emulator.jobs.jobyaml import load_job
-from emulator.runs.supervisor import Supervisor
-from emulator.specs import RunStatus
+from amlemu.api import Emulator
+from amlemu.backends import get_backend
+from amlemu.cli import cli
+from amlemu.errors import CapacityError
+from amlemu.jobs.jobspec_io import job_to_record
+from amlemu.jobs.jobyaml import load_job
+from amlemu.runs.supervisor import Supervisor
+from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
 

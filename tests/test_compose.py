@@ -16,7 +16,7 @@ import pytest
 import yaml
 from conftest import REPO
 
-from emulator.compose import cluster_compose, main
+from amlemu.compose import cluster_compose, main
 
 COMPOSE = REPO / "compose"
 CLUSTER = COMPOSE / "cluster-2nodes.yml"
@@ -45,7 +45,7 @@ def _volumes(service: dict) -> list[str]:  # type: ignore[type-arg]
 
 def test_the_cluster_file_is_the_docker_backends_dry_run() -> None:
     assert CLUSTER.read_text() == cluster_compose(2), \
-        "compose/cluster-2nodes.yml is stale: regenerate it with `python -m emulator.compose > compose/cluster-2nodes.yml`"
+        "compose/cluster-2nodes.yml is stale: regenerate it with `python -m amlemu.compose > compose/cluster-2nodes.yml`"
 
 
 def test_the_cluster_file_validates_and_describes_two_labelled_nodes_on_one_network() -> None:

@@ -6,14 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from emulator import backends
-from emulator.backends.base import CACHE_ROOT, NODE_ROOT
-from emulator.backends.docker import NODE_EXEC
-from emulator.backends.process import SANDBOX
-from emulator.errors import ConfigError
-from emulator.runs import contract
-from emulator.runs.agent import AgentError, agent_command
-from emulator.runs.contract import (
+from amlemu import backends
+from amlemu.backends.base import CACHE_ROOT, NODE_ROOT
+from amlemu.backends.docker import NODE_EXEC
+from amlemu.backends.process import SANDBOX
+from amlemu.errors import ConfigError
+from amlemu.runs import contract
+from amlemu.runs.agent import AgentError, agent_command
+from amlemu.runs.contract import (
     LOCAL_SOURCE,
     NodeSlot,
     bindings,
@@ -23,7 +23,7 @@ from emulator.runs.contract import (
     rank_layout,
     run_env,
 )
-from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}
 NODES = [NodeSlot(0, "c1-node-0", "10.0.0.2"), NodeSlot(1, "c1-node-1", "10.0.0.3")]

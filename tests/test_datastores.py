@@ -9,11 +9,11 @@ import psutil
 import pytest
 from click.testing import CliRunner
 
-from emulator.cli import cli
-from emulator.cluster.store import Store
-from emulator.errors import ConfigError, NotFoundError
-from emulator.home import default_cache
-from emulator.storage.datastores import DEFAULT, Datastores, DatastoreSpec, parse_uri, redact
+from amlemu.cli import cli
+from amlemu.cluster.store import Store
+from amlemu.errors import ConfigError, NotFoundError
+from amlemu.home import default_cache
+from amlemu.storage.datastores import DEFAULT, Datastores, DatastoreSpec, parse_uri, redact
 
 
 @pytest.mark.parametrize(("uri", "expected"), [

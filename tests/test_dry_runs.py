@@ -22,11 +22,11 @@ from click.testing import CliRunner
 from conftest import commands
 from test_hostile_input import corrupt_db
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.specs import ClusterSpec, RunStatus
-from emulator.storage.datastores import DatastoreSpec
-from emulator.targets.azureml import WorkspaceRef
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.datastores import DatastoreSpec
+from amlemu.targets.azureml import WorkspaceRef
 
 SAS = "sv=2031-01-01&sig=DRYRUNNOTREAL"
 # Verbs that change nothing, each with why; every other verb must have --dry-run.
@@ -232,7 +232,7 @@ def invoke(world: World, *argv: str) -> Any:
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
 def test_a_dry_run_lists_its_actions_and_changes_nothing(case: Case, world: World, monkeypatch) -> None:
     monkeypatch.chdir(world.root)  # no project's pyproject.toml chooses a target
-    monkeypatch.setattr("emulator.cli.sync.AzureMLTarget", lambda **_: LocalWorkspace(world.root))
+    monkeypatch.setattr("amlemu.cli.sync.AzureMLTarget", lambda **_: LocalWorkspace(world.root))
     before = snapshot(world)
     result = invoke(world, *case.argv, "--dry-run", "-o", "json")
     assert result.exit_code == 0, result.output
@@ -276,7 +276,7 @@ def test_cleanup_dry_run_without_a_readable_database(tmp_path: Path, monkeypatch
     emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", min_nodes=1, max_nodes=1))
     home = emu.home.root
     emu.store.close()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "emulator.runs.supervisor",
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "amlemu.runs.supervisor",
                                 str(home), "some_run"], start_new_session=True)
     try:
         corrupt_db(home, tmp_path)

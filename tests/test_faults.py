@@ -12,11 +12,11 @@ import docker
 import pytest
 from conftest import REPO, job_processes, release, wait_until
 
-from emulator.api import Emulator
-from emulator.backends import backend_class
-from emulator.cluster.faults import PARTITION_TIMEOUT, preemption_delays
-from emulator.errors import BackendError, StateError
-from emulator.specs import RunStatus
+from amlemu.api import Emulator
+from amlemu.backends import backend_class
+from amlemu.cluster.faults import PARTITION_TIMEOUT, preemption_delays
+from amlemu.errors import BackendError, StateError
+from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
 LOW = {"vm_priority": "lowpriority"}

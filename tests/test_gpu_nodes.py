@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from emulator.api import Emulator
-from emulator.backends import docker as docker_backend
-from emulator.backends import get_backend, gpudevices
-from emulator.cluster import allocation as autoscale
-from emulator.specs import ClusterSpec
+from amlemu.api import Emulator
+from amlemu.backends import docker as docker_backend
+from amlemu.backends import get_backend, gpudevices
+from amlemu.cluster import allocation as autoscale
+from amlemu.specs import ClusterSpec
 
 SMI = "0, 00000000:3B:00.0\n1, 00000000:86:00.0\n"
 

@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.specs import ClusterSpec
-from emulator.storage.datastores import DatastoreSpec
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.specs import ClusterSpec
+from amlemu.storage.datastores import DatastoreSpec
 
 JOB = ("code: src\ncommand: python train.py\ncompute: azureml:c1\n"
        "environment: azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest\n")
@@ -325,7 +325,7 @@ def test_the_real_command_prints_one_line_and_no_traceback(tmp_path: Path, argv:
     (tmp_path / "home").mkdir()
     (tmp_path / "home" / "amlemu.db").write_bytes(b"garbage" * 1000)
     values = {"{file}": str(tmp_path / "file"), "{bomb}": str(tmp_path / "bomb.yml"), "{home}": str(tmp_path / "home")}
-    done = subprocess.run([sys.executable, "-m", "emulator", *[values.get(a, a) for a in argv]], cwd=tmp_path,
+    done = subprocess.run([sys.executable, "-m", "amlemu", *[values.get(a, a) for a in argv]], cwd=tmp_path,
                           capture_output=True, text=True, timeout=60,
                           env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home")})
     assert done.returncode in (1, 2) and "Traceback" not in done.stdout + done.stderr

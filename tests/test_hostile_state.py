@@ -13,10 +13,10 @@ import pytest
 from click.testing import CliRunner
 from test_hostile_input import JOB, SAS, corrupt_db, run_cli, template, world  # noqa: F401 - fixtures too
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.specs import ClusterSpec
-from emulator.storage.datastores import DatastoreSpec
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.specs import ClusterSpec
+from amlemu.storage.datastores import DatastoreSpec
 
 
 def test_cleanup_works_without_the_database_and_reset_state_recovers(tmp_path: Path, monkeypatch) -> None:
@@ -28,8 +28,8 @@ def test_cleanup_works_without_the_database_and_reset_state_recovers(tmp_path: P
     home = emu.home.root
     assert (home / "nodes" / "c1" / "c1-node-0").is_dir()
     emu.store.close()
-    # Stands in for a run's supervisor: found by `emulator.runs.supervisor <home>` in its argv alone.
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "emulator.runs.supervisor",
+    # Stands in for a run's supervisor: found by `amlemu.runs.supervisor <home>` in its argv alone.
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "amlemu.runs.supervisor",
                                 str(home), "some_run"], start_new_session=True)
     try:
         corrupt_db(home, tmp_path)
@@ -143,7 +143,7 @@ def test_a_refused_blob_credential_is_one_redacted_line(tmp_path: Path, monkeypa
     """A SAS token the storage refuses (Azurite stands in for Azure) or cannot even parse."""
     from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas  # noqa: PLC0415
 
-    from emulator.storage.azurite import ACCOUNT, ACCOUNT_KEY  # noqa: PLC0415
+    from amlemu.storage.azurite import ACCOUNT, ACCOUNT_KEY  # noqa: PLC0415
 
     monkeypatch.chdir(tmp_path)
     emu = Emulator(tmp_path / "home", backend="process")

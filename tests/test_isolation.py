@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import job_processes, wait_until
 
-from emulator.api import Emulator
-from emulator.specs import RunStatus
+from amlemu.api import Emulator
+from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
 

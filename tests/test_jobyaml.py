@@ -6,10 +6,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from emulator.errors import ConfigError
-from emulator.jobs.jobyaml import apply_overrides, load_job, script_of
-from emulator.runs.contract import resolve_command
-from emulator.specs import DataInput, DataMode, DistributionType
+from amlemu.errors import ConfigError
+from amlemu.jobs.jobyaml import apply_overrides, load_job, script_of
+from amlemu.runs.contract import resolve_command
+from amlemu.specs import DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from emulator.api import Emulator
-from emulator.specs import RunStatus
+from amlemu.api import Emulator
+from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
 

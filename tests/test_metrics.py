@@ -18,11 +18,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import release, wait_until
 
-from emulator.api import Emulator, Run
-from emulator.cli import cli
-from emulator.runs.metrics import PLOT_NAME, plot_metrics, plot_run
-from emulator.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
-from emulator.specs import RunStatus
+from amlemu.api import Emulator, Run
+from amlemu.cli import cli
+from amlemu.runs.metrics import PLOT_NAME, plot_metrics, plot_run
+from amlemu.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
+from amlemu.specs import RunStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROCESS = pytest.mark.parametrize("backend", ["process"], indirect=True)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from torchvision import datasets
 
-from fixtures import mnist
+from pytest_amlemu import mnist
 
 
 def test_idx_round_trip_and_header() -> None:

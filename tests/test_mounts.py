@@ -10,11 +10,11 @@ import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 from conftest import wait_until
 
-from emulator.api import Emulator
-from emulator.errors import ConfigError
-from emulator.specs import RunStatus
-from emulator.storage.azurite import ACCOUNT, ACCOUNT_KEY
-from emulator.storage.datastores import DEFAULT, DatastoreSpec
+from amlemu.api import Emulator
+from amlemu.errors import ConfigError
+from amlemu.specs import RunStatus
+from amlemu.storage.azurite import ACCOUNT, ACCOUNT_KEY
+from amlemu.storage.datastores import DEFAULT, DatastoreSpec
 
 pytestmark = pytest.mark.slow
 WS = f"azureml://datastores/{DEFAULT}/paths"
@@ -190,7 +190,7 @@ def test_credentials_never_reach_runs_logs_or_nodes(emu: Emulator, cluster, make
 
 def test_without_azurite_jobs_read_workspaceblobstore_from_a_local_folder(emu: Emulator, cluster, make_job,
                                                                             monkeypatch) -> None:
-    monkeypatch.setattr("emulator.storage.azurite.find_binary", lambda cache: None)  # as on a machine without Node.js
+    monkeypatch.setattr("amlemu.storage.azurite.find_binary", lambda cache: None)  # as on a machine without Node.js
     cluster(max_nodes=1)
     spec = emu.datastores.get(DEFAULT)
     assert spec.kind == "local"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulator.runs.mpi import MpiLaunch, host_list, launch_env, mpirun_argv
+from amlemu.runs.mpi import MpiLaunch, host_list, launch_env, mpirun_argv
 
 
 def test_local_launch() -> None:

@@ -14,11 +14,11 @@ import fsspec
 import pytest
 from conftest import wait_until
 
-from emulator.cluster.store import Store
-from emulator.errors import NotFoundError
-from emulator.home import default_cache
-from emulator.storage.datastores import DEFAULT, Datastores
-from emulator.storage.nodecache import CacheError, CachePolicy, NodeCache, Source, policy_from_env
+from amlemu.cluster.store import Store
+from amlemu.errors import NotFoundError
+from amlemu.home import default_cache
+from amlemu.storage.datastores import DEFAULT, Datastores
+from amlemu.storage.nodecache import CacheError, CachePolicy, NodeCache, Source, policy_from_env
 
 BLOBFUSE = CachePolicy(ttl=120)
 

@@ -46,8 +46,13 @@ def test_the_core_install_needs_no_training_stack(wheel: Path) -> None:
     assert trainer == TRAINING_STACK
     with zipfile.ZipFile(wheel) as zf:
         names = zf.namelist()
-    assert "emulator/backends/sandbox.sh" in names  # package data: the process node's sandbox
-    assert not any(n.startswith(("tests/", "trainer/", "bench/")) for n in names)
+    assert "amlemu/backends/sandbox.sh" in names  # package data: the process node's sandbox
+    # Only the project's own import names: `emulator` and `fixtures` are other distributions'.
+    assert {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")} == {"amlemu", "pytest_amlemu"}
+    # Every package folder is in the wheel (pyproject lists them: a new one must be added there).
+    folders = {"/".join(("amlemu", *p.parent.relative_to(REPO / "emulator").parts, "__init__.py"))
+               for p in (REPO / "emulator").rglob("__init__.py")}
+    assert folders <= set(names), sorted(folders - set(names))
 
 
 def test_a_fresh_environment_gets_the_cli_the_plugin_and_the_api_without_torch(wheel: Path, tmp_path: Path) -> None:
@@ -71,7 +76,7 @@ def test_a_fresh_environment_gets_the_cli_the_plugin_and_the_api_without_torch(w
     assert run(str(env_dir / "bin" / "amlemu"), "--version").strip().endswith(_metadata(wheel)["Version"])
     assert "compute" in run(str(env_dir / "bin" / "amlemu"), "--help")
     assert "--aml-backend" in run(str(python), "-m", "pytest", "--help", "-p", "no:cacheprovider")
-    probe = ("import sys, emulator, emulator.api, emulator.specs, fixtures.plugin\n"
-             "assert emulator.__file__.startswith(sys.prefix), emulator.__file__\n"
+    probe = ("import sys, amlemu, amlemu.api, amlemu.specs, pytest_amlemu.plugin\n"
+             "assert amlemu.__file__.startswith(sys.prefix), amlemu.__file__\n"
              "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'horovod', 'mpi4py', 'torchvision'}))")
     assert run(str(python), "-c", probe).strip() == "[]"

@@ -15,12 +15,12 @@ import psutil
 import pytest
 from conftest import REPO
 
-from emulator.api import Emulator
-from emulator.backends import get_backend
-from emulator.cluster import allocation as autoscale
-from emulator.cluster import gpus
-from emulator.specs import ClusterSpec
-from fixtures.plugin import _sessions_dir, command_line, reap_dead_sessions
+from amlemu.api import Emulator
+from amlemu.backends import get_backend
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import gpus
+from amlemu.specs import ClusterSpec
+from pytest_amlemu.plugin import _sessions_dir, command_line, reap_dead_sessions
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +38,7 @@ def _ours() -> set[str]:
 
 def test_the_plugin_is_registered_by_the_package() -> None:
     entry = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["entry-points"]["pytest11"]
-    assert entry == {"amlemu": "fixtures.plugin"}
+    assert entry == {"amlemu": "pytest_amlemu.plugin"}
     out = _pytest("--help").stdout
     assert "--aml-backend" in out and "--aml-strict" in out
 

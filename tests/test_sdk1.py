@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from emulator.cli import cli
-from emulator.errors import ConfigError
-from emulator.jobs import sdk1
-from emulator.jobs.jobyaml import load_job
-from emulator.specs import ClusterSpec, DataInput, DataMode, Distribution, DistributionType, Priority
+from amlemu.cli import cli
+from amlemu.errors import ConfigError
+from amlemu.jobs import sdk1
+from amlemu.jobs.jobyaml import load_job
+from amlemu.specs import ClusterSpec, DataInput, DataMode, Distribution, DistributionType, Priority
 
 with warnings.catch_warnings():  # azureml.data warns about its own enums on import
     warnings.simplefilter("ignore", DeprecationWarning)

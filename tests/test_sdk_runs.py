@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
-from emulator.api import Emulator
-from emulator.jobs import sdk1
-from emulator.specs import ClusterSpec, RunStatus
+from amlemu.api import Emulator
+from amlemu.jobs import sdk1
+from amlemu.specs import ClusterSpec, RunStatus
 
 IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04"
 

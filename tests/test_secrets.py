@@ -16,12 +16,12 @@ from urllib.parse import unquote
 import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
 
-from emulator.api import Emulator
-from emulator.storage.azurite import ACCOUNT, ACCOUNT_KEY, DEBUG_ENV, Azurite
-from emulator.storage.datastores import DEFAULT
+from amlemu.api import Emulator
+from amlemu.storage.azurite import ACCOUNT, ACCOUNT_KEY, DEBUG_ENV, Azurite
+from amlemu.storage.datastores import DEFAULT
 
 pytestmark = pytest.mark.slow
-AMLEMU = [sys.executable, "-c", "from emulator.cli import main; main()"]
+AMLEMU = [sys.executable, "-c", "from amlemu.cli import main; main()"]
 SECRET_VAR = "AMLEMU_TEST_DATASTORE_SAS"
 
 SNOOP = r"""
@@ -139,7 +139,7 @@ def test_a_planted_sas_token_is_only_in_the_owner_only_secret_file(emu: Emulator
 def test_azurite_keeps_no_request_log_unless_asked_and_then_owner_only(tmp_path: Path, monkeypatch) -> None:
     """Azurite's debug log holds every request URL, SAS tokens included: off by default; with
     AMLEMU_AZURITE_DEBUG=1 on, readable by its owner alone."""
-    from emulator.home import default_cache  # noqa: PLC0415
+    from amlemu.home import default_cache  # noqa: PLC0415
 
     for debug, home in (("", tmp_path / "quiet"), ("1", tmp_path / "debug")):
         monkeypatch.setenv(DEBUG_ENV, debug)

@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from emulator.api import Emulator
-from emulator.errors import ConfigError
-from emulator.jobs.snapshot import check_code, plan_snapshot, take_snapshot
-from emulator.specs import ClusterSpec, RunStatus
-from emulator.validate import check_links
+from amlemu.api import Emulator
+from amlemu.errors import ConfigError
+from amlemu.jobs.snapshot import check_code, plan_snapshot, take_snapshot
+from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.validate import check_links
 
-AMLEMU = [sys.executable, "-c", "from emulator.cli import main; main()"]
+AMLEMU = [sys.executable, "-c", "from amlemu.cli import main; main()"]
 
 
 @pytest.fixture

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from emulator import skus
-from emulator.errors import ConfigError, StateError
-from emulator.specs import ClusterSpec, Priority, RunStatus
+from amlemu import skus
+from amlemu.errors import ConfigError, StateError
+from amlemu.specs import ClusterSpec, Priority, RunStatus
 
 
 @pytest.mark.parametrize("name", ["STANDARD_D2_V2", "standard_ds3_v2", "Standard_F4s_v2", "STANDARD_NC6",

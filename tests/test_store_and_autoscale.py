@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from emulator.cluster import allocation as autoscale
-from emulator.cluster.store import WORKSPACE_DEFAULTS, Node, Store
-from emulator.errors import NotFoundError, StateError
-from emulator.runs.contract import Rank
-from emulator.runs.supervisor import RunLogs, failure_reason
-from emulator.specs import ClusterSpec, RunStatus
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster.store import WORKSPACE_DEFAULTS, Node, Store
+from amlemu.errors import NotFoundError, StateError
+from amlemu.runs.contract import Rank
+from amlemu.runs.supervisor import RunLogs, failure_reason
+from amlemu.specs import ClusterSpec, RunStatus
 
 
 @pytest.fixture

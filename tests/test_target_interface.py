@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from conftest import REPO
 
-from emulator.actions import Action, execute
-from emulator.cli import cli
-from emulator.specs import ClusterSpec
-from emulator.targets.azureml import AzureMLTarget, WorkspaceRef
-from emulator.targets.base import JobSource, Plan, Target
+from amlemu.actions import Action, execute
+from amlemu.cli import cli
+from amlemu.specs import ClusterSpec
+from amlemu.targets.azureml import AzureMLTarget, WorkspaceRef
+from amlemu.targets.base import JobSource, Plan, Target
 
 WS = WorkspaceRef("1111-2222", "rg-ml", "ws-ml")
 
@@ -76,7 +76,7 @@ class ToyTarget(Target):
 
 @pytest.fixture
 def toy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
-    monkeypatch.setattr("emulator.cli.common.target_class", lambda name: ToyTarget)
+    monkeypatch.setattr("amlemu.cli.common.target_class", lambda name: ToyTarget)
     monkeypatch.chdir(tmp_path)
     ToyTarget.calls = []
     (tmp_path / "home").mkdir()

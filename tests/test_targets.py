@@ -10,14 +10,14 @@ import yaml
 from click.testing import CliRunner
 from conftest import REPO
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.cli.common import compute_from_dict
-from emulator.errors import ConfigError, TargetError
-from emulator.specs import ClusterSpec, RunStatus
-from emulator.storage.datastores import DatastoreSpec, sync_tree
-from emulator.targets import get_target, resolve_target
-from emulator.targets.azureml import AzureMLTarget, WorkspaceRef, datastore_spec, resolve_workspace
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.cli.common import compute_from_dict
+from amlemu.errors import ConfigError, TargetError
+from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.datastores import DatastoreSpec, sync_tree
+from amlemu.targets import get_target, resolve_target
+from amlemu.targets.azureml import AzureMLTarget, WorkspaceRef, datastore_spec, resolve_workspace
 
 JOB = REPO / "trainer" / "job.yml"
 WS = WorkspaceRef("1111-2222", "rg-ml", "ws-ml")
@@ -226,7 +226,7 @@ class AzuriteWorkspace(AzureMLTarget):
 
 @pytest.mark.filterwarnings("ignore:Failed to fetch container properties")  # the wrong-key case
 def test_data_sync_copies_the_emulator_datastore_and_then_only_changes(tmp_path: Path, mnist_subset: Path) -> None:
-    from emulator.targets.datasync import sync
+    from amlemu.targets.datasync import sync
 
     emu = Emulator(home=tmp_path / "home", backend="process")
     try:
@@ -270,7 +270,7 @@ def test_v1_script_run_config_dry_run_is_the_serialized_run_config(tmp_path: Pat
     from azureml.core import ScriptRunConfig
     from azureml.core.runconfig import MpiConfiguration
 
-    from emulator.jobs import sdk1
+    from amlemu.jobs import sdk1
 
     with sdk1.quiet():
         src = ScriptRunConfig(source_directory=str(REPO / "trainer"), script="train.py",

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import TRAINER_DIR
 
-from emulator.runs.mpi import MpiLaunch, launch_env, mpirun_argv
+from amlemu.runs.mpi import MpiLaunch, launch_env, mpirun_argv
 
 pytestmark = pytest.mark.slow
 

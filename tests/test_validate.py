@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from emulator.api import Emulator
-from emulator.cli import cli
-from emulator.specs import ClusterSpec
-from emulator.validate import SNAPSHOT_MAX_BYTES, SNAPSHOT_MAX_FILES, validate_file
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.specs import ClusterSpec
+from amlemu.validate import SNAPSHOT_MAX_BYTES, SNAPSHOT_MAX_FILES, validate_file
 
 GOOD = """
 code: src
@@ -138,7 +138,7 @@ def test_the_emulators_finding_stands_alone(tmp_path: Path, text: str, expected:
 def test_the_cli_prints_the_schemas_finding_and_nothing_else(tmp_path: Path) -> None:
     """No "experimental class" notices from azure-ai-ml on the terminal: one line per finding, a total."""
     job = _job(tmp_path, GOOD + "queue_settings: {job_tier: gold}\n")
-    done = subprocess.run([sys.executable, "-c", "from emulator.cli import main; main()", "job", "validate", "-f",
+    done = subprocess.run([sys.executable, "-c", "from amlemu.cli import main; main()", "job", "validate", "-f",
                            str(job)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home"), "AMLEMU_BACKEND": "process"})
     assert done.returncode == 1 and done.stderr == "", done.stderr

@@ -83,7 +83,7 @@ def resolve_data_root(path: Path) -> Path:
             return root
     expected = ", ".join(f"MNIST/raw/{name}" for name in MNIST_FILES)
     raise DataError(f"--data-dir {path}: MNIST not found; expected the uncompressed IDX files {expected} "
-                    f"under it (prepare them with `python -m fixtures.mnist prepare`)")
+                    f"under it (prepare them with `python -m pytest_amlemu.mnist prepare`)")
 
 
 def find_checkpoint(outputs: Path) -> Path | None:

@@ -8,17 +8,17 @@ from __future__ import annotations
 
 import importlib
 
-from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest
-from emulator.errors import ConfigError
-from emulator.home import Home
+from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest
+from amlemu.errors import ConfigError
+from amlemu.home import Home
 
 __all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "auto_order", "backend_class", "get_backend",
            "resolve_backend"]
 
 # name -> "module:class", imported lazily (the docker SDK is needed only by the docker backend).
 BACKENDS = {
-    "docker": "emulator.backends.docker:DockerBackend",
-    "process": "emulator.backends.process:ProcessBackend",
+    "docker": "amlemu.backends.docker:DockerBackend",
+    "process": "amlemu.backends.process:ProcessBackend",
 }
 
 

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from emulator.actions import Action, execute
-from emulator.errors import BackendError
-from emulator.home import Home
+from amlemu.actions import Action, execute
+from amlemu.errors import BackendError
+from amlemu.home import Home
 
 LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels below
 # Where every backend puts a node's disk and its blob cache (read-only) inside the node: the node

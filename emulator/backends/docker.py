@@ -28,9 +28,9 @@ from typing import Any
 
 import psutil
 
-from emulator.actions import Action
-from emulator.backends import gpudevices, nodefs
-from emulator.backends.base import (
+from amlemu.actions import Action
+from amlemu.backends import gpudevices, nodefs
+from amlemu.backends.base import (
     CACHE_ROOT,
     LABEL,
     NODE_ROOT,
@@ -41,7 +41,7 @@ from emulator.backends.base import (
     software_bin,
     software_paths,
 )
-from emulator.errors import BackendError
+from amlemu.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm

@@ -18,8 +18,8 @@ from typing import Any
 
 import psutil
 
-from emulator.actions import Action
-from emulator.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
+from amlemu.actions import Action
+from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node

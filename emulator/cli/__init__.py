@@ -2,7 +2,7 @@
 module imports its groups and helpers from cli.common and none imports another."""
 from __future__ import annotations
 
-from emulator.cli import (  # noqa: F401 - each registers
+from amlemu.cli import (  # noqa: F401 - each registers
     cleanup,
     compute,
     convert,
@@ -14,7 +14,7 @@ from emulator.cli import (  # noqa: F401 - each registers
     validate,  # its commands on the groups of cli.common
     workspace,
 )
-from emulator.cli.common import cli
+from amlemu.cli.common import cli
 
 
 def main() -> None:

@@ -14,9 +14,9 @@ from typing import Any
 
 import click
 
-from emulator.cli.failure import DEBUG_VAR, fail, one_line
-from emulator.errors import AmlEmuError, ConfigError
-from emulator.targets import WorkspaceOptions
+from amlemu.cli.failure import DEBUG_VAR, fail, one_line
+from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.targets import WorkspaceOptions
 
 META_WORKSPACE = "amlemu.workspace"
 WORKSPACE_DECLS = {"subscription_id": ("--subscription",), "resource_group": ("-g", "--resource-group"),

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import click
 
-from emulator.actions import execute
-from emulator.cli.common import (
+from amlemu.actions import execute
+from amlemu.cli.common import (
     cli,
     confirm,
     console,
@@ -22,9 +22,9 @@ from emulator.cli.common import (
     show_plan,
     yes_option,
 )
-from emulator.cluster import teardown
-from emulator.errors import StateDbError
-from emulator.home import default_cache
+from amlemu.cluster import teardown
+from amlemu.errors import StateDbError
+from amlemu.home import default_cache
 
 
 def _report(done: list[str], output: str) -> None:

@@ -20,10 +20,10 @@ import click
 from click.core import ParameterSource
 from rich.console import Console
 
-from emulator.actions import Action, document
-from emulator.api import Emulator
-from emulator.cli import output as formats
-from emulator.cli.azshape import (  # noqa: F401 - re-exported for the command modules
+from amlemu.actions import Action, document
+from amlemu.api import Emulator
+from amlemu.cli import output as formats
+from amlemu.cli.azshape import (  # noqa: F401 - re-exported for the command modules
     OneLineGroup,
     confirm,
     name_argument,
@@ -31,11 +31,11 @@ from emulator.cli.azshape import (  # noqa: F401 - re-exported for the command m
     workspace_options,
     yes_option,
 )
-from emulator.cli.failure import EXIT_CODES, fail, handle_errors  # noqa: F401 - re-exported
-from emulator.errors import ConfigError
-from emulator.jobs.jobyaml import apply_overrides  # noqa: F401 - `--set`, for compute create as for jobs
-from emulator.specs import ClusterSpec, Priority
-from emulator.targets import TARGETS, Target, resolve_target, target_class
+from amlemu.cli.failure import EXIT_CODES, fail, handle_errors  # noqa: F401 - re-exported
+from amlemu.errors import ConfigError
+from amlemu.jobs.jobyaml import apply_overrides  # noqa: F401 - `--set`, for compute create as for jobs
+from amlemu.specs import ClusterSpec, Priority
+from amlemu.targets import TARGETS, Target, resolve_target, target_class
 
 META_QUERY = "amlemu.query"
 
@@ -56,13 +56,13 @@ class EmulatorFactory:
                               "~/.amlemu are created on first use")
 
     def home(self) -> Any:
-        from emulator.home import Home  # noqa: PLC0415
+        from amlemu.home import Home  # noqa: PLC0415
 
         self.check()
         return Home.at(self.path)
 
     def __call__(self, backend: str | None = None) -> Any:
-        from emulator.api import Emulator  # noqa: PLC0415
+        from amlemu.api import Emulator  # noqa: PLC0415
 
         self.check()
         return Emulator(self.path, backend=backend)

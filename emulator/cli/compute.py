@@ -8,10 +8,10 @@ import click
 from click.core import ParameterSource
 from rich.table import Table
 
-from emulator import safeyaml
-from emulator.actions import execute
-from emulator.backends import BACKENDS
-from emulator.cli.common import (
+from amlemu import safeyaml
+from amlemu.actions import execute
+from amlemu.backends import BACKENDS
+from amlemu.cli.common import (
     _target,
     apply_overrides,
     compute,
@@ -29,7 +29,7 @@ from emulator.cli.common import (
     target_option,
     yes_option,
 )
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 # The compute YAML field each of create's options sets, with the option's default.
 FIELDS = {"name": ("name", None), "size": ("size", "Standard_D2_v2"), "min_instances": ("min_instances", 0),

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from emulator.cli.common import console, handle_errors, job
-from emulator.jobs.sdk1 import load_v1_file, yaml_from_v1
+from amlemu.cli.common import console, handle_errors, job
+from amlemu.jobs.sdk1 import load_v1_file, yaml_from_v1
 
 
 @job.command("convert")

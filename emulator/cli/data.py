@@ -8,7 +8,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from emulator.cli.common import (
+from amlemu.cli.common import (
     _emu,
     console,
     data,
@@ -22,8 +22,8 @@ from emulator.cli.common import (
     report,
     show_plan,
 )
-from emulator.errors import NotFoundError
-from emulator.storage.datastores import DatastoreSpec, credential_from_env, parse_uri
+from amlemu.errors import NotFoundError
+from amlemu.storage.datastores import DatastoreSpec, credential_from_env, parse_uri
 
 # --- datastores and data ---------------------------------------------------------------------------
 

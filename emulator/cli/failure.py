@@ -18,7 +18,7 @@ from typing import Any, NoReturn
 
 import click
 
-from emulator.errors import AmlEmuError, NotFoundError, StateDbError
+from amlemu.errors import AmlEmuError, NotFoundError, StateDbError
 
 DEBUG_VAR = "AMLEMU_DEBUG"
 ERROR_EXIT, USAGE_EXIT, NOT_FOUND_EXIT = 1, 2, 3

@@ -7,8 +7,8 @@ from collections.abc import Callable
 
 import click
 
-from emulator.actions import Action, execute
-from emulator.cli.common import (
+from amlemu.actions import Action, execute
+from amlemu.cli.common import (
     _emu,
     compute,
     console,

@@ -9,8 +9,8 @@ from typing import Any
 import click
 from rich.table import Table
 
-from emulator.actions import execute
-from emulator.cli.common import (
+from amlemu.actions import execute
+from amlemu.cli.common import (
     _target,
     console,
     dry_run_option,

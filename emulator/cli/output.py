@@ -24,7 +24,7 @@ from typing import Any
 import jmespath
 from jmespath.exceptions import JMESPathError
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 FORMATS = ("json", "jsonc", "yaml", "yamlc", "table", "tsv", "none")
 TABLE_SKIP_KEYS = ("id", "type", "etag")  # az's generic table leaves these out

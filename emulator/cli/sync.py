@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from emulator.actions import Action
-from emulator.cli.common import (
+from amlemu.actions import Action
+from amlemu.cli.common import (
     _emu,
     console,
     data,
@@ -19,9 +19,9 @@ from emulator.cli.common import (
     show_plan,
     workspace_options,
 )
-from emulator.errors import ConfigError
-from emulator.targets.azureml import AzureMLTarget
-from emulator.targets.datasync import job_data_uris, plan_sync, sync
+from amlemu.errors import ConfigError
+from amlemu.targets.azureml import AzureMLTarget
+from amlemu.targets.datasync import job_data_uris, plan_sync, sync
 
 
 @data.command("sync", workspace="azureml")

@@ -19,9 +19,9 @@ from pathlib import Path
 import click
 import psutil
 
-from emulator.cli.common import _emu, cli, console, err_console, handle_errors
-from emulator.errors import AmlEmuError, ConfigError
-from emulator.uistore import build_ui_store, ui_store_path
+from amlemu.cli.common import _emu, cli, console, err_console, handle_errors
+from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.uistore import build_ui_store, ui_store_path
 
 READY_TIMEOUT = 60.0
 STOP_GRACE = 10.0

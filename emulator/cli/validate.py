@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from emulator.cli.common import _emu, console, emit, handle_errors, is_human, job, output_option
-from emulator.validate import validate_file
+from amlemu.cli.common import _emu, console, emit, handle_errors, is_human, job, output_option
+from amlemu.validate import validate_file
 
 
 @job.command("validate")

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import click
 
-from emulator.actions import execute
-from emulator.cli.common import (
+from amlemu.actions import execute
+from amlemu.cli.common import (
     _emu,
     console,
     dry_run_option,

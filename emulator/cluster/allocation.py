@@ -13,12 +13,12 @@ from dataclasses import dataclass, replace
 
 import psutil
 
-from emulator.backends import NodeBackend, NodeRequest
-from emulator.cluster import gpus as gpu_list
-from emulator.cluster.store import Node, Store
-from emulator.home import Home
-from emulator.skus import node_limits
-from emulator.specs import ClusterSpec, RunStatus
+from amlemu.backends import NodeBackend, NodeRequest
+from amlemu.cluster import gpus as gpu_list
+from amlemu.cluster.store import Node, Store
+from amlemu.home import Home
+from amlemu.skus import node_limits
+from amlemu.specs import ClusterSpec, RunStatus
 
 
 @dataclass(frozen=True)

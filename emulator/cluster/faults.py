@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from emulator.actions import Action, execute
-from emulator.backends import BACKENDS, NodeBackend, NodeRequest, backend_class, get_backend
-from emulator.cluster import allocation as autoscale
-from emulator.cluster.store import Node, Store
-from emulator.errors import BackendError, ConfigError, NotFoundError, StateError
-from emulator.home import Home
-from emulator.specs import Priority
-from emulator.storage.datastores import parse_uri
+from amlemu.actions import Action, execute
+from amlemu.backends import BACKENDS, NodeBackend, NodeRequest, backend_class, get_backend
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster.store import Node, Store
+from amlemu.errors import BackendError, ConfigError, NotFoundError, StateError
+from amlemu.home import Home
+from amlemu.specs import Priority
+from amlemu.storage.datastores import parse_uri
 
 PARTITION_TIMEOUT = 20.0  # a job still running this long after a node was cut off fails (seconds)
 MAX_PREEMPTIONS = 3  # restarts allowed when no preemption policy says otherwise

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from emulator.actions import Action, execute
-from emulator.errors import ConfigError, NotFoundError, StateDbError, StateError
-from emulator.names import check_workspace_field
-from emulator.specs import ClusterSpec, Priority, RunStatus
+from amlemu.actions import Action, execute
+from amlemu.errors import ConfigError, NotFoundError, StateDbError, StateError
+from amlemu.names import check_workspace_field
+from amlemu.specs import ClusterSpec, Priority, RunStatus
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS workspace (key TEXT PRIMARY KEY, value TEXT NOT NULL);

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import psutil
 
-from emulator.actions import Action
-from emulator.backends import BACKENDS, backend_class, get_backend
-from emulator.cluster import allocation as autoscale
-from emulator.cluster.store import Store
-from emulator.errors import StateError
-from emulator.home import Home
-from emulator.storage.azurite import Azurite
+from amlemu.actions import Action
+from amlemu.backends import BACKENDS, backend_class, get_backend
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster.store import Store
+from amlemu.errors import StateError
+from amlemu.home import Home
+from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the UI store (mlflow-ui) copies runs, so it goes with them.
 RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow-ui")
@@ -101,14 +101,14 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
 
 def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Action]:
     """What cleanup can do when the state database cannot be read: supervisors found by their
-    command line (`python -m emulator.runs.supervisor <home> <run id>`, each leading its own process
+    command line (`python -m amlemu.runs.supervisor <home> <run id>`, each leading its own process
     group: exactly that, never a looser match), nodes and networks found as reap finds them
     (Docker labels, process nodes' folders), and Azurite."""
     supervisors = [Action("stop", "process group", str(p.info["pid"]), {"run": (p.info["cmdline"] or [""])[-1],
                                                                        "role": "supervisor"},
                           run=functools.partial(_kill_group, p.info["pid"]))
                    for p in psutil.process_iter(["pid", "cmdline"])
-                   if "emulator.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
+                   if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
                    and p.info["pid"] != os.getpid()]
     return supervisors + plan_reap_nodes(home, all_homes) + plan_stop_azurite(Azurite(home.root, cache))
 

@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from emulator.errors import ConfigError
-from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.errors import ConfigError
+from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 V1_DEFAULT_TIMEOUT = 2592000  # RunConfiguration.max_run_duration_seconds: 30 days means "not set"
 DATAREF_RE = re.compile(r"\$AZUREML_DATAREFERENCE_(\w+)")

@@ -23,7 +23,7 @@ from pathlib import Path
 import pathspec
 from pathspec.patterns import GitWildMatchPattern
 
-from emulator.errors import ConfigError
+from amlemu.errors import ConfigError
 
 IGNORE_FILES = (".amlignore", ".gitignore")  # the first one present is the one read
 ALWAYS_IGNORED = ("__pycache__",)

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from emulator.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 
 def _data(value: DataInput) -> dict[str, str]:

@@ -10,12 +10,12 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from emulator import safeyaml
-from emulator.errors import ConfigError
-from emulator.names import check_environment_variables, check_job_name
-from emulator.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
-from emulator.storage.datastores import parse_uri
-from emulator.storage.nodecache import policy_from_env
+from amlemu import safeyaml
+from amlemu.errors import ConfigError
+from amlemu.names import check_environment_variables, check_job_name
+from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.storage.datastores import parse_uri
+from amlemu.storage.nodecache import policy_from_env
 
 KNOWN_FIELDS = {
     "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",

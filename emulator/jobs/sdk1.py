@@ -19,9 +19,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import ConfigError
-from emulator.jobs.convert import job_from_run_config, job_yaml
-from emulator.specs import ClusterSpec, JobSpec, Priority
+from amlemu.errors import ConfigError
+from amlemu.jobs.convert import job_from_run_config, job_yaml
+from amlemu.specs import ClusterSpec, JobSpec, Priority
 
 SCRIPT_RUN_CONFIG = "azureml.core.script_run_config.ScriptRunConfig"
 ESTIMATOR = "azureml.train.estimator._mml_base_estimator.MMLBaseEstimator"

@@ -12,9 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import ConfigError
-from emulator.jobs.jobyaml import job_from_dict
-from emulator.specs import ClusterSpec, DataInput, DistributionType, JobSpec, Priority
+from amlemu.errors import ConfigError
+from amlemu.jobs.jobyaml import job_from_dict
+from amlemu.specs import ClusterSpec, DataInput, DistributionType, JobSpec, Priority
 
 INSTALL_HINT = "install the SDK v2 extra: pip install 'amlemu[sdk2]'"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import ConfigError
-from emulator.jobs import sdk1, sdk2
-from emulator.jobs.jobyaml import load_job
-from emulator.names import check_environment_variables, check_job_name
-from emulator.specs import ClusterSpec, JobSpec
+from amlemu.errors import ConfigError
+from amlemu.jobs import sdk1, sdk2
+from amlemu.jobs.jobyaml import load_job
+from amlemu.names import check_environment_variables, check_job_name
+from amlemu.specs import ClusterSpec, JobSpec
 
 JOB_FORMS = ("a job YAML path, a JobSpec, an azure.ai.ml command job (command() / load_job()) "
              "or an azureml ScriptRunConfig / PyTorch estimator")

@@ -17,8 +17,8 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from emulator import safeyaml
-from emulator.errors import ConfigError
+from amlemu import safeyaml
+from amlemu.errors import ConfigError
 
 REFERENCE = "see https://aka.ms/ml-cli-v2-job-command-yaml-reference"
 NOT_IN_SET = re.compile(r"^Value '(?P<value>.*)' passed is not in set \[(?P<allowed>.*)\]$", re.S)

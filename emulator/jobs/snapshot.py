@@ -34,8 +34,8 @@ import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from emulator.errors import ConfigError
-from emulator.jobs.ignorefile import IgnoreRules, ignore_rules
+from amlemu.errors import ConfigError
+from amlemu.jobs.ignorefile import IgnoreRules, ignore_rules
 
 MAX_DEPTH = 64  # links to folders inside the folder can nest; a deeper tree is a loop in disguise
 OUTSIDE_FIX = ("copy what it needs into the code folder, delete the link, or leave it out with .amlignore: the "

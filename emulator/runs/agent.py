@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 # Only the registry and the one backend module the plan names: the agent starts once per node.
-from emulator.backends import backend_class
-from emulator.backends.base import NodeBackend
-from emulator.errors import ConfigError
+from amlemu.backends import backend_class
+from amlemu.backends.base import NodeBackend
+from amlemu.errors import ConfigError
 
 PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
 

@@ -12,11 +12,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from emulator.jobs.jobyaml import substitute_bindings
-from emulator.runs.mpi import MpiLaunch, mpirun_argv
-from emulator.specs import DataInput, DataMode, DistributionType, JobSpec
-from emulator.storage.datastores import DEFAULT as DEFAULT_DATASTORE
-from emulator.storage.datastores import parse_uri
+from amlemu.jobs.jobyaml import substitute_bindings
+from amlemu.runs.mpi import MpiLaunch, mpirun_argv
+from amlemu.specs import DataInput, DataMode, DistributionType, JobSpec
+from amlemu.storage.datastores import DEFAULT as DEFAULT_DATASTORE
+from amlemu.storage.datastores import parse_uri
 
 NODE_ROOT = "/mnt/azureml"
 CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node

@@ -17,11 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import AmlEmuError, BackendError
-from emulator.runs.contract import CACHE_ROOT, LOCAL_SOURCE, NODE_ROOT, Binding, bindings, mount_dir
-from emulator.specs import DataMode, JobSpec
-from emulator.storage.datastores import Datastores
-from emulator.storage.nodecache import WORKERS, CachePolicy, NodeCache, Source
+from amlemu.errors import AmlEmuError, BackendError
+from amlemu.runs.contract import CACHE_ROOT, LOCAL_SOURCE, NODE_ROOT, Binding, bindings, mount_dir
+from amlemu.specs import DataMode, JobSpec
+from amlemu.storage.datastores import Datastores
+from amlemu.storage.nodecache import WORKERS, CachePolicy, NodeCache, Source
 
 
 def host_path(node_dir: Path, node_path: str) -> Path:

@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from emulator.backends.base import NodeBackend, NodeRequest, software_paths
-from emulator.runs.contract import (
+from amlemu.backends.base import NodeBackend, NodeRequest, software_paths
+from amlemu.runs.contract import (
     Binding,
     NodeSlot,
     Rank,
@@ -23,8 +23,8 @@ from emulator.runs.contract import (
     rank_layout,
     run_env,
 )
-from emulator.specs import JobSpec
-from emulator.storage.nodecache import policy_from_env
+from amlemu.specs import JobSpec
+from amlemu.storage.nodecache import policy_from_env
 
 AGENT = str(Path(sys.prefix, "bin", "amlemu-agent"))  # the launch agent Open MPI runs instead of ssh
 

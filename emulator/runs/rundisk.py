@@ -11,9 +11,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from emulator.backends import nodefs
-from emulator.runs.contract import env_file_text, job_rel
-from emulator.runs.metrics import merge_store
+from amlemu.backends import nodefs
+from amlemu.runs.contract import env_file_text, job_rel
+from amlemu.runs.metrics import merge_store
 
 ENV_FILE = "amlemu-env.sh"  # contract.node_env_file, as the host sees it
 PLATFORM_LINKS = ("cap/", "mounts/")  # the platform's own links into the node's cache

@@ -2,7 +2,7 @@
 them (Preparing), launches the job the way AmlCompute does (Running), collects outputs and logs
 (Finalizing), sets the final status, and then stays to scale idle nodes down.
 
-    python -m emulator.runs.supervisor <home> <run id>
+    python -m amlemu.runs.supervisor <home> <run id>
 """
 from __future__ import annotations
 
@@ -16,21 +16,21 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from emulator.backends import NodeRequest, get_backend, nodefs
-from emulator.cluster import allocation as autoscale
-from emulator.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
-from emulator.cluster.store import Store
-from emulator.errors import AmlEmuError
-from emulator.home import Home, default_cache
-from emulator.jobs.jobspec_io import job_from_record
-from emulator.runs import rundisk
-from emulator.runs.metrics import LIVE_DIR, plot_run
-from emulator.runs.mounts import RunData
-from emulator.runs.plan import LaunchPlan, agent_plan, plan_launch
-from emulator.runs.runlogs import RunLogs, failure_reason
-from emulator.specs import DistributionType, JobSpec, RunStatus
-from emulator.storage.datastores import Datastores
-from emulator.storage.nodecache import NodeCache, policy_from_env
+from amlemu.backends import NodeRequest, get_backend, nodefs
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
+from amlemu.cluster.store import Store
+from amlemu.errors import AmlEmuError
+from amlemu.home import Home, default_cache
+from amlemu.jobs.jobspec_io import job_from_record
+from amlemu.runs import rundisk
+from amlemu.runs.metrics import LIVE_DIR, plot_run
+from amlemu.runs.mounts import RunData
+from amlemu.runs.plan import LaunchPlan, agent_plan, plan_launch
+from amlemu.runs.runlogs import RunLogs, failure_reason
+from amlemu.specs import DistributionType, JobSpec, RunStatus
+from amlemu.storage.datastores import Datastores
+from amlemu.storage.nodecache import NodeCache, policy_from_env
 
 POLL = 0.1
 KILL_GRACE = 2.0

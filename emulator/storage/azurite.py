@@ -28,7 +28,7 @@ from pathlib import Path
 
 import psutil
 
-from emulator.errors import BackendError
+from amlemu.errors import BackendError
 
 # Azurite's published development account: public, identical on every machine, not a secret.
 ACCOUNT = "devstoreaccount1"

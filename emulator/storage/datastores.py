@@ -20,12 +20,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from emulator.actions import Action
-from emulator.errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
-from emulator.names import check_datastore_name
-from emulator.storage.azurite import Azurite
-from emulator.storage.filesystems import open_filesystem
-from emulator.storage.transfer import (
+from amlemu.actions import Action
+from amlemu.errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
+from amlemu.names import check_datastore_name
+from amlemu.storage.azurite import Azurite
+from amlemu.storage.filesystems import open_filesystem
+from amlemu.storage.transfer import (
     copy_file,
     get_file,
     list_files,
@@ -134,7 +134,7 @@ class Datastores:
         return self.create(spec) if first else spec
 
     def _default_spec(self) -> DatastoreSpec:
-        from emulator.storage.azurite import find_binary  # noqa: PLC0415
+        from amlemu.storage.azurite import find_binary  # noqa: PLC0415
 
         if find_binary(self.cache):
             return DatastoreSpec(DEFAULT, "azurite", container="azureml-blobstore")

@@ -6,10 +6,10 @@ import socket
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
-from emulator.errors import BackendError, ConfigError
+from amlemu.errors import BackendError, ConfigError
 
 if TYPE_CHECKING:
-    from emulator.storage.datastores import DatastoreSpec
+    from amlemu.storage.datastores import DatastoreSpec
 
 PROBE_TIMEOUT = 5.0  # seconds for a blob endpoint to accept a connection: an unreachable one fails at once
 def open_filesystem(spec: DatastoreSpec, secret: str | None = None, create: bool = True) -> tuple[Any, str]:

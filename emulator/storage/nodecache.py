@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import AmlEmuError, ConfigError, NotFoundError
+from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 
 MB = 1024 * 1024
 TTL_VAR = "DATASET_MOUNT_ATTRIBUTE_CACHE_TTL"  # milliseconds; unset: never expires (within the job)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from emulator.actions import Action
+from amlemu.actions import Action
 
 CHUNK = 4 * 1024 * 1024
 

@@ -9,16 +9,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from emulator.errors import ConfigError
-from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
+from amlemu.errors import ConfigError
+from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
 
 __all__ = ["TARGETS", "JobSource", "Plan", "Target", "WorkspaceOptions", "get_target", "project_config",
            "resolve_target"]
 
 # Imported lazily: the azureml target needs an Azure ML SDK, which is an optional extra.
 TARGETS = {
-    "emulator": "emulator.targets.local:EmulatorTarget",
-    "azureml": "emulator.targets.azureml:AzureMLTarget",
+    "emulator": "amlemu.targets.local:EmulatorTarget",
+    "azureml": "amlemu.targets.azureml:AzureMLTarget",
 }
 DEFAULT_TARGET = "emulator"
 

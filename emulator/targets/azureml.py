@@ -18,16 +18,16 @@ from itertools import islice
 from pathlib import Path
 from typing import Any, TypeVar
 
-from emulator import safeyaml
-from emulator.actions import Action
-from emulator.errors import ConfigError, NotFoundError, TargetError
-from emulator.jobs import sdk1, sdk2
-from emulator.jobs.jobyaml import load_job
-from emulator.specs import ClusterSpec, JobSpec
-from emulator.storage.datastores import DatastoreSpec, redact
-from emulator.targets import project_config
-from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
-from emulator.validate import Finding, check_job
+from amlemu import safeyaml
+from amlemu.actions import Action
+from amlemu.errors import ConfigError, NotFoundError, TargetError
+from amlemu.jobs import sdk1, sdk2
+from amlemu.jobs.jobyaml import load_job
+from amlemu.specs import ClusterSpec, JobSpec
+from amlemu.storage.datastores import DatastoreSpec, redact
+from amlemu.targets import project_config
+from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
+from amlemu.validate import Finding, check_job
 
 ENV_KEYS = ("AZUREML_ARM_SUBSCRIPTION", "AZUREML_ARM_RESOURCEGROUP", "AZUREML_ARM_WORKSPACE_NAME")
 WORKSPACE_FIX = ("write config.json (Azure portal: the workspace's 'Download config.json'), or set "

@@ -12,9 +12,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from emulator.actions import Action, execute
-from emulator.errors import ConfigError, NotFoundError
-from emulator.specs import ClusterSpec
+from amlemu.actions import Action, execute
+from amlemu.errors import ConfigError, NotFoundError
+from amlemu.specs import ClusterSpec
 
 # What a job can be given as: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job, or an
 # SDK v1 ScriptRunConfig / estimator. Each target reads all of them.

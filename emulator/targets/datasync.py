@@ -10,17 +10,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from emulator.actions import Action
-from emulator.errors import BackendError, ConfigError
-from emulator.jobs.jobyaml import load_job
-from emulator.runs.contract import LOCAL_SOURCE, bindings
-from emulator.storage.datastores import DatastoreSpec, parse_uri, redact
-from emulator.storage.filesystems import open_filesystem
-from emulator.storage.transfer import copy_file, plan_tree, run_transfer
+from amlemu.actions import Action
+from amlemu.errors import BackendError, ConfigError
+from amlemu.jobs.jobyaml import load_job
+from amlemu.runs.contract import LOCAL_SOURCE, bindings
+from amlemu.storage.datastores import DatastoreSpec, parse_uri, redact
+from amlemu.storage.filesystems import open_filesystem
+from amlemu.storage.transfer import copy_file, plan_tree, run_transfer
 
 if TYPE_CHECKING:
-    from emulator.api import Emulator
-    from emulator.targets.azureml import AzureMLTarget
+    from amlemu.api import Emulator
+    from amlemu.targets.azureml import AzureMLTarget
 
 
 @dataclass(frozen=True)

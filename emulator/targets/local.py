@@ -6,15 +6,15 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from emulator.actions import Action, execute
-from emulator.api import Emulator, Run
-from emulator.errors import ConfigError, NotFoundError, StateError
-from emulator.jobs.sdkjobs import to_job
-from emulator.runs.contract import bindings
-from emulator.runs.metrics import PLOT_NAME
-from emulator.specs import ClusterSpec
-from emulator.targets.base import JobSource, Plan, Target, WorkspaceOptions
-from emulator.validate import check_job
+from amlemu.actions import Action, execute
+from amlemu.api import Emulator, Run
+from amlemu.errors import ConfigError, NotFoundError, StateError
+from amlemu.jobs.sdkjobs import to_job
+from amlemu.runs.contract import bindings
+from amlemu.runs.metrics import PLOT_NAME
+from amlemu.specs import ClusterSpec
+from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
+from amlemu.validate import check_job
 
 CANCEL_WAIT = 30.0  # seconds `cancel` waits for the run's supervisor to stop the job
 DEFAULT_OUTPUT = "default"  # az ml's name for a job's logs and default output (`--output-name default`)
