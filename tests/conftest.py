@@ -89,7 +89,8 @@ def emu(tmp_path: Path, backend: str, _homes: set[str]):
         label = {"label": f"amlemu.home={emulator.home.id}"}
         assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
         assert client.networks.list(filters=label) == [], "the test left networks behind"
-    leftovers = [p.pid for p in psutil.process_iter(["cmdline"])
+    leftovers = [(p.pid, p.info["status"], " ".join(p.info["cmdline"] or [])[:200])
+                 for p in psutil.process_iter(["cmdline", "status"])
                  if any(str(emulator.home.root) in part for part in (p.info["cmdline"] or []))]
     assert leftovers == [], f"the test left processes behind: {leftovers}"
 

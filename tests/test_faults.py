@@ -251,6 +251,8 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
     assert outcomes.get("Completed", 0) > 0 and sum(outcomes.values()) == count
 
 
+# The seed's own setup (docker nodes); preemption itself is tested on both backends above.
+@pytest.mark.parametrize("backend", ["docker"])
 def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_root: Path) -> None:
     """Preempted after its first checkpoint, the 2-node MNIST job restarts on fresh nodes, resumes
     from ./outputs/checkpoint-epoch1.pt and still reaches 95%."""

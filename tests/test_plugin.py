@@ -19,6 +19,7 @@ from amlemu.api import Emulator
 from amlemu.backends import get_backend
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster import gpus
+from amlemu.home import Home
 from amlemu.specs import ClusterSpec
 from pytest_amlemu.plugin import _sessions_dir, command_line, reap_dead_sessions
 
@@ -30,10 +31,13 @@ def _pytest(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> 
                           capture_output=True, text=True, timeout=900, env={**os.environ, **(env or {})})
 
 
-def _ours() -> set[str]:
+def _made_by(homes: list[Path]) -> set[str]:
+    """The containers and networks of these homes (other tests may run beside this one, under xdist)."""
+    ids = {Home(home.resolve()).id for home in homes}
     client = docker.from_env()
-    return {c.name for c in client.containers.list(all=True, filters={"label": "amlemu"})} | {
-        n.name for n in client.networks.list(filters={"label": "amlemu"})}
+    found = [*client.containers.list(all=True, filters={"label": "amlemu"}), *client.networks.list(filters={"label": "amlemu"})]
+    return {item.name for item in found if (item.attrs.get("Config", {}).get("Labels") or item.attrs.get("Labels")
+                                             or {}).get("amlemu.home") in ids}
 
 
 def test_the_plugin_is_registered_by_the_package() -> None:
@@ -43,13 +47,15 @@ def test_the_plugin_is_registered_by_the_package() -> None:
     assert "--aml-backend" in out and "--aml-strict" in out
 
 
-def test_the_examples_run_in_parallel_on_docker_nodes_and_leave_nothing() -> None:
-    before = _ours()
-    done = _pytest("-n", "2", "examples", "--aml-backend", "docker", "--aml-strict", "-q", "-rs")
+def test_the_examples_run_in_parallel_on_docker_nodes_and_leave_nothing(tmp_path: Path) -> None:
+    done = _pytest("-n", "2", "examples", "--aml-backend", "docker", "--aml-strict", "-q", "-rs",
+                   f"--basetemp={tmp_path / 'base'}")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     assert "6 passed, 1 skipped" in done.stdout
     assert "needs an NVIDIA GPU: nvidia-smi shows none on this machine" in done.stdout
-    assert _ours() == before
+    homes = sorted((tmp_path / "base").glob("*/amlemu-home*"))
+    assert len(homes) == 2, homes  # one per xdist worker
+    assert _made_by(homes) == set()
 
 
 BOOM = """

@@ -10,6 +10,7 @@ from conftest import REPO
 from amlemu.api import Emulator
 from amlemu.jobs import sdk1
 from amlemu.specs import ClusterSpec, RunStatus
+from pytest_amlemu import mnist
 
 IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04"
 
@@ -26,14 +27,15 @@ def v1_environment():  # type: ignore[no-untyped-def]
 
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind; one training is enough
-def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_root: Path) -> None:
-    """The seed's code, as written in the article, with an offline workspace and compute target,
-    on the real MNIST in workspaceblobstore."""
+def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_root: Path, tmp_path: Path) -> None:
+    """The seed's code, as written in the article, with an offline workspace and compute target, on
+    real MNIST in workspaceblobstore (a subset: the figure is tests/test_cluster.py's business)."""
     with sdk1.quiet():  # their imports warn about the SDK's own deprecated enums
         from azureml.data.azure_storage_datastore import AzureBlobDatastore
         from azureml.train.dnn import PyTorch
 
-    emu.datastores.upload(mnist_root, "azureml://datastores/workspaceblobstore/paths/mnist")
+    subset = mnist.write_subset(mnist.MnistLayout(mnist_root), tmp_path / "mnist", train=12000, test=1000).root
+    emu.datastores.upload(subset, "azureml://datastores/workspaceblobstore/paths/mnist")
     ws = emu.workspace()
     workspace = sdk1.offline_workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"])
     config = ClusterSpec("gpucluster", "STANDARD_NC6", vm_priority="lowpriority", max_nodes=2,
@@ -51,7 +53,7 @@ def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_root: Pat
     job = run.job
     assert (job.instance_count, job.distribution.process_count_per_instance) == (2, 1)
     assert run.log_path(1).exists(), "no rank 1: the job did not run on 2 processes"
-    assert run.metrics()["test_accuracy"] >= 0.9  # one epoch of the real MNIST on 2 ranks
+    assert run.metrics()["test_accuracy"] >= 0.8, run.metrics()  # it learned: one epoch of 12,000 images on 2 ranks
 
 
 def test_same_v1_script_run_config_and_v2_command_are_one_emulator_run(emu: Emulator, tmp_path: Path) -> None:

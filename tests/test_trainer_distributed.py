@@ -85,10 +85,3 @@ def test_restarted_job_resumes_from_its_checkpoint(tmp_path: Path, mnist_subset:
     second = _assert_trained(tmp_path, summary_steps=30)
     assert second["resumed_from"] == "checkpoint-epoch1.pt"
     assert "epoch 1 [" not in done.stdout  # epoch 1 was not trained again
-
-
-def test_two_ranks_reach_95_percent_on_real_mnist(tmp_path: Path, mnist_root: Path) -> None:
-    """The full data set, the defaults, 2 epochs: the accuracy the README promises."""
-    _mpirun(tmp_path, _trainer(mnist_root, "--log-interval", "100"), f"sqlite:///{tmp_path / 'mlflow.db'}")
-    summary = _assert_trained(tmp_path, summary_steps=2 * 469)
-    assert summary["test_accuracy"] >= 0.95, summary

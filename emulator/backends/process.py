@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_e
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
+KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
 SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
 SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (package data)
 
@@ -132,7 +134,7 @@ class ProcessBackend(NodeBackend):
                 proc.send_signal(signal.SIGKILL)
             except psutil.NoSuchProcess:
                 pass
-        psutil.wait_procs(victims, timeout=5)
+        _wait_dead(victims, KILL_WAIT)
         pids_file.unlink(missing_ok=True)
         return len(victims)
 
@@ -187,3 +189,19 @@ def record_agent(state_dir: str) -> None:
     Path(state_dir).mkdir(parents=True, exist_ok=True)
     with open(Path(state_dir) / PIDS_FILE, "a") as fh:
         fh.write(f"{me.pid}:{me.create_time()}\n")
+
+
+def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:
+    """Until each process is gone or a zombie. A sandbox's `unshare` is re-parented to this machine's
+    init when mpirun exits, and some inits reap zombies only every second or two: a zombie runs
+    nothing and holds no file, so waiting for its reaping (as psutil.wait_procs does) only slows
+    every run's end."""
+    deadline = time.monotonic() + timeout
+    for proc in procs:
+        while time.monotonic() < deadline:
+            try:
+                if proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            time.sleep(0.01)
