@@ -70,7 +70,7 @@ pip_install() {
 python_env() {
   local stamp_file=$VENV/.amlemu-stamp stamp
   stamp=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
-  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, emulator, fixtures, azure.ai.ml, azureml.core' 2>/dev/null; then
+  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, amlemu, pytest_amlemu, azure.ai.ml, azureml.core' 2>/dev/null; then
     step "venv up to date ($VENV)"; return
   fi
   [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
