@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from amlemu import servicefile
 from amlemu.actions import Action
 from amlemu.backends import BACKENDS, backend_class, get_backend
 from amlemu.cluster import allocation as autoscale
@@ -85,6 +86,13 @@ def plan_stop_azurite(azurite: Azurite) -> list[Action]:
         if running else []
 
 
+def plan_stop_service(home: Home) -> list[Action]:
+    """The home's Azure ML service (`amlemu serve`), which never outlives a cleanup either."""
+    running = servicefile.read_state(home.root)
+    return [Action("stop", "Azure ML service", running.url, {"pid": running.pid},
+                   run=functools.partial(servicefile.stop, home.root), always=True)] if running else []
+
+
 def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = False) -> list[Action]:
     """Stop every run and server, remove every node, network, run and cluster of the home. The
     workspace and its datastores' records and data stay, as a blob container would."""
@@ -93,7 +101,8 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
             for record in store.runs()
             for role, pid in (("supervisor", record.supervisor_pid), ("launch", record.launch_pid))
             if pid and ours(pid, record.id)]
-    plan += plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
+    # The service first: it would otherwise keep submitting jobs while the nodes go.
+    plan = plan_stop_service(home) + plan + plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
     return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS if (home.root / sub).exists()]
@@ -110,7 +119,8 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
                    for p in psutil.process_iter(["pid", "cmdline"])
                    if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
                    and p.info["pid"] != os.getpid()]
-    return supervisors + plan_reap_nodes(home, all_homes) + plan_stop_azurite(Azurite(home.root, cache))
+    return (plan_stop_service(home) + supervisors + plan_reap_nodes(home, all_homes)
+            + plan_stop_azurite(Azurite(home.root, cache)))
 
 
 def plan_move_state_aside(home: Home, store: Store | None) -> list[Action]:
