@@ -1,6 +1,5 @@
 """An ordinary Azure ML SDK v2 submit script, as in Azure's examples: create a compute, submit a
-command() job on 2 nodes x 2 MPI processes, stream its log, read its status. (jobs.download is not
-emulated yet: `amlemu job download` fetches the outputs on the emulator.)
+command() job on 2 nodes x 2 MPI processes, stream its log, read its status, download its outputs.
 
 Nothing in it knows about amlemu: with the variables `amlemu env` prints (and the config.json
 `amlemu workspace config` writes) it runs on the emulator; without them, on Azure ML.
@@ -10,13 +9,14 @@ Nothing in it knows about amlemu: with the variables `amlemu env` prints (and th
 import argparse
 from pathlib import Path
 
-from azure.ai.ml import MLClient, MpiDistribution, command
+from azure.ai.ml import MLClient, MpiDistribution, Output, command
 from azure.ai.ml.entities import AmlCompute
 from azure.identity import DefaultAzureCredential
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--compute", default="cpu-cluster")
 parser.add_argument("--exit-code", type=int, default=0, help="make the job fail with this exit code")
+parser.add_argument("--download-path", default="./downloads")
 args = parser.parse_args()
 
 ml_client = MLClient.from_config(credential=DefaultAzureCredential())
@@ -28,8 +28,10 @@ print(f"compute {cluster.name}: {cluster.provisioning_state}, up to {cluster.max
 
 job = command(
     code=str(Path(__file__).parent / "sdk2_src"),
-    command="python hello.py --greeting ${{inputs.greeting}} --exit-code ${{inputs.exit_code}}",
+    command="python hello.py --greeting ${{inputs.greeting}} --exit-code ${{inputs.exit_code}} "
+            "--model-dir ${{outputs.model}}",
     inputs={"greeting": "hello", "exit_code": args.exit_code},
+    outputs={"model": Output(type="uri_folder")},
     environment="AzureML-sklearn-1.5@latest",
     compute=args.compute,
     instance_count=2,
@@ -44,3 +46,5 @@ ml_client.jobs.stream(returned_job.name)
 
 finished = ml_client.jobs.get(returned_job.name)
 print(f"job {finished.name}: {finished.status}")
+ml_client.jobs.download(returned_job.name, download_path=args.download_path, all=True)
+print(f"downloaded to {args.download_path}")

@@ -1,4 +1,5 @@
-"""`amlemu serve` end to end: an ordinary SDK v2 submit script (examples/sdk2_submit.py), unchanged,
+"""`amlemu serve` end to end: an ordinary SDK v2 submit script (examples/sdk2_submit.py: compute
+create, a command() job 2 nodes x 2 processes MPI, create_or_update, stream, get, download), unchanged,
 run as its own process with nothing but the variables `amlemu env` prints (and the config.json
 `amlemu workspace config` writes), against the service on Docker nodes of the real emulator.
 Docker is required: without an engine these tests fail, they never skip."""
@@ -86,6 +87,12 @@ def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Servic
     logs = sorted(p.name for p in (run_dir / "user_logs").glob("std_log_process_*.txt"))
     assert logs == [f"std_log_process_{i}.txt" for i in range(4)]
     assert (run_dir / "outputs" / "greeting.txt").read_text() == "hello from 4 ranks\n"
+    # jobs.download(all=True): the logs and default outputs, and the named output from its datastore.
+    downloads = service.project / "downloads"
+    assert (downloads / "artifacts" / "outputs" / "greeting.txt").read_text() == "hello from 4 ranks\n"
+    assert (downloads / "artifacts" / "user_logs" / "std_log_process_3.txt").read_text() == \
+        (run_dir / "user_logs" / "std_log_process_3.txt").read_text()
+    assert (downloads / "named-outputs" / "model" / "model.txt").read_text() == "weights of 4 ranks\n"
 
 
 def test_a_failing_job_ends_the_stream_with_its_failure(service: Service) -> None:

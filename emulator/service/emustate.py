@@ -20,7 +20,7 @@ from amlemu import servicefile, validate
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
-from amlemu.service import emujobs
+from amlemu.service import emublobs, emujobs
 from amlemu.service.routes import ACCOUNT
 from amlemu.service.state import (
     DiskBlobs,
@@ -303,17 +303,28 @@ class EmulatorState:
                  "nodeState": NODE_STATES.get(n.state, n.state), "runId": n.run_id}
                 for n in self.emu.store.nodes(name)]
 
-    # --- datastores --------------------------------------------------------------------------
+    # --- datastores and what jobs.download reads ----------------------------------------------
     def list_datastores(self) -> list[tuple[str, dict[str, Any]]]:
-        out = []
-        for spec in self.emu.datastores.list():
-            out.append((spec.name, {
-                "datastoreType": "AzureBlob", "accountName": spec.account or "amlemustore",
-                "containerName": spec.container or spec.name, "endpoint": "core.windows.net", "protocol": "https",
-                "credentials": {"credentialsType": "None"}, "isDefault": spec.name == "workspaceblobstore",
-                "serviceDataAccessAuthIdentity": "None", "description": f"amlemu {spec.kind} datastore",
-                "tags": {"amlemu.kind": spec.kind}, "properties": {}}))
-        return out
+        """The emulator's datastores, each a container of its own name on the service's blob
+        endpoint (accountName None: the routes name the service), and the artifact store."""
+        kinds = [(spec.name, spec.kind) for spec in self.emu.datastores.list()]
+        return [(name, {
+            "datastoreType": "AzureBlob", "accountName": None,
+            "containerName": emublobs.ARTIFACT_CONTAINER if kind == "artifacts" else name,
+            "endpoint": "core.windows.net", "protocol": "https", "credentials": {"credentialsType": "None"},
+            "isDefault": name == "workspaceblobstore", "serviceDataAccessAuthIdentity": "None",
+            "description": f"amlemu {kind} datastore", "tags": {"amlemu.kind": kind}, "properties": {}})
+            for name, kind in [*kinds, (emublobs.ARTIFACT_STORE, "artifacts")]]
+
+    def run_outputs(self, name: str) -> dict[str, str]:
+        self._props(name)
+        return emublobs.run_outputs(self.emu, name)
+
+    def list_blobs(self, container: str, prefix: str) -> list[tuple[str, int]]:
+        return emublobs.list_blobs(self.emu, container, prefix)
+
+    def read_blob(self, container: str, blob: str) -> bytes:
+        return emublobs.read_blob(self.emu, container, blob)
 
     def datastore_secrets(self, name: str) -> dict[str, Any]:
         if name not in {n for n, _ in self.list_datastores()}:

@@ -17,7 +17,6 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from email.utils import formatdate
 from typing import Any
 
@@ -27,8 +26,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from amlemu.service.auth import Auth
-from amlemu.service.state import ARM_TYPE, ServiceError, State, not_found, system_data
+from amlemu.service import downloads
+from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
+from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
 
 CLOUD_NAME = "AmlEmuCloud"  # anything but the built-in names, or the SDK ignores the metadata URL
 ACCOUNT = "amlemustore"  # the blob account the SAS URLs name, as the first path segment
@@ -38,58 +38,6 @@ WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearn
 # operation-status replies ask for a blink; the first reply's header is parsed as an int by the
 # SDK's generated code, and the poller's first status check does not wait, so that one says "0".
 RETRY_AFTER, FIRST_RETRY_AFTER = "0.01", "0"
-
-
-@dataclass
-class Context:
-    """What every request sees: the state, the credentials, the public base URL, where to log."""
-
-    state: State
-    auth: Auth
-    url: str = ""
-    log: Callable[[str], None] = lambda line: None
-    # Called with each request (method, path, query, parsed body, headers less the secret ones).
-    on_request: Callable[[str, str, dict[str, str], Any, dict[str, str]], None] | None = None
-
-
-@dataclass
-class Call:
-    ctx: Context
-    method: str
-    path: str
-    params: dict[str, str]
-    query: dict[str, str]
-    headers: dict[str, str]  # lower-case names
-    raw: bytes
-    body: Any
-
-    @property
-    def st(self) -> State:
-        return self.ctx.state
-
-    @property
-    def base(self) -> str:
-        return self.ctx.url
-
-    @property
-    def props(self) -> dict[str, Any]:
-        """A copy of the body's ARM `properties` ({} when there are none)."""
-        props = self.body.get("properties") if isinstance(self.body, dict) else None
-        return dict(props) if isinstance(props, dict) else {}
-
-
-@dataclass
-class Reply:
-    status: int = 200
-    body: Any = None  # dict/list -> JSON, str/bytes -> as is
-    headers: dict[str, str] = field(default_factory=dict)
-
-
-SECRET_HEADERS = frozenset({"authorization", "x-identity-header"})
-
-
-def arm_error(status: int, code: str, message: str) -> Reply:
-    return Reply(status, ServiceError(status, code, message).body())
 
 
 def _resource(call: Call, kind: str, name: str, props: dict[str, Any], **extra: Any) -> dict[str, Any]:
@@ -268,6 +216,8 @@ def operation(call: Call) -> Reply:
 
 
 def datastore_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
+    if props.get("accountName") is None:  # served by this service: its blob endpoint (downloads.py)
+        props = {**props, "accountName": downloads.account_name(call.base)}
     return _resource(call, "datastores", name, props)
 
 
@@ -286,13 +236,6 @@ def datastore(call: Call) -> Reply:
 
 def datastore_secrets(call: Call) -> Reply:
     return Reply(body=call.st.datastore_secrets(call.params["name"]))
-
-
-def run_data(call: Call) -> Reply:
-    # jobs.download asks for the run's output assets here, then reads them from the datastore's
-    # blob endpoint, which azure-ai-ml builds from the account name: neither is served yet.
-    raise ServiceError(501, "NotImplemented", "jobs.download is not emulated yet; run `amlemu job download -n "
-                       f"{(call.body or {}).get('runId', '<job name>')} --all` on this machine", target="download")
 
 
 def no_route(call: Call) -> Reply:
@@ -316,7 +259,8 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
     ("GET", H + "/runs/{name}/details", run_details, True),
     ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, True),
-    ("POST", H + "/rundata", run_data, True),
+    ("POST", H + "/rundata", downloads.run_data, True),
+    ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", downloads.resolved_uris, True),
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
     ("GET", WS + "/computes", compute_list, True),
     ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
@@ -326,6 +270,9 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", WS + "/datastores/{name}", datastore, True),
     ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
     ("GET|HEAD|PUT", f"/{ACCOUNT}/{{container}}/{{blob:path}}", blob, False),  # SAS-signed
+    # The blob endpoint azure-ai-ml derives from a datastore's account name (jobs.download).
+    ("GET", "/{account}/{container}", downloads.list_blobs, True),
+    ("GET|HEAD", "/{account}/{container}/{blob:path}", downloads.read_blob, True),
     ("GET|HEAD|PUT|POST|DELETE|PATCH", "/{path:path}", no_route, False),
 ]
 
