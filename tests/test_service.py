@@ -68,6 +68,7 @@ def live(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
         yield running.url, {"Authorization": f"Bearer {token}"}, tmp_path / "tls" / "ca-bundle.pem"
     finally:
         running.stop()
+        emu.cleanup()
         text = log.read_text() if log.exists() else ""
         assert (not token or token not in text) and auth.identity_header not in text
 
@@ -108,6 +109,73 @@ def test_bad_requests_get_azures_error_json_naming_the_field(live: tuple[str, di
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "ResourceNotFound"
     other = requests.get(url + WS.replace("amlemu-ws", "other-ws") + "/jobs", headers=bearer, verify=ca, timeout=10)
     assert other.status_code == 404
+
+
+def _wait_operation(reply: requests.Response, bearer: dict[str, str], ca: Path) -> str:
+    location = reply.headers.get("Azure-AsyncOperation") or reply.headers["Location"]
+    deadline = time.monotonic() + 60
+    while (status := requests.get(location, headers=bearer, verify=ca, timeout=10).json()["status"]) == "InProgress":
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    return status
+
+
+def compute_body(size: str, max_nodes: int) -> dict[str, object]:
+    return {"properties": {"computeType": "AmlCompute", "properties": {
+        "vmSize": size, "vmPriority": "Dedicated", "scaleSettings": {
+            "minNodeCount": 0, "maxNodeCount": max_nodes, "nodeIdleTimeBeforeScaleDown": "PT0S"}}}}
+
+
+def test_the_emulators_rules_judge_a_put_job_with_validates_words(live: tuple[str, dict[str, str], Path],
+                                                                 tmp_path: Path) -> None:
+    """One set of rules: a job PUT through the service is refused with the message `amlemu job
+    validate` prints for the same job; computes are created and updated (begin_update) for real."""
+    url, bearer, ca = live
+    made = requests.put(url + WS + "/computes/c1", json=compute_body("STANDARD_D2_V2", 1), headers=bearer,
+                        verify=ca, timeout=30)
+    assert made.status_code == 201 and _wait_operation(made, bearer, ca) == "Succeeded"
+    # The code snapshot, uploaded as the SDK does: through the SAS URL the service hands out.
+    pending = requests.post(url + WS + "/codes/src/versions/1/startPendingUpload", json={}, headers=bearer,
+                            verify=ca, timeout=10).json()["blobReferenceForConsumption"]
+    sas = pending["credential"]["sasUri"].split("?", 1)[1]
+    forged = requests.put(f"{pending['blobUri']}/t.py?sig=forged", data=b"x", verify=ca, timeout=10)
+    assert forged.status_code == 403
+    assert requests.put(f"{pending['blobUri']}/t.py?{sas}", data=b"print('hi')\n", verify=ca,
+                        timeout=10).status_code == 201
+    assert requests.put(url + WS + "/codes/src/versions/1", json={"properties": {"codeUri": pending["blobUri"]}},
+                        headers=bearer, verify=ca, timeout=10).status_code == 201
+    job = {"properties": {"jobType": "Command", "command": "python t.py", "codeId": WS + "/codes/src/versions/1",
+                          "computeId": WS + "/computes/c1", "environmentId": "azureml:AzureML-sklearn-1.5@latest",
+                          "experimentName": "rules", "resources": {"instanceCount": 2},
+                          "distribution": {"distributionType": "Mpi", "processCountPerInstance": 1}}}
+    refused = requests.put(url + WS + "/jobs/too_big", json=job, headers=bearer, verify=ca, timeout=30)
+    assert refused.status_code == 400
+    error = refused.json()["error"]
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "t.py").write_text("print('hi')\n")
+    (tmp_path / "job.yml").write_text("command: python t.py\ncode: src\ncompute: azureml:c1\nexperiment_name: rules\n"
+                                      "environment: azureml:AzureML-sklearn-1.5\nresources: {instance_count: 2}\n"
+                                      "distribution: {type: mpi}\n")
+    validated = amlemu(tmp_path / "emu", "job", "validate", "-f", str(tmp_path / "job.yml"), code=1)
+    assert f"error: {error['message']}" in validated.stdout + validated.stderr
+    assert error["target"] == "resources.instance_count"
+    # begin_update: a PUT of the existing compute changes its scale settings, not its size.
+    grown = requests.put(url + WS + "/computes/c1", json=compute_body("STANDARD_D2_V2", 2), headers=bearer,
+                         verify=ca, timeout=30)
+    assert _wait_operation(grown, bearer, ca) == "Succeeded"
+    shown = requests.get(url + WS + "/computes/c1", headers=bearer, verify=ca, timeout=10).json()
+    assert shown["properties"]["properties"]["scaleSettings"]["maxNodeCount"] == 2
+    resized = requests.put(url + WS + "/computes/c1", json=compute_body("STANDARD_D4_V2", 2), headers=bearer,
+                           verify=ca, timeout=30)
+    assert resized.status_code == 400 and resized.json()["error"]["target"] == "vm_size"
+    # Now it fits: submitted to the emulator, whose store the service reports.
+    accepted = requests.put(url + WS + "/jobs/fits", json=job, headers=bearer, verify=ca, timeout=60)
+    assert accepted.status_code == 201, accepted.text
+    assert accepted.json()["properties"]["status"] in ("Queued", "Preparing", "Running", "Finalizing", "Completed")
+    listed = requests.get(url + WS + "/jobs", headers=bearer, verify=ca, timeout=10).json()["value"]
+    assert [j["name"] for j in listed] == ["fits"]
+    nodes = requests.post(url + WS + "/computes/c1/listNodes", headers=bearer, verify=ca, timeout=10).json()
+    assert all(n["nodeState"] in ("preparing", "idle", "running", "leaving") for n in nodes["nodes"])
 
 
 def test_the_job_body_becomes_the_emulators_yaml() -> None:

@@ -263,10 +263,8 @@ class EmulatorState:
         except NotFoundError:
             existing = None
         if existing is not None:
-            if existing != spec:
-                raise bad_request("properties", f"compute {name} exists with other settings; delete it first "
-                                  "(ml_client.compute.begin_delete) or use begin_resize for its node counts")
-            return self._compute_props(name), self._done()
+            op = self._update(existing, spec)
+            return self._compute_props(name), op
         self.emu.plan_compute(spec)  # refused here, before the reply, as the CLI refuses it
         op = self._start(lambda: self.emu.create_compute(spec), compute=name)
         return {**self._compute_props_or_creating(name, spec)}, op
@@ -293,9 +291,19 @@ class EmulatorState:
             raise bad_request("name", str(exc)) from None
         return self._start(lambda: self.emu.delete_compute(name))
 
-    def resize_compute(self, name: str, body: Any) -> str:
-        raise bad_request("scaleSettings", "resize: changing a compute's node counts is not emulated yet; "
-                          "delete and create it again")
+    def _update(self, existing: ClusterSpec, spec: ClusterSpec) -> str:
+        """A PUT of an existing compute (compute.begin_update): its scale settings may change,
+        as AmlCompute allows; its size and priority may not. A raised minimum is reached as jobs
+        make nodes (nodes are made for jobs only); idle nodes above a lowered maximum go as they
+        idle out."""
+        for field in ("vm_size", "vm_priority"):
+            if getattr(existing, field) != getattr(spec, field):
+                raise bad_request(field, f"{field}: compute {spec.name} is {getattr(existing, field)}; a compute's "
+                                  "size and priority cannot change: delete it and create it again")
+        if existing != spec:
+            self.emu.store.update_cluster(spec)
+            self.log(f"compute {spec.name}: scale settings now {spec.min_nodes}-{spec.max_nodes} nodes")
+        return self._done()
 
     def list_nodes(self, name: str) -> list[dict[str, Any]]:
         self._compute_props(name)

@@ -198,10 +198,6 @@ def compute_list(call: Call) -> Reply:
     return Reply(body={"value": [compute_resource(call, n, p) for n, p in call.st.list_computes()]})
 
 
-def compute_resize(call: Call) -> Reply:
-    return Reply(202, b"", _operation_headers(call, call.st.resize_compute(call.params["name"], call.body)))
-
-
 def compute_nodes(call: Call) -> Reply:
     return Reply(body={"nodes": call.st.list_nodes(call.params["name"]), "nextLink": None})
 
@@ -264,7 +260,6 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
     ("GET", WS + "/computes", compute_list, True),
     ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
-    ("POST", WS + "/computes/{name}/resize", compute_resize, True),
     ("POST", WS + "/computes/{name}/listNodes", compute_nodes, True),
     ("GET", WS + "/datastores", datastore_list, True),
     ("GET", WS + "/datastores/{name}", datastore, True),
