@@ -1,5 +1,6 @@
 """An ordinary Azure ML SDK v2 submit script, as in Azure's examples: create a compute, submit a
-command() job on 2 nodes x 2 MPI processes, stream its log, read its status, download its outputs.
+command() job on 2 nodes x 2 processes (MPI, or --distribution pytorch), stream its log, read its
+status, download its outputs.
 
 Nothing in it knows about amlemu: with the variables `amlemu env` prints (and the config.json
 `amlemu workspace config` writes) it runs on the emulator; without them, on Azure ML.
@@ -9,13 +10,14 @@ Nothing in it knows about amlemu: with the variables `amlemu env` prints (and th
 import argparse
 from pathlib import Path
 
-from azure.ai.ml import MLClient, MpiDistribution, Output, command
+from azure.ai.ml import MLClient, MpiDistribution, Output, PyTorchDistribution, command
 from azure.ai.ml.entities import AmlCompute
 from azure.identity import DefaultAzureCredential
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--compute", default="cpu-cluster")
 parser.add_argument("--exit-code", type=int, default=0, help="make the job fail with this exit code")
+parser.add_argument("--distribution", choices=("mpi", "pytorch"), default="mpi")
 parser.add_argument("--download-path", default="./downloads")
 args = parser.parse_args()
 
@@ -35,7 +37,8 @@ job = command(
     environment="AzureML-sklearn-1.5@latest",
     compute=args.compute,
     instance_count=2,
-    distribution=MpiDistribution(process_count_per_instance=2),
+    distribution=MpiDistribution(process_count_per_instance=2) if args.distribution == "mpi"
+    else PyTorchDistribution(process_count_per_instance=2),
     experiment_name="sdk2-hello",
     display_name="hello from 4 ranks",
 )

@@ -46,8 +46,9 @@ def home(tmp_path: Path) -> Iterator[Path]:
 
 
 @pytest.fixture
-def live(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
-    """The service over a real (empty) emulator home, in this process: (url, bearer header, CA bundle)."""
+def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, str], Path]]:
+    """The service over a real (empty) emulator home, in this process: (url, bearer header, CA
+    bundle); the environment points azure-ai-ml at it, as `amlemu env`'s variables do."""
     from amlemu.api import Emulator  # noqa: PLC0415
 
     emu = Emulator(tmp_path / "emu", backend="process")
@@ -65,6 +66,10 @@ def live(tmp_path: Path) -> Iterator[tuple[str, dict[str, str], Path]]:
         token = requests.get(f"{running.url}/msi/token", params={"resource": running.url},
                              headers={"X-IDENTITY-HEADER": auth.identity_header},
                              verify=tmp_path / "tls" / "ca-bundle.pem", timeout=10).json()["access_token"]
+        for key in ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_CLIENT_SECRET", "AZURE_USERNAME"):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in env_vars(running.url, auth.identity_header, tmp_path / "tls" / "ca-bundle.pem").items():
+            monkeypatch.setenv(key, value)
         yield running.url, {"Authorization": f"Bearer {token}"}, tmp_path / "tls" / "ca-bundle.pem"
     finally:
         running.stop()
@@ -176,6 +181,36 @@ def test_the_emulators_rules_judge_a_put_job_with_validates_words(live: tuple[st
     assert [j["name"] for j in listed] == ["fits"]
     nodes = requests.post(url + WS + "/computes/c1/listNodes", headers=bearer, verify=ca, timeout=10).json()
     assert all(n["nodeState"] in ("preparing", "idle", "running", "leaving") for n in nodes["nodes"])
+
+
+def test_a_local_input_is_uploaded_to_the_default_datastore_and_read_by_the_job(
+        live: tuple[str, dict[str, str], Path], tmp_path: Path) -> None:
+    """Input(path="./data"): azure-ai-ml uploads the folder to workspaceblobstore through the
+    service's blob endpoint, as it does to Azure Storage; the job reads it on its node."""
+    from azure.ai.ml import Input, MLClient, command  # noqa: PLC0415
+    from azure.ai.ml.entities import AmlCompute  # noqa: PLC0415
+    from azure.identity import DefaultAzureCredential  # noqa: PLC0415
+
+    url, _, _ = live
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "numbers.txt").write_text("1 2 3\n")
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "read.py").write_text("import sys, pathlib\n"
+                                              "print('read:', (pathlib.Path(sys.argv[1]) / 'numbers.txt').read_text())\n")
+    ml_client = MLClient(DefaultAzureCredential(), "00000000-0000-0000-0000-000000000000", "amlemu-rg", "amlemu-ws")
+    ml_client.compute.begin_create_or_update(AmlCompute(name="c1", size="STANDARD_D2_V2", max_instances=1,
+                                                        idle_time_before_scale_down=0)).result()
+    assert ml_client.datastores.get_default().account_name == f"{url.removeprefix('https://')}/amlemustore"
+    job = ml_client.jobs.create_or_update(command(
+        code=str(tmp_path / "src"), command="python read.py ${{inputs.data}}", compute="c1",
+        inputs={"data": Input(type="uri_folder", path=str(tmp_path / "data"))},
+        environment="AzureML-sklearn-1.5@latest", experiment_name="local-input"))
+    uri = job.inputs["data"].path
+    assert uri.startswith("azureml://") and "workspaceblobstore" in uri and "LocalUpload" in uri, uri
+    ml_client.jobs.stream(job.name)
+    assert ml_client.jobs.get(job.name).status == "Completed"
+    log = (tmp_path / "emu" / "runs" / job.name / "user_logs" / "std_log_process_0.txt").read_text()
+    assert "read: 1 2 3" in log
 
 
 def test_the_job_body_becomes_the_emulators_yaml() -> None:

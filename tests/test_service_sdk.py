@@ -105,3 +105,13 @@ def test_a_failing_job_ends_the_stream_with_its_failure(service: Service) -> Non
     name = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
     assert shown["status"] == "Failed"
+
+
+def test_a_pytorch_job_runs_with_torchs_variables(service: Service) -> None:
+    done = service.submit("--distribution", "pytorch")
+
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "hello from rank 0 of 4 on cpu-cluster-node-" in done.stdout  # RANK / WORLD_SIZE, as torchrun sets them
+    name = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
+    shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
+    assert shown["status"] == "Completed"

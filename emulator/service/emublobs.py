@@ -1,4 +1,4 @@
-"""What `jobs.download` reads, on the emulator: a run's outputs as Azure ML names them, and the
+"""What `jobs.download` reads and a local input's upload writes, on the emulator: a run's outputs as Azure ML names them, and the
 blobs behind them. Two kinds of container: `azureml` of the artifact store, whose
 `ExperimentRun/dcid.<run>/` is the run's own folder (logs and default outputs, as `amlemu job
 download` copies them), and each emulator datastore, as a container of its own name, read
@@ -13,7 +13,7 @@ from typing import Any
 from amlemu.errors import AmlEmuError
 from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.runs.contract import bindings
-from amlemu.service.state import not_found
+from amlemu.service.state import bad_request, not_found
 
 ARTIFACT_STORE, ARTIFACT_CONTAINER = "workspaceartifactstore", "azureml"
 RUN_FOLDERS = ("outputs", "logs", "user_logs", "system_logs")
@@ -68,3 +68,18 @@ def read_blob(emu: Any, container: str, blob: str) -> bytes:
             return bytes(src.read())
     except (AmlEmuError, FileNotFoundError):
         raise not_found(f"blob {blob} in {container}") from None
+
+
+def write_blob(emu: Any, container: str, blob: str, data: bytes) -> None:
+    """A local input the SDK uploads (to workspaceblobstore/LocalUpload/...): into the datastore."""
+    if container == ARTIFACT_CONTAINER or ".." in blob.split("/") or not blob:
+        raise bad_request("blob", f"blob: {container}/{blob} cannot be written; upload to a datastore")
+    try:
+        fs, root = emu.datastores.filesystem(container)
+        path = posixpath.join(root, blob)
+        parent = posixpath.dirname(path)
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        fs.pipe(path, data)
+    except AmlEmuError as exc:
+        raise bad_request("blob", f"blob: writing {container}/{blob}: {exc}") from None

@@ -334,6 +334,9 @@ class EmulatorState:
     def read_blob(self, container: str, blob: str) -> bytes:
         return emublobs.read_blob(self.emu, container, blob)
 
+    def write_blob(self, container: str, blob: str, data: bytes) -> None:
+        emublobs.write_blob(self.emu, container, blob, data)
+
     def datastore_secrets(self, name: str) -> dict[str, Any]:
         if name not in {n for n, _ in self.list_datastores()}:
             raise not_found(f"datastore {name}")

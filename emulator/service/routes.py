@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from amlemu.service import downloads
+from amlemu.service import datablobs
 from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
 from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
 
@@ -212,8 +212,8 @@ def operation(call: Call) -> Reply:
 
 
 def datastore_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
-    if props.get("accountName") is None:  # served by this service: its blob endpoint (downloads.py)
-        props = {**props, "accountName": downloads.account_name(call.base)}
+    if props.get("accountName") is None:  # served by this service: its blob endpoint (datablobs.py)
+        props = {**props, "accountName": datablobs.account_name(call.base)}
     return _resource(call, "datastores", name, props)
 
 
@@ -255,8 +255,8 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
     ("GET", H + "/runs/{name}/details", run_details, True),
     ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, True),
-    ("POST", H + "/rundata", downloads.run_data, True),
-    ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", downloads.resolved_uris, True),
+    ("POST", H + "/rundata", datablobs.run_data, True),
+    ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", datablobs.resolved_uris, True),
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
     ("GET", WS + "/computes", compute_list, True),
     ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
@@ -265,9 +265,9 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", WS + "/datastores/{name}", datastore, True),
     ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
     ("GET|HEAD|PUT", f"/{ACCOUNT}/{{container}}/{{blob:path}}", blob, False),  # SAS-signed
-    # The blob endpoint azure-ai-ml derives from a datastore's account name (jobs.download).
-    ("GET", "/{account}/{container}", downloads.list_blobs, True),
-    ("GET|HEAD", "/{account}/{container}/{blob:path}", downloads.read_blob, True),
+    # The blob endpoint azure-ai-ml derives from a datastore's account name (jobs.download, local inputs).
+    ("GET", "/{account}/{container}", datablobs.list_blobs, True),
+    ("GET|HEAD|PUT", "/{account}/{container}/{blob:path}", datablobs.read_blob, True),
     ("GET|HEAD|PUT|POST|DELETE|PATCH", "/{path:path}", no_route, False),
 ]
 

@@ -1,12 +1,15 @@
-"""The routes behind `ml_client.jobs.download`: the run's output assets (run history's `rundata`),
-their URIs (the data plane's batchGetResolvedUris), and the blob endpoint azure-ai-ml then reads
-them from.
+"""The blob endpoint of the service's datastores, and the routes behind `ml_client.jobs.download`:
+the run's output assets (run history's `rundata`) and their URIs (the data plane's
+batchGetResolvedUris). azure-ai-ml reads a job's outputs from that endpoint, and writes a job's
+local inputs (`Input(path="./data")`) to it before the job is sent.
 
 azure-ai-ml builds that endpoint as `https://<account>.blob.<storage suffix>`: the datastores the
 service shows are named with the account `<host:port>/amlemustore`, which makes it
 `https://127.0.0.1:<port>/amlemustore.blob.core.windows.net`, an IP-style URL azure-storage-blob
 keeps the account in the path of (as it does for Azurite). The blobs are read from the state
-(`run_outputs`, `list_blobs`, `read_blob`): a state without them answers 501.
+(`run_outputs`, `list_blobs`, `read_blob`, `write_blob`): a state without them answers 501.
+Blob metadata (azure-ai-ml's "upload completed" marker) is kept in memory: a restarted service
+has forgotten it and the SDK uploads again, which is what it does for a marker it cannot find.
 """
 from __future__ import annotations
 
@@ -78,11 +81,30 @@ def list_blobs(call: Call) -> Reply:
     return Reply(200, xml, {"Content-Type": "application/xml", "x-ms-version": "2021-08-06"})
 
 
+METADATA: dict[tuple[str, str], dict[str, str]] = {}
+
+
 def read_blob(call: Call) -> Reply:
     _check_account(call)
-    data: bytes = _needs(call, "read_blob")(call.params["container"], call.params["blob"])
+    key = (call.params["container"], call.params["blob"])
     headers = {"x-ms-blob-type": "BlockBlob", "ETag": '"0x1"', "Last-Modified": formatdate(usegmt=True),
-               "Content-Type": "application/octet-stream", "x-ms-version": "2021-08-06", "Accept-Ranges": "bytes"}
+               "Content-Type": "application/octet-stream", "x-ms-version": "2021-08-06", "Accept-Ranges": "bytes",
+               "x-ms-request-id": "amlemu"}
+    meta = {k[10:]: v for k, v in call.headers.items() if k.startswith("x-ms-meta-")}
+    if call.method == "PUT" and call.query.get("comp") == "metadata":
+        _needs(call, "read_blob")(*key)  # the blob must exist
+        METADATA[key] = meta
+        return Reply(200, b"", headers)
+    if call.method == "PUT":
+        if call.query.get("comp"):  # block uploads: files over the SDK's single-put size (64 MB)
+            raise ServiceError(400, "UnsupportedQueryParameter", f"comp={call.query['comp']} is not served; "
+                               "upload files under 64 MB, or put large data on a datastore with `amlemu data upload`",
+                               "comp")
+        _needs(call, "write_blob")(*key, call.raw)
+        METADATA[key] = meta
+        return Reply(201, b"", {**headers, "x-ms-request-server-encrypted": "true"})
+    data: bytes = _needs(call, "read_blob")(*key)
+    headers.update({f"x-ms-meta-{k}": v for k, v in METADATA.get(key, {}).items()})
     wanted = _RANGE.match(call.headers.get("x-ms-range") or call.headers.get("range") or "")
     if wanted is None:
         return Reply(200, data, headers)
