@@ -303,6 +303,10 @@ def test_env_starts_the_service_once_and_stop_and_cleanup_end_it(home: Path) -> 
     pid = servicefile.read_state(home).pid
     assert "Azure ML service" in amlemu(home, "cleanup", "--yes").stdout
     assert servicefile.read_state(home) is None and not psutil.pid_exists(pid)
+    # The runs' uploads and REST bodies went with the runs; the CA and the secret stay for next time.
+    assert not (home / "service" / "jobs").exists() and (home / "service" / "ca.pem").exists()
+    amlemu(home, "cleanup", "--all", "--yes")
+    assert not (home / "service").exists()
 
 
 def test_serve_runs_in_the_foreground_until_ctrl_c(home: Path) -> None:

@@ -27,8 +27,12 @@ from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the UI store (mlflow-ui) copies runs, so it goes with them.
 RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow-ui")
+# What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
+# REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
+SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")
 # What `cleanup --all` forgets besides the records: (folder, what it holds).
-DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders"), ("secrets", "secrets"))
+DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders"), ("secrets", "secrets"),
+                ("service", "the Azure ML service's CA, secrets and log"))
 
 
 def ours(pid: int, run_id: str) -> bool:
@@ -52,6 +56,8 @@ def _kill_group(pid: int) -> bool | None:
 
 
 def _remove_folder(path: Path) -> Action:
+    if path.is_file():
+        return Action("remove", "file", str(path), run=functools.partial(path.unlink, missing_ok=True))
     return Action("remove", "folder", str(path), run=functools.partial(shutil.rmtree, path, ignore_errors=True))
 
 
@@ -105,7 +111,8 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
     plan = plan_stop_service(home) + plan + plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
-    return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS if (home.root / sub).exists()]
+    return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS + SERVICE_RUN_DATA
+                   if (home.root / sub).exists()]
 
 
 def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Action]:
