@@ -213,6 +213,15 @@ def test_a_local_input_is_uploaded_to_the_default_datastore_and_read_by_the_job(
     assert "read: 1 2 3" in log
 
 
+def test_the_workspace_renamed_while_serving_is_the_one_served(live: tuple[str, dict[str, str], Path],
+                                                               tmp_path: Path) -> None:
+    url, bearer, ca = live
+    amlemu(tmp_path / "emu", "workspace", "set", "--name", "renamed-ws")
+    renamed = WS.replace("amlemu-ws", "renamed-ws")
+    assert requests.get(url + renamed, headers=bearer, verify=ca, timeout=10).json()["id"] == renamed
+    assert requests.get(url + WS, headers=bearer, verify=ca, timeout=10).status_code == 404
+
+
 def test_the_job_body_becomes_the_emulators_yaml() -> None:
     body = {"properties": {
         "jobType": "Command", "command": "python t.py --n ${{inputs.n}}", "codeId": "/x/codes/c1/versions/1",

@@ -69,20 +69,27 @@ class EmulatorState:
         self.home = emulator.home
         self.backend = emulator.default_backend
         self.log = log
-        ws = emulator.workspace()
-        self.workspace = Workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"], ws["location"])
         folder = servicefile.service_dir(self.home.root)
         folder.mkdir(parents=True, exist_ok=True)
+        self._local = threading.local()
+        self._local.emu = emulator
         self.registry = Registry(self.workspace, folder / "registry.json")
         self.blobs = DiskBlobs(folder / "blobs")
         self.jobs_dir = folder / "jobs"  # each job's REST body as it was PUT
         self.jobs_dir.mkdir(exist_ok=True)
-        self._local = threading.local()
-        self._local.emu = emulator
         self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="amlemu-operation")
         self._ops: dict[str, Future[Any]] = {}
         self._creating: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
+
+    @property
+    def workspace(self) -> Workspace:
+        """Read each time: `amlemu workspace set` renames it while the service runs."""
+        ws = self.emu.workspace()
+        current = Workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"], ws["location"])
+        if getattr(self, "registry", None) is not None:
+            self.registry.workspace = current
+        return current
 
     @property
     def emu(self) -> Emulator:
