@@ -132,8 +132,10 @@ def _stop(signum: int, frame: Any) -> None:
 
 
 def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], None]], Context], host: str,
-                  port: int, remote: bool, announce: Callable[[str], None]) -> None:
-    """`amlemu serve`: listen, write the state file, serve until SIGINT/SIGTERM, remove it."""
+                  port: int, remote: bool, announce: Callable[[str], None],
+                  extra_routes: list[Any] | None = None) -> None:
+    """`amlemu serve`: listen, write the state file, serve until SIGINT/SIGTERM, remove it.
+    `extra_routes` (Starlette routes: the studio page) are served beside the API."""
     folder = servicefile.service_dir(home_root)
     running = servicefile.read_state(home_root)
     if running is not None:
@@ -148,7 +150,7 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
     ctx = make_ctx(auth, log)
     ctx.url = url
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
-    server = uvicorn.Server(_config(build_app(ctx), files))
+    server = uvicorn.Server(_config(build_app(ctx, extra_routes), files))
     me = psutil.Process()
     servicefile.write_state(home_root, servicefile.ServiceState(os.getpid(), url, host, sock.getsockname()[1],
                                                                 time.time(), me.create_time(), str(home_root), remote))
