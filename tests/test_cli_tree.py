@@ -87,6 +87,9 @@ CASES: dict[str, Case] = {
     "fault data-error": c(WRITE, "c1", "0", f"{UP}/x/a.txt"),
     "cleanup": c(WRITE, "--all", "--yes"),
     "ui": c(ELSEWHERE, "tests/test_metrics.py::test_amlemu_ui_serves_the_runs_and_stops_its_server_on_ctrl_c"),
+    "serve": c(ELSEWHERE, "tests/test_service.py::test_serve_runs_in_the_foreground_until_ctrl_c"),
+    # Starts the home's service in the background; the prepared home's cleanup stops it.
+    "env": c(PLAIN, "--port", "0"),
 }
 
 JOB = """\
@@ -253,6 +256,8 @@ def test_the_command_in_every_format(path: str, template: Path, tmp_path: Path, 
         assert result.exit_code == 0, result.output
         if path == "job convert":
             assert yaml.safe_load(result.stdout)["command"] == "python t.py"
+        if path == "env":
+            assert "export IDENTITY_ENDPOINT=https://127.0.0.1:" in result.stdout
         return
     if case.kind in (LIVE, ONCE):
         root = request.getfixturevalue("live")

@@ -36,6 +36,9 @@ READ_ONLY = {
     "job convert": "prints a YAML (-o writes it where the user says, as a shell redirect would)",
     "datastore list": "prints", "datastore show": "prints", "data ls": "prints",
     "ui": "serves MLflow's UI over copies of the runs until Ctrl-C (a view, not a change)",
+    "serve": "serves the workspace's Azure ML API until Ctrl-C (--stop: stops it); what a client changes "
+             "through it goes through the same plans as the verbs above",
+    "env": "prints variables; starts the service as `serve` would when it is not running (--no-start: never)",
 }
 
 

@@ -9,6 +9,7 @@ from amlemu.cli import (  # noqa: F401 - each registers
     data,
     faults,
     jobs,
+    serve,
     sync,
     ui,
     validate,  # its commands on the groups of cli.common

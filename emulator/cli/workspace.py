@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from amlemu import servicefile
 from amlemu.actions import execute
 from amlemu.cli.common import (
     _emu,
@@ -26,9 +27,12 @@ from amlemu.cli.common import (
 @click.pass_context
 @handle_errors
 def workspace_show(ctx: click.Context, output: str) -> None:
-    """The emulated workspace (-n/-w, -g, --subscription: exit 3 unless they name it, as az's show)."""
+    """The emulated workspace (-n/-w, -g, --subscription: exit 3 unless they name it, as az's show),
+    and its Azure ML service (`amlemu serve`): its URL, or "not running"."""
     emu = _emu(ctx)
-    data = {**emu.workspace(), "home": str(emu.home.root)}
+    running = servicefile.read_state(emu.home.root)
+    data = {**emu.workspace(), "home": str(emu.home.root),
+            "service": f"{running.url} (pid {running.pid})" if running else "not running"}
     emit(data, output, lambda d: [console.print(f"{k}: {v}", highlight=False) for k, v in d.items()])
 
 

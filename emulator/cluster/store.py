@@ -216,6 +216,12 @@ class Store:
         rows = self._db.execute("SELECT name FROM clusters ORDER BY name").fetchall()
         return [self.cluster(r["name"]) for r in rows]
 
+    def update_cluster(self, spec: ClusterSpec) -> Cluster:
+        """New scale settings for an existing cluster (its name, size and priority stay)."""
+        with self.transaction() as db:
+            db.execute("UPDATE clusters SET spec = ? WHERE name = ?", (_cluster_to_json(spec), spec.name))
+        return self.cluster(spec.name)
+
     def delete_cluster(self, name: str) -> None:
         with self.transaction() as db:
             db.execute("DELETE FROM nodes WHERE cluster = ?", (name,))

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import psutil
 
+from amlemu import servicefile
 from amlemu.actions import Action
 from amlemu.backends import BACKENDS, backend_class, get_backend
 from amlemu.cluster import allocation as autoscale
@@ -26,8 +27,12 @@ from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the UI store (mlflow-ui) copies runs, so it goes with them.
 RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow-ui")
+# What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
+# REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
+SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")
 # What `cleanup --all` forgets besides the records: (folder, what it holds).
-DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders"), ("secrets", "secrets"))
+DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders"), ("secrets", "secrets"),
+                ("service", "the Azure ML service's CA, secrets and log"))
 
 
 def ours(pid: int, run_id: str) -> bool:
@@ -51,6 +56,8 @@ def _kill_group(pid: int) -> bool | None:
 
 
 def _remove_folder(path: Path) -> Action:
+    if path.is_file():
+        return Action("remove", "file", str(path), run=functools.partial(path.unlink, missing_ok=True))
     return Action("remove", "folder", str(path), run=functools.partial(shutil.rmtree, path, ignore_errors=True))
 
 
@@ -85,6 +92,13 @@ def plan_stop_azurite(azurite: Azurite) -> list[Action]:
         if running else []
 
 
+def plan_stop_service(home: Home) -> list[Action]:
+    """The home's Azure ML service (`amlemu serve`), which never outlives a cleanup either."""
+    running = servicefile.read_state(home.root)
+    return [Action("stop", "Azure ML service", running.url, {"pid": running.pid},
+                   run=functools.partial(servicefile.stop, home.root), always=True)] if running else []
+
+
 def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = False) -> list[Action]:
     """Stop every run and server, remove every node, network, run and cluster of the home. The
     workspace and its datastores' records and data stay, as a blob container would."""
@@ -93,10 +107,12 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
             for record in store.runs()
             for role, pid in (("supervisor", record.supervisor_pid), ("launch", record.launch_pid))
             if pid and ours(pid, record.id)]
-    plan += plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
+    # The service first: it would otherwise keep submitting jobs while the nodes go.
+    plan = plan_stop_service(home) + plan + plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
-    return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS if (home.root / sub).exists()]
+    return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS + SERVICE_RUN_DATA
+                   if (home.root / sub).exists()]
 
 
 def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Action]:
@@ -110,7 +126,8 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
                    for p in psutil.process_iter(["pid", "cmdline"])
                    if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
                    and p.info["pid"] != os.getpid()]
-    return supervisors + plan_reap_nodes(home, all_homes) + plan_stop_azurite(Azurite(home.root, cache))
+    return (plan_stop_service(home) + supervisors + plan_reap_nodes(home, all_homes)
+            + plan_stop_azurite(Azurite(home.root, cache)))
 
 
 def plan_move_state_aside(home: Home, store: Store | None) -> list[Action]:

@@ -1,0 +1,131 @@
+"""A job's REST body (what azure-ai-ml PUTs) -> the CLI v2 YAML mapping the emulator's own loader
+reads, so a job sent through the service is judged by the same rules, with the same messages, as
+`amlemu job validate` and `amlemu job create` judge it. Pure translation: no I/O but the lookups
+it is handed.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amlemu.errors import ConfigError
+from amlemu.service.state import bad_request
+
+# REST names -> the YAML's.
+MODES = {"readonlymount": "ro_mount", "readwritemount": "rw_mount", "download": "download", "upload": "upload",
+         "direct": "direct", "evalmount": "ro_mount", "evaldownload": "download"}
+_DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
+_ARM_ASSET = re.compile(r"/(?P<kind>codes|environments)/(?P<name>[^/]+)/versions/(?P<version>[^/]+)$")
+_ENV_SHORT = re.compile(r"^azureml:(?P<name>[^:@/]+)(?:@(?P<label>[^:@/]+)|:(?P<version>[^:@/]+))?$")
+NOT_EMULATED = {"pipeline", "sweep", "automl", "spark", "labeling", "base", "finetuning", "distillation"}
+
+
+def seconds(duration: Any, field: str) -> int:
+    """ISO 8601 duration (PT1H30M) -> seconds; a number passes as it is."""
+    if isinstance(duration, (int, float)):
+        return int(duration)
+    match = _DURATION.match(str(duration))
+    if not match or not any(match.groupdict().values()):
+        raise bad_request(field, f"{field}: '{duration}' is not an ISO 8601 duration; write e.g. PT1H")
+    d, h, m, s = (float(match[k] or 0) for k in "dhms")
+    return int(d * 86400 + h * 3600 + m * 60 + s)
+
+
+def _input(name: str, value: Any) -> Any:
+    if not isinstance(value, dict):
+        raise bad_request(f"inputs.{name}", f"inputs.{name}: not an input object")
+    kind = str(value.get("jobInputType", "")).lower()
+    if kind == "literal":
+        return value.get("value")
+    if kind not in ("uri_folder", "uri_file"):
+        raise bad_request(f"inputs.{name}.type", f"inputs.{name}.type: '{kind}' inputs are not emulated; "
+                          "use uri_folder or uri_file")
+    data: dict[str, Any] = {"type": kind, "path": value.get("uri")}
+    if value.get("mode"):
+        data["mode"] = MODES.get(str(value["mode"]).lower(), str(value["mode"]))
+    return data
+
+
+def _output(name: str, value: Any) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise bad_request(f"outputs.{name}", f"outputs.{name}: not an output object")
+    kind = str(value.get("jobOutputType", "uri_folder")).lower()
+    if kind not in ("uri_folder", "uri_file"):
+        raise bad_request(f"outputs.{name}.type", f"outputs.{name}.type: '{kind}' outputs are not emulated; "
+                          "use uri_folder or uri_file")
+    data: dict[str, Any] = {"type": kind}
+    if value.get("uri"):
+        data["path"] = value["uri"]
+    if value.get("mode"):
+        data["mode"] = MODES.get(str(value["mode"]).lower(), str(value["mode"]))
+    return data
+
+
+def environment_ref(env_id: str) -> tuple[str, str | None] | None:
+    """(name, version or None for the latest) of a registered environment reference."""
+    short = _ENV_SHORT.match(env_id)
+    if short:
+        return short["name"], short["version"]
+    arm = _ARM_ASSET.search(env_id)
+    if arm and arm["kind"] == "environments":
+        return arm["name"].removeprefix("azureml:"), arm["version"]
+    return None
+
+
+def asset_ref(arm_id: str, kind: str) -> tuple[str, str] | None:
+    match = _ARM_ASSET.search(arm_id or "")
+    return (match["name"], match["version"]) if match and match["kind"] == kind else None
+
+
+def job_type(body: Any) -> str:
+    props = body.get("properties") if isinstance(body, dict) else None
+    if not isinstance(props, dict) or "jobType" not in props:
+        raise bad_request("properties.jobType", "properties.jobType: missing; the body is not an Azure ML job")
+    kind = str(props["jobType"])
+    if kind.lower() in NOT_EMULATED:
+        raise bad_request("properties.jobType", f"properties.jobType: {kind} jobs are not emulated yet; "
+                          "submit a command job (azure.ai.ml.command)")
+    if kind.lower() != "command":
+        raise bad_request("properties.jobType", f"properties.jobType: '{kind}' is not a job type; use Command")
+    return kind
+
+
+def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path],
+            environment: Callable[[str], str]) -> dict[str, Any]:
+    """The CLI v2 YAML mapping of the PUT's body. `code_dir(name, version)`: the folder the code
+    version was uploaded to; `environment(env_id)`: the image or `azureml:` name the job runs in."""
+    job_type(body)
+    props = body["properties"]
+    code = asset_ref(str(props.get("codeId") or ""), "codes")
+    if code is None:
+        raise bad_request("code", "code: missing; give command(code=<the folder that holds the job's source>)")
+    data: dict[str, Any] = {
+        "type": "command", "name": name, "command": props.get("command"), "code": str(code_dir(*code)),
+        "compute": str(props.get("computeId") or "").rsplit("/", 1)[-1] or None,
+        "experiment_name": props.get("experimentName"), "display_name": props.get("displayName"),
+        "environment_variables": props.get("environmentVariables") or {},
+        "inputs": {k: _input(k, v) for k, v in (props.get("inputs") or {}).items()},
+        "outputs": {k: _output(k, v) for k, v in (props.get("outputs") or {}).items()
+                    if k != "default" or v.get("uri")},
+    }
+    if props.get("environmentId"):
+        data["environment"] = environment(str(props["environmentId"]))
+    dist = props.get("distribution")
+    if isinstance(dist, dict) and dist.get("distributionType"):
+        data["distribution"] = {"type": str(dist["distributionType"]).lower()}
+        if dist.get("processCountPerInstance"):
+            data["distribution"]["process_count_per_instance"] = dist["processCountPerInstance"]
+    resources = props.get("resources") or {}
+    if resources.get("instanceCount"):
+        data["resources"] = {"instance_count": resources["instanceCount"]}
+    limits = props.get("limits") or {}
+    if limits.get("timeout"):
+        data["limits"] = {"timeout": seconds(limits["timeout"], "limits.timeout")}
+    return {k: v for k, v in data.items() if v not in (None, {})}
+
+
+def config_error(exc: ConfigError) -> Exception:
+    """The emulator's refusal, as `amlemu job validate` words it, in Azure's error JSON."""
+    return bad_request(exc.field, str(exc))

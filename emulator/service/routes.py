@@ -1,0 +1,327 @@
+"""The protocol: Azure ML's REST routes, as the unmodified azure-ai-ml and azure-identity call them,
+over a `State` (emulator/service/state.py), on Starlette.
+
+Each route is (methods, path, handler, auth); a handler is a plain function of a `Call` that
+returns a `Reply`, run in Starlette's thread pool (the states block: SQLite, Docker). The
+wrapper reads the body, checks the workspace named in the path and the caller's credential,
+turns ServiceError into Azure's error JSON and logs one line per request: method, path, status,
+never a query (SAS signatures) or a header (tokens, the identity secret).
+
+Shapes follow what the SDK's deserializers need (ARM resources, run history `RunDetails`, Blob
+REST): a field it never reads is left out.
+"""
+from __future__ import annotations
+
+import json
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from email.utils import formatdate
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from amlemu.service import datablobs
+from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
+from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
+
+CLOUD_NAME = "AmlEmuCloud"  # anything but the built-in names, or the SDK ignores the metadata URL
+ACCOUNT = "amlemustore"  # the blob account the SAS URLs name, as the first path segment
+WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
+      "/workspaces/{ws}")
+# azure-core's ARM poller treats Retry-After "0" as absent and then waits its default 30 s, so the
+# operation-status replies ask for a blink; the first reply's header is parsed as an int by the
+# SDK's generated code, and the poller's first status check does not wait, so that one says "0".
+RETRY_AFTER, FIRST_RETRY_AFTER = "0.01", "0"
+
+
+def _resource(call: Call, kind: str, name: str, props: dict[str, Any], **extra: Any) -> dict[str, Any]:
+    return {"id": f"{call.st.workspace.id}/{kind}/{name}", "name": name, "type": f"{ARM_TYPE}/{kind}",
+            **extra, "properties": props, "systemData": system_data()}
+
+
+def _operation_headers(call: Call, op_id: str, header: str = "Location") -> dict[str, str]:
+    return {header: f"{call.base}/operations/{op_id}", "Retry-After": FIRST_RETRY_AFTER}
+
+
+# --- cloud metadata, identity, workspace, discovery ---------------------------------------------
+def metadata(call: Call) -> Reply:
+    root = call.base + "/"
+    return Reply(body=[{"name": CLOUD_NAME, "portal": f"{call.base}/studio", "resourceManager": root,
+                        "authentication": {"loginEndpoint": root, "audiences": [root], "tenant": "common",
+                                           "identityProvider": "AAD"},
+                        "suffixes": {"storage": "core.windows.net"}}])
+
+
+def token(call: Call) -> Reply:
+    if not call.ctx.auth.check_identity(call.headers.get("x-identity-header")):
+        return arm_error(401, "Unauthorized", "missing or wrong X-IDENTITY-HEADER")
+    issued, expires = call.ctx.auth.issue()
+    return Reply(body={"access_token": issued, "expires_on": str(expires),
+                       "resource": call.query.get("resource", ""), "token_type": "Bearer"})
+
+
+def workspace(call: Call) -> Reply:
+    ws = call.st.workspace
+    return Reply(body={
+        "id": ws.id, "name": ws.workspace_name, "location": ws.location, "kind": "Default", "type": ARM_TYPE,
+        "identity": {"type": "SystemAssigned"}, "sku": {"name": "Basic", "tier": "Basic"},
+        "properties": {"friendlyName": ws.workspace_name, "discoveryUrl": f"{call.base}/discovery",
+                       "provisioningState": "Succeeded",
+                       "workspaceId": str(uuid.uuid5(uuid.NAMESPACE_URL, ws.id)),
+                       "storageAccount": f"/subscriptions/{ws.subscription_id}/resourceGroups/{ws.resource_group}"
+                                         f"/providers/Microsoft.Storage/storageAccounts/{ACCOUNT}",
+                       "publicNetworkAccess": "Enabled", "hbiWorkspace": False},
+        "systemData": system_data()})
+
+
+def discovery(call: Call) -> Reply:
+    keys = ("api", "catalog", "experimentation", "gallery", "history", "hyperdrive", "labeling",
+            "modelmanagement", "pipelines", "studiometadata")
+    return Reply(body={k: call.base for k in keys})
+
+
+# --- code snapshots and the blob container they are uploaded to ----------------------------------
+def code_versions(call: Call) -> Reply:
+    return Reply(body={"value": call.st.registry.versions("codes", call.params["name"], call.query.get("hash"))})
+
+
+def code_pending_upload(call: Call) -> Reply:
+    container = f"code-{uuid.uuid4().hex[:12]}"  # a fresh temporary container, as the service hands out
+    blob_uri = f"{call.base}/{ACCOUNT}/{container}"
+    sas = f"{blob_uri}?sv=2021-08-06&sr=c&sp=rcwl&sig={call.ctx.auth.sign(container)}"
+    return Reply(body={"pendingUploadId": uuid.uuid4().hex, "pendingUploadType": "TemporaryBlobReference",
+                       "blobReferenceForConsumption": {"blobUri": blob_uri, "storageAccountArmId": None,
+                                                       "credential": {"credentialType": "SAS", "sasUri": sas}}})
+
+
+def versioned(kind: str) -> Callable[[Call], Reply]:
+    def handler(call: Call) -> Reply:
+        name, version = call.params["name"], call.params["version"]
+        if call.method == "PUT":
+            return Reply(201, call.st.registry.put(kind, name, version, call.props))
+        return Reply(body=call.st.registry.get(kind, name, version))
+    return handler
+
+
+def environment_versions(call: Call) -> Reply:
+    return Reply(body={"value": call.st.registry.versions("environments", call.params["name"])})
+
+
+def blob(call: Call) -> Reply:
+    container, name = call.params["container"], call.params["blob"]
+    ms = {"x-ms-request-id": str(uuid.uuid4()), "x-ms-version": "2021-08-06", "ETag": '"0x1"',
+          "Last-Modified": formatdate(usegmt=True)}
+    if not call.ctx.auth.check_signature(container, call.query.get("sig")):
+        return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
+    if call.method == "PUT":  # an upload, or (comp=metadata) the SDK's "already uploaded" marker on it
+        meta = {k[10:]: v for k, v in call.headers.items() if k.startswith("x-ms-meta-")}
+        is_meta = call.query.get("comp") == "metadata"
+        call.st.blobs.put(container, name, call.raw, meta if is_meta else None)
+        if not is_meta and meta:
+            call.st.blobs.put(container, name, b"", meta)
+        return Reply(200 if is_meta else 201, b"", ms)
+    found = call.st.blobs.get(container, name)
+    if found is None:
+        return Reply(404, b"" if call.method == "HEAD" else b"BlobNotFound", {**ms, "x-ms-error-code": "BlobNotFound"})
+    data, meta = found
+    return Reply(200, data, {**ms, **{f"x-ms-meta-{k}": v for k, v in meta.items()}, "x-ms-blob-type": "BlockBlob",
+                             "Content-Type": "application/octet-stream"})
+
+
+# --- jobs and their run history ------------------------------------------------------------------
+def job_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
+    props = {**props, "services": {"Studio": {"jobServiceType": "Studio",
+                                              "endpoint": f"{call.base}/studio/jobs/{name}"}}}
+    return _resource(call, "jobs", name, props)
+
+
+def job(call: Call) -> Reply:
+    name = call.params["name"]
+    if call.method == "PUT":
+        return Reply(201, job_resource(call, name, call.st.put_job(name, call.body)))
+    return Reply(body=job_resource(call, name, call.st.get_job(name)))
+
+
+def job_list(call: Call) -> Reply:
+    return Reply(body={"value": [job_resource(call, n, p) for n, p in call.st.list_jobs()]})
+
+
+def job_cancel(call: Call) -> Reply:
+    return Reply(202, b"", _operation_headers(call, call.st.cancel_job(call.params["name"])))
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
+
+
+def run_details(call: Call) -> Reply:
+    name = call.params["name"]
+    run = call.st.run_details(name)
+    sig = call.ctx.auth.sign(f"logs/{name}")
+    details: dict[str, Any] = {"runId": name, "status": run.status, "warnings": [], "target": run.target,
+                               "startTimeUtc": _iso(run.start_time), "endTimeUtc": _iso(run.end_time),
+                               "logFiles": {p: f"{call.base}/logs/{name}/{p}?sig={sig}" for p in run.log_files}}
+    if run.error:
+        details["error"] = {"error": {"code": "UserError", "message": run.error}}
+    return Reply(body=details)
+
+
+def log_file(call: Call) -> Reply:
+    name = call.params["name"]
+    if not call.ctx.auth.check_signature(f"logs/{name}", call.query.get("sig")):
+        return arm_error(403, "AuthenticationFailed", "the log URL's signature is missing or wrong")
+    return Reply(200, call.st.read_log(name, call.params["path"]), {"Content-Type": "text/plain; charset=utf-8"})
+
+
+# --- computes, datastores, long-running operations -----------------------------------------------
+def compute_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
+    return _resource(call, "computes", name, props, location=call.st.workspace.location)
+
+
+def compute(call: Call) -> Reply:
+    name = call.params["name"]
+    if call.method == "PUT":
+        props, op = call.st.put_compute(name, call.body)
+        return Reply(201, compute_resource(call, name, props), _operation_headers(call, op, "Azure-AsyncOperation"))
+    if call.method == "DELETE":
+        return Reply(202, b"", _operation_headers(call, call.st.delete_compute(name)))
+    return Reply(body=compute_resource(call, name, call.st.get_compute(name)))
+
+
+def compute_list(call: Call) -> Reply:
+    return Reply(body={"value": [compute_resource(call, n, p) for n, p in call.st.list_computes()]})
+
+
+def compute_nodes(call: Call) -> Reply:
+    return Reply(body={"nodes": call.st.list_nodes(call.params["name"]), "nextLink": None})
+
+
+def operation(call: Call) -> Reply:
+    op_id = call.params["id"]
+    status, error = call.st.operation(op_id)
+    body: dict[str, Any] = {"id": op_id, "name": op_id, "status": status}
+    if error:
+        body["error"] = {"code": "UserError", "message": error}
+    return Reply(body=body, headers={"Retry-After": RETRY_AFTER})
+
+
+def datastore_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
+    if props.get("accountName") is None:  # served by this service: its blob endpoint (datablobs.py)
+        props = {**props, "accountName": datablobs.account_name(call.base)}
+    return _resource(call, "datastores", name, props)
+
+
+def datastore_list(call: Call) -> Reply:
+    only_default = call.query.get("isDefault", "").lower() == "true"
+    return Reply(body={"value": [datastore_resource(call, n, p) for n, p in call.st.list_datastores()
+                                 if not only_default or p.get("isDefault")]})
+
+
+def datastore(call: Call) -> Reply:
+    for name, props in call.st.list_datastores():
+        if name == call.params["name"]:
+            return Reply(body=datastore_resource(call, name, props))
+    raise not_found(f"datastore {call.params['name']}")
+
+
+def datastore_secrets(call: Call) -> Reply:
+    return Reply(body=call.st.datastore_secrets(call.params["name"]))
+
+
+def no_route(call: Call) -> Reply:
+    return arm_error(404, "NoRoute", f"amlemu serves no {call.method} {call.path}")
+
+
+H = "/history/v1.0" + WS
+ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
+    ("GET", "/metadata/endpoints", metadata, False),
+    ("GET", "/msi/token", token, False),  # checks the identity header itself
+    ("GET", "/discovery", discovery, False),
+    ("GET", "/operations/{id}", operation, True),
+    ("GET", WS, workspace, True),
+    ("GET", WS + "/codes/{name}/versions", code_versions, True),
+    ("POST", WS + "/codes/{name}/versions/{version}/startPendingUpload", code_pending_upload, True),
+    ("GET|PUT", WS + "/codes/{name}/versions/{version}", versioned("codes"), True),
+    ("GET", WS + "/environments/{name}/versions", environment_versions, True),
+    ("GET|PUT", WS + "/environments/{name}/versions/{version}", versioned("environments"), True),
+    ("GET", WS + "/jobs", job_list, True),
+    ("GET|PUT", WS + "/jobs/{name}", job, True),
+    ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
+    ("GET", H + "/runs/{name}/details", run_details, True),
+    ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, True),
+    ("POST", H + "/rundata", datablobs.run_data, True),
+    ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", datablobs.resolved_uris, True),
+    ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
+    ("GET", WS + "/computes", compute_list, True),
+    ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
+    ("POST", WS + "/computes/{name}/listNodes", compute_nodes, True),
+    ("GET", WS + "/datastores", datastore_list, True),
+    ("GET", WS + "/datastores/{name}", datastore, True),
+    ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
+    ("GET|HEAD|PUT", f"/{ACCOUNT}/{{container}}/{{blob:path}}", blob, False),  # SAS-signed
+    # The blob endpoint azure-ai-ml derives from a datastore's account name (jobs.download, local inputs).
+    ("GET", "/{account}/{container}", datablobs.list_blobs, True),
+    ("GET|HEAD|PUT", "/{account}/{container}/{blob:path}", datablobs.read_blob, True),
+    ("GET|HEAD|PUT|POST|DELETE|PATCH", "/{path:path}", no_route, False),
+]
+
+
+def _endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool) -> Callable[[Request], Any]:
+    async def endpoint(request: Request) -> Response:
+        raw = await request.body()
+        body: Any = raw or None  # blob content stays bytes even when it is a .json file
+        if raw and "json" in request.headers.get("content-type", ""):
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                pass
+        call = Call(ctx, request.method, request.url.path, dict(request.path_params), dict(request.query_params),
+                    {k.lower(): v for k, v in request.headers.items()}, raw, body)
+        if ctx.on_request is not None:
+            ctx.on_request(call.method, call.path, call.query, body,
+                           {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
+        reply = await run_in_threadpool(_handle, call, fn, auth)
+        ctx.log(f"{call.method} {call.path} {reply.status}")
+        return _response(reply, call.method)
+    return endpoint
+
+
+def _handle(call: Call, fn: Callable[[Call], Reply], auth: bool) -> Reply:
+    try:
+        p = call.params
+        if "ws" in p and not call.st.workspace.matches(p["sub"], p["rg"], p["ws"]):
+            raise not_found(f"workspace {p['sub']}/{p['rg']}/{p['ws']}")
+        if auth and not call.ctx.auth.check_token(call.headers.get("authorization")):
+            return Reply(401, ServiceError(401, "InvalidAuthenticationToken",
+                                           "no bearer token issued by this service").body(),
+                         {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return fn(call)
+    except ServiceError as exc:
+        return Reply(exc.status, exc.body())
+    except Exception:  # noqa: BLE001 - a bug must reach the client as a 500, its cause in the log
+        call.ctx.log(traceback.format_exc())
+        return arm_error(500, "InternalServerError", "the service failed; see its log (amlemu serve's service.log)")
+
+
+def _response(reply: Reply, method: str) -> Response:
+    headers = dict(reply.headers)
+    if isinstance(reply.body, (dict, list)):
+        data = json.dumps(reply.body).encode()
+        headers.setdefault("Content-Type", "application/json; charset=utf-8")
+    else:
+        data = reply.body.encode() if isinstance(reply.body, str) else (reply.body or b"")
+    if method == "HEAD":  # the length of what a GET would send, and no body
+        return Response(b"", reply.status, {**headers, "Content-Length": str(len(data))})
+    return Response(data, reply.status, headers)
+
+
+def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Starlette:
+    """The service's ASGI app; `extra_routes` (the studio page) are mounted before the catch-all."""
+    routes = [Route(path, _endpoint(ctx, fn, auth), methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
+    return Starlette(routes=[*routes[:-1], *(extra_routes or []), routes[-1]])

@@ -1,0 +1,200 @@
+"""Running the service: uvicorn over HTTPS in the foreground (`amlemu serve`), in a thread (the
+tests' double), or started in the background on demand (`amlemu env`); the state file that says
+where it listens (amlemu.servicefile) and the variables that point azure-ai-ml at it.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psutil
+import uvicorn
+
+from amlemu import servicefile
+from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.service import tls
+from amlemu.service.auth import Auth
+from amlemu.service.routes import CLOUD_NAME, Context, build_app
+
+READY_TIMEOUT = 60.0
+GRACE = 2.0  # seconds a stopping service gives requests in flight
+LOOPBACK = "127.0.0.1"
+
+
+def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
+    """The environment variables that point an unmodified azure-ai-ml + DefaultAzureCredential here.
+
+    ARM_CLOUD_METADATA_URL: azure-ai-ml reads the cloud's endpoints (resourceManager = this
+    service) from it; AZUREML_CURRENT_CLOUD names that cloud (the SDK would write it into
+    os.environ itself). IDENTITY_ENDPOINT + IDENTITY_HEADER: azure-identity's managed identity
+    asks this service for tokens; AZURE_TOKEN_CREDENTIALS narrows DefaultAzureCredential to it, so
+    a developer's `az login` is never used by mistake. REQUESTS_CA_BUNDLE: certifi's roots plus
+    the service's CA, so the real Azure still verifies. The polling intervals make jobs.stream
+    poll every second at most (azure.ai.ml reads them at import).
+    """
+    return {
+        "ARM_CLOUD_METADATA_URL": f"{url}/metadata/endpoints?api-version=2019-05-01",
+        "AZUREML_CURRENT_CLOUD": CLOUD_NAME,
+        "IDENTITY_ENDPOINT": f"{url}/msi/token",
+        "IDENTITY_HEADER": identity_header,
+        "AZURE_TOKEN_CREDENTIALS": "ManagedIdentityCredential",
+        "REQUESTS_CA_BUNDLE": str(ca_bundle),
+        "AZUREML_RUN_POLLING_INTERVAL_MIN": "0",
+        "AZUREML_RUN_POLLING_INTERVAL_MAX": "1",
+    }
+
+
+def bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError("--port", f"cannot listen on {host}:{port} ({exc.strerror})",
+                          "choose another port with --port, or stop what uses it") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def public_host(host: str) -> str:
+    """The name clients use in URLs: loopback's address, or this machine's name when remote."""
+    return LOOPBACK if host in (LOOPBACK, "localhost") else socket.getfqdn()
+
+
+@dataclass
+class Running:
+    """A service running in a thread of this process (the tests' double)."""
+
+    server: uvicorn.Server
+    thread: threading.Thread
+    url: str
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=15)
+
+
+def _config(app: Any, files: tls.TlsFiles, grace: float = GRACE) -> uvicorn.Config:
+    # access_log off: uvicorn's access lines carry the query string (SAS signatures); the
+    # routes log method, path and status themselves.
+    return uvicorn.Config(app, ssl_certfile=str(files.cert), ssl_keyfile=str(files.key), access_log=False,
+                          log_level="warning", lifespan="off", timeout_keep_alive=30, log_config=None,
+                          # An idle keep-alive TLS connection whose client never answers the close
+                          # would hold the shutdown for ever (asyncio's wait_closed waits for it).
+                          timeout_graceful_shutdown=grace)
+
+
+def run_in_thread(ctx: Context, folder: Path, extra_routes: list[Any] | None = None) -> Running:
+    """Serve `ctx` on 127.0.0.1 (a free port) from a daemon thread; `stop()` ends it."""
+    files = tls.ensure(folder, [LOOPBACK, "localhost"])
+    sock = bind(LOOPBACK, 0)
+    ctx.url = f"https://{LOOPBACK}:{sock.getsockname()[1]}"
+    server = uvicorn.Server(_config(build_app(ctx, extra_routes), files, grace=0.3))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="amlemu-service", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + READY_TIMEOUT
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise AmlEmuError("the in-process service did not start")
+        time.sleep(0.01)
+    return Running(server, thread, ctx.url)
+
+
+def file_logger(path: Path) -> Callable[[str], None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lock = threading.Lock()
+
+    def log(line: str) -> None:
+        with lock, path.open("a", encoding="utf-8") as out:
+            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line.rstrip()}\n")
+    return log
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise _Stopped
+
+
+def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], None]], Context], host: str,
+                  port: int, remote: bool, announce: Callable[[str], None],
+                  extra_routes: list[Any] | None = None) -> None:
+    """`amlemu serve`: listen, write the state file, serve until SIGINT/SIGTERM, remove it.
+    `extra_routes` (Starlette routes: the studio page) are served beside the API."""
+    folder = servicefile.service_dir(home_root)
+    running = servicefile.read_state(home_root)
+    if running is not None:
+        raise ConfigError("serve", f"the service of this home already runs at {running.url} (pid {running.pid})",
+                          "use it, or stop it with `amlemu serve --stop`")
+    shown = public_host(host)
+    files = tls.ensure(folder, list(dict.fromkeys([shown, LOOPBACK, "localhost"])))
+    auth = Auth.load_or_create(folder / "secrets.json")
+    log = file_logger(folder / "service.log")
+    sock = bind(host, port)
+    url = f"https://{shown}:{sock.getsockname()[1]}"
+    ctx = make_ctx(auth, log)
+    ctx.url = url
+    logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    server = uvicorn.Server(_config(build_app(ctx, extra_routes), files))
+    me = psutil.Process()
+    servicefile.write_state(home_root, servicefile.ServiceState(os.getpid(), url, host, sock.getsockname()[1],
+                                                                time.time(), me.create_time(), str(home_root), remote))
+    log(f"serving {url} (pid {os.getpid()})")
+    announce(url)
+    # uvicorn turns SIGINT/SIGTERM into a graceful exit, then raises the signal again for the
+    # handler it found: ours ends this function through its `finally`, not the process mid-way.
+    previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    except _Stopped:
+        pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        servicefile.remove_state(home_root, os.getpid())
+        log("stopped")
+
+
+def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT) -> servicefile.ServiceState:
+    """Start `amlemu serve` for the home in its own session (it outlives this command) and wait
+    until it answers; its output goes to <home>/service/service.log."""
+    folder = servicefile.service_dir(home_root)
+    folder.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "amlemu", "--home", str(home_root), "serve", "--port", str(port)]
+    with open(folder / "service.log", "ab") as out:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, env={k: v for k, v in os.environ.items()
+                                                              if not k.startswith("AMLEMU_DEBUG")})
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = servicefile.read_state(home_root)
+        if state is not None and state.pid == proc.pid:
+            return state
+        if proc.poll() is not None:
+            tail = (folder / "service.log").read_text(errors="replace").strip().splitlines()[-1:]
+            raise AmlEmuError(f"amlemu serve exited with code {proc.returncode}"
+                              + (f": {tail[0]}" if tail else "") + f" (its log: {folder / 'service.log'})")
+        time.sleep(0.05)
+    proc.terminate()
+    raise AmlEmuError(f"amlemu serve did not start within {timeout:g} s (its log: {folder / 'service.log'})")
+
+
+def client_env(home_root: Path, state: servicefile.ServiceState) -> dict[str, str]:
+    folder = servicefile.service_dir(home_root)
+    auth = Auth.load_or_create(folder / "secrets.json")
+    return env_vars(state.url, auth.identity_header, folder / "ca-bundle.pem")

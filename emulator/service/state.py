@@ -1,0 +1,250 @@
+"""What the service's routes ask of a workspace: the small interface between the protocol
+(emulator/service/routes.py: paths, REST shapes, auth) and whatever holds the workspace.
+
+Two implementations: `amlemu.service.emustate.EmulatorState` (the real emulator on a home) and
+the test double's ladder state (pytest_amlemu.amlservice). Both share the registry of code and
+environment versions and a blob store (this module), which are protocol bookkeeping rather than
+emulation. A state raises ServiceError (Azure's error JSON) for anything a client did wrong.
+"""
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from amlemu.errors import ConfigError
+
+ARM_TYPE = "Microsoft.MachineLearningServices/workspaces"
+
+
+@dataclass(frozen=True)
+class Workspace:
+    subscription_id: str
+    resource_group: str
+    workspace_name: str
+    location: str
+
+    @property
+    def id(self) -> str:
+        return (f"/subscriptions/{self.subscription_id}/resourceGroups/{self.resource_group}"
+                f"/providers/Microsoft.MachineLearningServices/workspaces/{self.workspace_name}")
+
+    def matches(self, sub: str, rg: str, ws: str) -> bool:
+        # ARM compares resource group and resource names without case.
+        return (sub, rg.lower(), ws.lower()) == (self.subscription_id, self.resource_group.lower(),
+                                                   self.workspace_name.lower())
+
+    def config(self) -> dict[str, str]:
+        """config.json's keys, as MLClient.from_config() reads them."""
+        return {"subscription_id": self.subscription_id, "resource_group": self.resource_group,
+                "workspace_name": self.workspace_name}
+
+
+class ServiceError(Exception):
+    """An error reply in Azure's shape: {"error": {"code", "message", "target"}}."""
+
+    def __init__(self, status: int, code: str, message: str, target: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message, self.target = status, code, message, target
+
+    def body(self) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": self.code, "message": self.message}
+        if self.target:
+            error["target"] = self.target
+        error["details"] = []
+        return {"error": error}
+
+
+def bad_request(field: str, message: str) -> ServiceError:
+    """A request the service refuses, naming the field (the SDK prints Azure's JSON as it is)."""
+    return ServiceError(400, "UserError", message, target=field)
+
+
+def from_config_error(exc: ConfigError) -> ServiceError:
+    return bad_request(exc.field, str(exc))
+
+
+def not_found(what: str) -> ServiceError:
+    return ServiceError(404, "ResourceNotFound", f"{what} was not found")
+
+
+@dataclass(frozen=True)
+class RunView:
+    """A job as the run history reports it (what jobs.stream polls)."""
+
+    status: str
+    target: str
+    log_files: list[str] = field(default_factory=list)  # paths readable with State.read_log
+    error: str | None = None
+    start_time: float | None = None
+    end_time: float | None = None
+
+
+class Blobs(Protocol):
+    """The blob container the SDK uploads code snapshots to (through the SAS URL it is handed)."""
+
+    def put(self, container: str, blob: str, data: bytes, metadata: dict[str, str] | None) -> None: ...
+
+    def get(self, container: str, blob: str) -> tuple[bytes, dict[str, str]] | None: ...
+
+
+class MemoryBlobs:
+    """Blobs in a dict, "{container}/{blob}" -> bytes (the double's, which tests inspect)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.metadata: dict[str, dict[str, str]] = {}
+
+    def put(self, container: str, blob: str, data: bytes, metadata: dict[str, str] | None) -> None:
+        path = f"{container}/{blob}"
+        if metadata is None:
+            self.data[path] = data
+        self.metadata[path] = metadata or self.metadata.get(path, {})
+
+    def get(self, container: str, blob: str) -> tuple[bytes, dict[str, str]] | None:
+        path = f"{container}/{blob}"
+        return (self.data[path], self.metadata.get(path, {})) if path in self.data else None
+
+
+class DiskBlobs:
+    """Blobs as files under a folder: a code snapshot uploaded here is a folder a job can run."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def path(self, container: str, blob: str = "") -> Path:
+        target = (self.root / container / blob).resolve()
+        if not target.is_relative_to(self.root.resolve()) or "/" in container:
+            raise bad_request("blob", f"'{container}/{blob}' leaves the container")
+        return target
+
+    def put(self, container: str, blob: str, data: bytes, metadata: dict[str, str] | None) -> None:
+        target = self.path(container, blob)
+        if metadata is None:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(data)
+        meta = self.root.parent / "blob-metadata" / container / (blob + ".json")  # never inside a snapshot
+        meta.parent.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(metadata or {}))
+
+    def get(self, container: str, blob: str) -> tuple[bytes, dict[str, str]] | None:
+        target = self.path(container, blob)
+        if not target.is_file():
+            return None
+        meta = self.root.parent / "blob-metadata" / container / (blob + ".json")
+        return target.read_bytes(), json.loads(meta.read_text()) if meta.exists() else {}
+
+
+def system_data() -> dict[str, str]:
+    now = time.strftime("%Y-%m-%dT%H:%M:%S.000000+00:00", time.gmtime())
+    return {"createdAt": now, "createdBy": "amlemu", "createdByType": "User",
+            "lastModifiedAt": now, "lastModifiedBy": "amlemu", "lastModifiedByType": "User"}
+
+
+class Registry:
+    """Versioned assets the SDK registers before a job: code versions and environments. Curated
+    environments (AzureML-*) exist in every workspace, at version 1. Kept in a JSON file when
+    given one, so a restarted service still knows the snapshots it was sent."""
+
+    KINDS = ("codes", "environments")
+
+    def __init__(self, workspace: Workspace, path: Path | None = None) -> None:
+        self.workspace, self.path = workspace, path
+        self.lock = threading.RLock()
+        self.assets: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in self.KINDS}
+        if path is not None and path.exists():
+            saved = json.loads(path.read_text())
+            for kind in self.KINDS:
+                self.assets[kind] = {tuple(k.split("\n", 1)): v for k, v in saved.get(kind, {}).items()}  # type: ignore[misc]
+
+    def clear(self) -> None:
+        with self.lock:
+            for store in self.assets.values():
+                store.clear()
+
+    def _save(self) -> None:
+        if self.path is not None:
+            data = {kind: {"\n".join(k): v for k, v in store.items()} for kind, store in self.assets.items()}
+            self.path.write_text(json.dumps(data))
+
+    def resource(self, kind: str, name: str, version: str, props: dict[str, Any]) -> dict[str, Any]:
+        return {"id": f"{self.workspace.id}/{kind}/{name}/versions/{version}", "name": version,
+                "type": f"{ARM_TYPE}/{kind}/versions", "properties": props, "systemData": system_data()}
+
+    def put(self, kind: str, name: str, version: str, props: dict[str, Any]) -> dict[str, Any]:
+        with self.lock:
+            self.assets[kind][(name, version)] = self.resource(kind, name, version, props)
+            self._save()
+            return self.assets[kind][(name, version)]
+
+    @staticmethod
+    def is_curated(name: str) -> bool:
+        return name.startswith("AzureML-")
+
+    def curated(self, name: str) -> dict[str, Any] | None:
+        if not self.is_curated(name):
+            return None
+        image = f"mcr.microsoft.com/azureml/curated/{name[len('AzureML-'):].lower()}:1"
+        return self.resource("environments", name, "1", {"image": image, "osType": "Linux", "isAnonymous": False,
+                                                         "isArchived": False, "tags": {}, "properties": {}})
+
+    def get(self, kind: str, name: str, version: str) -> dict[str, Any]:
+        name = name.removeprefix("azureml:")  # the SDK keeps the prefix even inside ARM ids
+        found = self.assets[kind].get((name, version))
+        if found is None and kind == "environments" and version == "1":
+            found = self.curated(name)
+        if found is None:
+            raise not_found(f"{kind[:-1]} {name}:{version}")
+        return found
+
+    def versions(self, kind: str, name: str, hash_sha256: str | None = None) -> list[dict[str, Any]]:
+        name = name.removeprefix("azureml:")
+        own = [v for (n, _), v in list(self.assets[kind].items()) if n == name and hash_sha256 in (
+            None, v["properties"].get("properties", {}).get("hash_sha256"))]
+        curated = self.curated(name) if kind == "environments" else None
+        return own[::-1] or ([curated] if curated else [])
+
+    def exists(self, kind: str, name: str, version: str | None) -> bool:
+        name = name.removeprefix("azureml:")
+        if kind == "environments" and self.is_curated(name) and version in (None, "1"):
+            return True
+        return any(n == name and version in (None, v) for n, v in list(self.assets[kind]))
+
+
+class State(Protocol):
+    """What the routes call. Names are the REST ones; bodies are the JSON the SDK sent."""
+
+    workspace: Workspace
+    registry: Registry
+    blobs: Blobs
+
+    def put_job(self, name: str, body: Any) -> dict[str, Any]: ...  # the job's REST properties, status set
+
+    def get_job(self, name: str) -> dict[str, Any]: ...
+
+    def list_jobs(self) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def cancel_job(self, name: str) -> str: ...  # a long-running operation's id
+
+    def run_details(self, name: str) -> RunView: ...
+
+    def read_log(self, name: str, path: str) -> bytes: ...
+
+    def put_compute(self, name: str, body: Any) -> tuple[dict[str, Any], str]: ...  # properties, operation id
+
+    def get_compute(self, name: str) -> dict[str, Any]: ...
+
+    def list_computes(self) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def delete_compute(self, name: str) -> str: ...
+
+    def list_nodes(self, name: str) -> list[dict[str, Any]]: ...
+
+    def operation(self, op_id: str) -> tuple[str, str | None]: ...  # InProgress|Succeeded|Failed, error
+
+    def list_datastores(self) -> list[tuple[str, dict[str, Any]]]: ...
+
+    def datastore_secrets(self, name: str) -> dict[str, Any]: ...

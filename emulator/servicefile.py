@@ -1,0 +1,119 @@
+"""Where `amlemu serve` keeps its state in the home, and how it is found and stopped.
+
+Low in the layers on purpose: `amlemu cleanup` (emulator/cluster/teardown.py) stops the service
+and `amlemu workspace show` reports it, neither of which may import the service itself.
+
+<home>/service/ holds: state.json (pid, url, when; written once the service listens, removed as
+it stops), the CA and the server certificate (tls), the secrets file (owner-only) and the log.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import psutil
+
+DEFAULT_PORT = 45443  # stable, so a URL written once (a config, a notebook) keeps working
+STOP_GRACE = 10.0
+
+
+def service_dir(home_root: Path) -> Path:
+    return home_root / "service"
+
+
+def state_path(home_root: Path) -> Path:
+    return service_dir(home_root) / "state.json"
+
+
+@dataclass(frozen=True)
+class ServiceState:
+    pid: int
+    url: str
+    host: str
+    port: int
+    started_at: float
+    create_time: float  # psutil's: with the pid, names the process even after the pid is reused
+    home: str = ""  # a copied home's state file does not name the copy
+    remote: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+
+def write_state(home_root: Path, state: ServiceState) -> None:
+    path = state_path(home_root)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(state.to_json())
+    tmp.replace(path)  # readers never see half a file
+
+
+def _alive(state: ServiceState) -> bool:
+    """Is the process that wrote `state` still running? (Never act on a reused pid.)"""
+    try:
+        proc = psutil.Process(state.pid)
+        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - state.create_time) < 0.01
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return False
+
+
+def read_state(home_root: Path) -> ServiceState | None:
+    """The running service of this home, or None (a state file left by a killed one is ignored)."""
+    try:
+        state = ServiceState(**json.loads(state_path(home_root).read_text()))
+    except (OSError, ValueError, TypeError):
+        return None
+    return state if state.home == str(home_root) and _alive(state) else None
+
+
+def remove_state(home_root: Path, pid: int | None = None) -> None:
+    """Remove the state file (only the one `pid` wrote, when given: a newer service's stays)."""
+    path = state_path(home_root)
+    try:
+        if pid is None or json.loads(path.read_text()).get("pid") == pid:
+            path.unlink()
+    except (OSError, ValueError):
+        pass
+
+
+def stop(home_root: Path) -> bool | None:
+    """Stop the home's service: SIGTERM, SIGKILL after a grace. False: none was running (an
+    Action's "nothing to do"); None: stopped."""
+    state = read_state(home_root)
+    if state is None:
+        remove_state(home_root)
+        return False
+    try:
+        proc = psutil.Process(state.pid)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE)
+        except psutil.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5)
+    except psutil.NoSuchProcess:
+        pass
+    remove_state(home_root, state.pid)
+    return None
+
+
+def wait_stopped(home_root: Path, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while read_state(home_root) is not None:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def owner_only_write(path: Path, text: str) -> None:
+    """Write a secret file that only its owner can read, never briefly readable by others."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
+    os.chmod(path, 0o600)
