@@ -32,15 +32,17 @@ SCRIPT = "<script>window.pwned = 1</script>"
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     """c1 with a busy and an idle node, a finished run r1 (two ranks' logs, outputs, a link out,
-    metrics) and a running run r2; a fault on each node."""
+    metrics) and a running run r2; a fault on the busy node and one on the idle node's predecessor."""
     from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import, once per module
 
     home = Home.at(tmp_path_factory.mktemp("studio") / "home")
     store = Store(home.db)
     store.add_cluster(ClusterSpec("c1", "STANDARD_D2_V2", Priority.LOW_PRIORITY, max_nodes=2), "process")
+    store.add_fault("c1", "c1-node-1", None, "preempt", "requested")  # the c1-node-1 before this one
+    made = store.recent_faults()[-1]["ts"] + 1e-6  # the nodes of now came after it (and before the slow fault)
     with store.transaction() as db:
-        store.set_node(db, Node("c1", 0, "c1-node-0", "busy", "r2", None, time.time(), "10.0.0.2"))
-        store.set_node(db, Node("c1", 1, "c1-node-1", "idle", None, time.time(), time.time(), "10.0.0.3"))
+        store.set_node(db, Node("c1", 0, "c1-node-0", "busy", "r2", None, made, "10.0.0.2"))
+        store.set_node(db, Node("c1", 1, "c1-node-1", "idle", None, made, made, "10.0.0.3"))
     for run_id in ("r1", "r2"):
         store.add_run(run_id, "exp", "c1", JOB)
         for status in (RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING):
@@ -48,7 +50,6 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     store.set_status("r1", RunStatus.FINALIZING)
     store.set_status("r1", RunStatus.COMPLETED, "<i>done</i>", exit_code=0)
     store.add_fault("c1", "c1-node-0", "r2", "slow", "throttled to 0.5 CPU(s)")
-    store.add_fault("c1", "c1-node-1", None, "kill", "the node was killed")
     store.close()
 
     r1 = home.run_dir("r1")
@@ -89,10 +90,12 @@ def test_the_overview_shows_computes_their_nodes_jobs_and_faults(client: TestCli
     [c1] = data["computes"]
     assert (c1["name"], c1["priority"], c1["max_nodes"], c1["backend"]) == ("c1", "lowpriority", 2, "process")
     assert [(n["name"], n["state"], n["run"], n["fault"]) for n in c1["nodes"]] == [
-        ("c1-node-0", "busy", "r2", "slow"), ("c1-node-1", "idle", None, "kill")]
+        ("c1-node-0", "busy", "r2", "slow"), ("c1-node-1", "idle", None, None)]  # not its predecessor's fault
     assert [(j["id"], j["status"], j["terminal"], j["processes"]) for j in data["jobs"]] == [
         ("r2", "Running", False, 2), ("r1", "Completed", True, 2)]  # newest first
-    assert [(f["kind"], f["run_id"]) for f in data["faults"]] == [("kill", None), ("slow", "r2")]
+    assert [(f["kind"], f["node"], f["run_id"]) for f in data["faults"]] == [
+        ("slow", "c1-node-0", "r2"), ("preempt", "c1-node-1", None)]  # newest first
+    assert data["jobs_total"] == 2
 
 
 def test_a_job_has_its_status_history_metrics_and_files(client: TestClient) -> None:
@@ -245,6 +248,7 @@ def _text(driver: Any, selector: str) -> str:
         return ""
 
 
+@pytest.mark.slow
 @PROCESS
 def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, cluster, make_job, tmp_path: Path) -> None:
     cluster(max_nodes=1)

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from amlemu.cluster.store import RunRecord, Store
+from amlemu.cluster.store import Node, RunRecord, Store
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
 from amlemu.runs.metrics import PLOT_NAME, metric_history
@@ -26,6 +26,7 @@ DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs")
 MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
 MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
+MAX_JOBS = 100  # newest first on the overview; `amlemu job list --all-results` has the rest
 
 
 def _finite(value: float) -> float | None:
@@ -118,15 +119,21 @@ class StudioData:
             nodes = {c.spec.name: self.store.nodes(c.spec.name) for c in clusters}
             runs = self.store.runs()
             faults = self.store.recent_faults()
-        last_fault = {f["node"]: f for f in faults}  # oldest first: the newest per node wins
+        def fault_on(node: Node) -> str | None:
+            """The newest fault of this node; node names come back after a removal, so a fault
+            older than the node was another node's."""
+            kinds = [f["kind"] for f in faults if f["cluster"] == node.cluster and f["node"] == node.name
+                     and f["ts"] >= node.created_at]
+            return kinds[-1] if kinds else None
         computes = [{
             "name": c.spec.name, "vm_size": c.spec.vm_size, "priority": c.spec.vm_priority.value,
             "min_nodes": c.spec.min_nodes, "max_nodes": c.spec.max_nodes, "backend": c.backend,
             "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address,
-                       "fault": last_fault.get(n.name, {}).get("kind")} for n in nodes[c.spec.name]],
+                       "fault": fault_on(n)} for n in nodes[c.spec.name]],
         } for c in clusters]
         return {"workspace": workspace.get("workspace_name", ""), "now": time.time(), "computes": computes,
-                "jobs": [self._job_row(r) for r in reversed(runs)], "faults": faults[::-1]}
+                "jobs": [self._job_row(r) for r in runs[::-1][:MAX_JOBS]], "jobs_total": len(runs),
+                "faults": faults[::-1]}
 
     @staticmethod
     def _job_row(record: RunRecord) -> dict[str, Any]:

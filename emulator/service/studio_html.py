@@ -88,12 +88,14 @@ FAULT_HEADS = ("time", "fault", "compute", "node", "job", "detail")
 def overview_page(data: dict[str, Any], base: str) -> str:
     computes = "".join(compute_block(c, base) for c in data["computes"]) or \
         '<p class="empty">No computes: <code>amlemu compute create</code></p>'
+    more = data["jobs_total"] - len(data["jobs"])
+    more_note = f'<p id="more-jobs" class="empty">{more} older jobs: <code>amlemu job list</code></p>' if more else ""
     jobs = _table("jobs", ("job", "display name", "experiment", "compute", "status", "created"),
                   [job_row(j, base) for j in data["jobs"]], "no jobs yet")
     faults = _table("faults", FAULT_HEADS, [fault_row(f, base) for f in data["faults"]], "none injected")
     body = (f'<h1>Workspace {esc(data["workspace"])}</h1>'
             f'<section><h2>Computes</h2><div id="computes">{computes}</div></section>'
-            f'<section><h2>Jobs</h2>{jobs}</section><section><h2>Faults injected</h2>{faults}</section>')
+            f'<section><h2>Jobs</h2>{jobs}{more_note}</section><section><h2>Faults injected</h2>{faults}</section>')
     return _page(base, "overview", {"page": "overview"}, body)
 
 

@@ -30,6 +30,12 @@
   const jobLink = (id) => (id ? el("a", { href: `${base}/jobs/${encodeURIComponent(id)}` }, id) : "");
   const status = (s) => el("span", { class: `status s-${s}` }, s);
   const num = (v) => (Math.abs(v) >= 1e4 || (v !== 0 && Math.abs(v) < 1e-3) ? v.toExponential(3) : String(+v.toFixed(4)));
+  function size(n) {
+    const units = ["B", "KB", "MB", "GB"];
+    let i = 0;
+    while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+    return i ? `${n.toFixed(1)} ${units[i]}` : `${n} B`;
+  }
   const faultCells = (f) => [stamp(f.ts), f.kind, f.cluster, f.node, jobLink(f.run_id), f.detail];
 
   function fillBody(table, rows, empty) {
@@ -118,7 +124,7 @@
     const job = encodeURIComponent(d.id);
     const files = d.files.map((f) => el("li", {},
       el("a", { href: `${base}/files/${job}/${f.path.split("/").map(encodeURIComponent).join("/")}`, download: "" }, f.path),
-      " ", el("small", {}, `${f.size} B`)));
+      " ", el("small", {}, size(f.size))));
     document.getElementById("files").replaceChildren(...(files.length ? files : [el("li", { class: "empty" }, "nothing yet")]));
     renderMetrics(d.metrics);
   }
