@@ -175,8 +175,9 @@ def test_pages_escape_what_a_job_wrote_and_allow_no_inline_script(client: TestCl
     # The tail's offset is where the script's first poll goes on from.
     assert re.search(r'id="log-1" data-rank="1" data-offset="(\d+)"', job.text).group(1) == \
         str(client.get("/studio/api/jobs/r1/logs/1").json()["offset"])
-    assert client.get("/studio/static/studio.js").headers["content-type"].startswith(("text/javascript",
-                                                                                       "application/javascript"))
+    assert client.get("/studio/static/studio.js").headers["content-type"] == "text/javascript; charset=utf-8"
+    assert client.get("/studio/static/studio.css").headers["content-type"] == "text/css; charset=utf-8"
+    assert client.get("/studio/static/studio.py").status_code == 404  # the two assets, not the package
     assert client.get("/", follow_redirects=False).headers["location"] == "/studio/"
 
 
@@ -225,6 +226,8 @@ def chromium(profile: Path) -> Iterator[Any]:
     from selenium import webdriver  # noqa: PLC0415
     from selenium.webdriver.chrome.service import Service  # noqa: PLC0415
 
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not Path(p).exists()]
+    assert not missing, f"{missing} missing: scripts/setup.sh installs Debian's chromium and chromium-driver"
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
     for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",

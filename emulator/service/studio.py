@@ -23,7 +23,6 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
-from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from amlemu.errors import NotFoundError
@@ -31,7 +30,8 @@ from amlemu.home import Home
 from amlemu.service import studio_html as pages
 from amlemu.service.studio_data import StudioData
 
-STATIC = Path(__file__).with_name("static")
+# The page's own script and style sheet, beside this module (package data), served from memory.
+ASSETS = {"studio.js": "text/javascript; charset=utf-8", "studio.css": "text/css; charset=utf-8"}
 # Our own script and style only: no inline script, nothing from another origin.
 PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
                "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
@@ -82,6 +82,14 @@ def _chunks(fh: BinaryIO) -> Iterator[bytes]:
 
 def studio_app(home: Home) -> Starlette:
     data = StudioData(home)
+    assets = {name: (Path(__file__).with_name(name).read_bytes(), media) for name, media in ASSETS.items()}
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in assets:
+            raise NotFoundError("file", name, "the studio serves studio.js and studio.css")
+        content, media = assets[name]
+        return Response(content, media_type=media)
 
     async def overview(request: Request) -> Response:
         return HTMLResponse(pages.overview_page(await run_in_threadpool(data.overview), _base(request)))
@@ -136,7 +144,7 @@ def studio_app(home: Home) -> Starlette:
         Route("/api/jobs/{run_id}", api_job),
         Route("/api/jobs/{run_id}/logs/{rank:int}", api_log),
         Route("/files/{run_id}/{path:path}", download),
-        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+        Route("/static/{name}", asset),
     ]
     app = Starlette(routes=routes, exception_handlers={NotFoundError: _missing, 404: _missing},
                     lifespan=lifespan)
