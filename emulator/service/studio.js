@@ -126,7 +126,7 @@
       el("a", { href: `${base}/files/${job}/${f.path.split("/").map(encodeURIComponent).join("/")}`, download: "" }, f.path),
       " ", el("small", {}, size(f.size))));
     document.getElementById("files").replaceChildren(...(files.length ? files : [el("li", { class: "empty" }, "nothing yet")]));
-    renderMetrics(d.metrics);
+    if (d.metrics) renderMetrics(d.metrics); // null: unreadable this once, the charts stay
   }
   async function pollLog(pre) {
     const chunk = await getJSON(`/api/jobs/${encodeURIComponent(body.dataset.job)}/logs/${pre.dataset.rank}?offset=${pre.dataset.offset}`);

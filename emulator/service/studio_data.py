@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import sqlite3
 import stat
 import threading
 import time
@@ -149,12 +150,16 @@ class StudioData:
             events = self.store.events(run_id)
             faults = self.store.faults(run_id)
         run_dir = self.home.run_dir(run_id)
-        history = metric_history(run_dir, active=not record.status.is_terminal) if run_dir.is_dir() else {}
+        try:
+            history = metric_history(run_dir, active=not record.status.is_terminal) if run_dir.is_dir() else {}
+        except sqlite3.DatabaseError:  # the record's store caught mid-creation as the run ends (MLflow
+            history = None             # migrates its schema in steps): the page keeps what it drew
+        metrics = None if history is None else {name: _thin(points) for name, points in sorted(history.items())}
         return {**self._job_row(record), "error": record.error, "exit_code": record.exit_code,
                 "preemptions": record.preemptions, "command": record.job.get("command", ""),
                 "events": [{"ts": ts, "status": status.value, "detail": detail} for ts, status, detail in events],
                 "faults": faults,
-                "metrics": {name: _thin(points) for name, points in sorted(history.items())},
+                "metrics": metrics,
                 "files": list_files(run_dir) if run_dir.is_dir() else []}
 
     def log_chunk(self, run_id: str, rank: int, offset: int) -> dict[str, Any]:

@@ -100,8 +100,9 @@ def overview_page(data: dict[str, Any], base: str) -> str:
 
 
 # --- a job ---------------------------------------------------------------------------------------
-def event_row(event: dict[str, Any], _base: str = "") -> str:
-    return f'<tr><td>{esc(when(event["ts"]))}</td><td>{status(event["status"])}</td><td>{esc(event["detail"])}</td></tr>'
+def event_row(event: dict[str, Any]) -> str:
+    return (f'<tr><td>{esc(when(event["ts"]))}</td><td>{status(event["status"])}</td>'
+            f'<td>{esc(event["detail"])}</td></tr>')
 
 
 def file_item(item: dict[str, Any], base: str, run_id: str) -> str:
