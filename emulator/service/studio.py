@@ -11,7 +11,6 @@ every answer forbids inline script: a `<script>` a job printed stays text.
 from __future__ import annotations
 
 import argparse
-import mimetypes
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -81,6 +80,9 @@ def _chunks(fh: BinaryIO) -> Iterator[bytes]:
 
 
 def studio_app(home: Home) -> Starlette:
+    """The studio of `home`, to mount (`Mount("/studio", studio_app(home))`): its links follow the
+    mount's path. Run on its own, its lifespan closes the store; mounted, Starlette runs no
+    lifespan of a sub-app, so the store's connection lives as long as the process."""
     data = StudioData(home)
     assets = {name: (Path(__file__).with_name(name).read_bytes(), media) for name, media in ASSETS.items()}
 
@@ -123,14 +125,10 @@ def studio_app(home: Home) -> Starlette:
         fh = await run_in_threadpool(data.open_file, run_id, rel)
         if fh is None:
             raise NotFoundError("file", rel, f"job {run_id} has no such file in its outputs or logs")
-        suffix = Path(rel).suffix.lower()
-        media = INLINE_TYPES.get(suffix) or mimetypes.guess_type(rel)[0] or "application/octet-stream"
-        inline = suffix in INLINE_TYPES
-        name = quote(Path(rel).name)
-        headers = {"content-security-policy": FILE_POLICY,
-                   "content-disposition": f"{'inline' if inline else 'attachment'}; filename*=utf-8''{name}"}
-        return StreamingResponse(_chunks(fh), media_type=media if inline else "application/octet-stream",
-                                 headers=headers)
+        media = INLINE_TYPES.get(Path(rel).suffix.lower())  # else a download, whatever the name says
+        disposition = f"{'inline' if media else 'attachment'}; filename*=utf-8''{quote(Path(rel).name)}"
+        return StreamingResponse(_chunks(fh), media_type=media or "application/octet-stream",
+                                 headers={"content-security-policy": FILE_POLICY, "content-disposition": disposition})
 
     @asynccontextmanager
     async def lifespan(_app: Starlette):  # type: ignore[no-untyped-def]
