@@ -33,7 +33,8 @@ SCRIPT = "<script>window.pwned = 1</script>"
 def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     """c1 with a busy and an idle node, a finished run r1 (two ranks' logs, outputs, a link out,
     metrics) and a running run r2; a fault on the busy node and one on the idle node's predecessor."""
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415 - slow import, once per module
+    from mlflow.entities import Metric  # noqa: PLC0415 - slow import, once per module
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
     home = Home.at(tmp_path_factory.mktemp("studio") / "home")
     store = Store(home.db)
@@ -69,8 +70,8 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     (r1 / PLOT_NAME).write_bytes(b"\x89PNG\r\n\x1a\n")
     client = MlflowClient(tracking_uri=f"sqlite:///{r1 / 'mlflow.db'}")
     run = client.create_run(client.create_experiment("exp"))
-    for step in range(MAX_POINTS + 100):
-        client.log_metric(run.info.run_id, "loss", 1.0 / (step + 1), step=step)
+    client.log_batch(run.info.run_id, metrics=[Metric("loss", 1.0 / (step + 1), 0, step)
+                                               for step in range(MAX_POINTS + 100)])
     client.log_metric(run.info.run_id, "odd", float("nan"), step=0)
     client.log_metric(run.info.run_id, "odd", 2.0, step=1)
     r2 = home.run_dir("r2")
