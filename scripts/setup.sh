@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one idempotent setup of amlemu, used by `make demo`, `make test` and CI.
 #
-#   1. Debian packages: Docker engine, Open MPI, build tools      (apt, as root; skipped when present)
+#   1. Debian packages: Docker engine, Open MPI, build tools, chromium (apt, as root; skipped when present)
 #   2. a running Docker engine                                     (starts dockerd when none answers)
 #   3. the project's venv with torch, horovod (built once, cached), the project itself
 #   4. Azurite (npm) for blob datastores, and the real MNIST data set as torchvision expects it
@@ -15,7 +15,8 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${AMLEMU_VENV:-$ROOT/.venv}
 CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
 PY=${PYTHON:-python3}
-DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make)
+DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make
+  chromium chromium-driver)  # the headless browser (and its driver) of the studio page test
 
 step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }

@@ -312,6 +312,11 @@ class Store:
         args = (run_id, since, kind) if kind else (run_id, since)
         return [dict(r) for r in self._db.execute(query + " ORDER BY id", args).fetchall()]
 
+    def recent_faults(self, limit: int = 50) -> list[dict[str, Any]]:
+        """The newest `limit` faults of the home, oldest first (those on idle nodes have no run)."""
+        rows = self._db.execute("SELECT * FROM faults ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+        return [dict(r) for r in reversed(rows)]
+
     def set_preemption_policy(self, cluster: str, rate_per_node_hour: float, seed: int, max_preemptions: int) -> None:
         with self.transaction() as db:
             db.execute("INSERT OR REPLACE INTO preemption_policies VALUES (?, ?, ?, ?)",

@@ -1,0 +1,174 @@
+"""The studio: a small live web page of one home, what a user looks at instead of Azure ML studio.
+
+`studio_app(home)` is a self-contained Starlette app (the service mounts it at /studio): two
+server-rendered pages (the overview, and a job), JSON endpoints that a little script polls every
+second, and the run's files to download. It only reads the home. Everything a job wrote is
+escaped (studio_html), files come only from the run's own folder (studio_data.open_in_run), and
+every answer forbids inline script: a `<script>` a job printed stays text.
+
+    python -m amlemu.service.studio --home ~/.amlemu --port 8765   # http://127.0.0.1:8765/studio/
+"""
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, BinaryIO
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from amlemu.errors import NotFoundError
+from amlemu.home import Home
+from amlemu.service import studio_html as pages
+from amlemu.service.studio_data import StudioData
+
+# The page's own script and style sheet, beside this module (package data), served from memory.
+ASSETS = {"studio.js": "text/javascript; charset=utf-8", "studio.css": "text/css; charset=utf-8"}
+# Our own script and style only: no inline script, nothing from another origin.
+PAGE_POLICY = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+               "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+# A file the job wrote is never run as a page of ours, whatever its name says.
+FILE_POLICY = "sandbox; default-src 'none'"
+INLINE_TYPES = {".txt": "text/plain; charset=utf-8", ".log": "text/plain; charset=utf-8", ".png": "image/png"}
+
+
+class SecurityHeaders:
+    """Pure ASGI middleware: every answer gets nosniff, no referrer, and the page policy unless it
+    set its own (file downloads set the sandbox)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                names = {name.lower() for name, _ in headers}
+                defaults = [(b"x-content-type-options", b"nosniff"), (b"referrer-policy", b"no-referrer"),
+                            (b"content-security-policy", PAGE_POLICY.encode()), (b"cache-control", b"no-store")]
+                message = {**message, "headers": headers + [(k, v) for k, v in defaults if k not in names]}
+            await send(message)
+        await self.app(scope, receive, with_headers)
+
+
+def _base(request: Request) -> str:
+    """Where the app is mounted (the service's /studio), for the links it writes."""
+    return request.scope.get("root_path", "").rstrip("/")
+
+
+def _missing(request: Request, exc: Exception) -> Response:
+    if request.url.path.startswith(f"{_base(request)}/api/"):
+        return JSONResponse({"error": {"code": "NotFound", "message": str(exc)}}, status_code=404)
+    return HTMLResponse(pages.not_found_page(_base(request), str(exc)), status_code=404)
+
+
+def _chunks(fh: BinaryIO) -> Iterator[bytes]:
+    with fh:
+        while block := fh.read(256 * 1024):
+            yield block
+
+
+def studio_app(home: Home) -> Starlette:
+    """The studio of `home`, to mount (`Mount("/studio", studio_app(home))`): its links follow the
+    mount's path. Run on its own, its lifespan closes the store; mounted, Starlette runs no
+    lifespan of a sub-app, so the store's connection lives as long as the process."""
+    data = StudioData(home)
+    assets = {name: (Path(__file__).with_name(name).read_bytes(), media) for name, media in ASSETS.items()}
+
+    async def asset(request: Request) -> Response:
+        name = request.path_params["name"]
+        if name not in assets:
+            raise NotFoundError("file", name, "the studio serves studio.js and studio.css")
+        content, media = assets[name]
+        return Response(content, media_type=media)
+
+    async def overview(request: Request) -> Response:
+        return HTMLResponse(pages.overview_page(await run_in_threadpool(data.overview), _base(request)))
+
+    def _job_page(run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        job = data.job(run_id)
+        return job, [data.log_chunk(run_id, rank, -1) for rank in range(job["processes"])]
+
+    async def job(request: Request) -> Response:
+        found, logs = await run_in_threadpool(_job_page, request.path_params["run_id"])
+        return HTMLResponse(pages.job_page(found, logs, _base(request)))
+
+    async def api_overview(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(data.overview))
+
+    async def api_job(request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(data.job, request.path_params["run_id"]))
+
+    async def api_log(request: Request) -> Response:
+        try:
+            offset = int(request.query_params.get("offset", "-1"))
+        except ValueError:
+            return JSONResponse({"error": {"code": "BadRequest", "message": "offset: must be a whole number of "
+                                           "bytes; leave it out for the log's tail"}}, status_code=400)
+        chunk = await run_in_threadpool(data.log_chunk, request.path_params["run_id"],
+                                        request.path_params["rank"], offset)
+        return JSONResponse(chunk)
+
+    async def download(request: Request) -> Response:
+        run_id, rel = request.path_params["run_id"], request.path_params["path"]
+        fh = await run_in_threadpool(data.open_file, run_id, rel)
+        if fh is None:
+            raise NotFoundError("file", rel, f"job {run_id} has no such file in its outputs or logs")
+        media = INLINE_TYPES.get(Path(rel).suffix.lower())  # else a download, whatever the name says
+        disposition = f"{'inline' if media else 'attachment'}; filename*=utf-8''{quote(Path(rel).name)}"
+        return StreamingResponse(_chunks(fh), media_type=media or "application/octet-stream",
+                                 headers={"content-security-policy": FILE_POLICY, "content-disposition": disposition})
+
+    @asynccontextmanager
+    async def lifespan(_app: Starlette):  # type: ignore[no-untyped-def]
+        yield
+        data.close()
+
+    routes = [
+        Route("/", overview, name="overview"),
+        Route("/jobs/{run_id}", job, name="job"),
+        Route("/api/overview", api_overview),
+        Route("/api/jobs/{run_id}", api_job),
+        Route("/api/jobs/{run_id}/logs/{rank:int}", api_log),
+        Route("/files/{run_id}/{path:path}", download),
+        Route("/static/{name}", asset),
+    ]
+    app = Starlette(routes=routes, exception_handlers={NotFoundError: _missing, 404: _missing},
+                    lifespan=lifespan)
+    app.add_middleware(SecurityHeaders)
+    return app
+
+
+def standalone_app(home: Home) -> Starlette:
+    """The studio at /studio, as the service serves it, and / leading there (the runner below)."""
+    async def root(_request: Request) -> Response:
+        return RedirectResponse("/studio/")
+    return Starlette(routes=[Route("/", root), Mount("/studio", studio_app(home))])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import uvicorn  # noqa: PLC0415 - only the runner serves
+
+    parser = argparse.ArgumentParser(prog="python -m amlemu.service.studio",
+                                     description="Serve the studio page of a home on 127.0.0.1.")
+    parser.add_argument("--home", help="the emulator home (default: $AMLEMU_HOME or ~/.amlemu)")
+    parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765)")
+    args = parser.parse_args(argv)
+    home = Home.at(args.home)
+    print(f"amlemu studio for {home.root}: http://127.0.0.1:{args.port}/studio/ (Ctrl-C stops it)", flush=True)
+    uvicorn.run(standalone_app(home), host="127.0.0.1", port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

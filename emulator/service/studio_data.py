@@ -1,0 +1,188 @@
+"""What the studio page shows, as plain JSON-ready data read from a home: computes and their nodes,
+jobs and their status history, faults, metric curves, log chunks and the files a run left.
+
+Read-only: the state store is only queried (never reconciled), and every file comes from the run's
+record through `open_in_run`, which refuses any path that leaves it. A job is untrusted code and it
+wrote the logs, outputs and metric names shown here: the page escapes them, this module only
+keeps them inside the run's folder and the JSON valid (a NaN metric becomes null).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sqlite3
+import stat
+import threading
+import time
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from amlemu.cluster.store import Node, RunRecord, Store
+from amlemu.errors import NotFoundError
+from amlemu.home import Home
+from amlemu.runs.metrics import PLOT_NAME, metric_history
+
+# What of a run's record the page lists and serves: what `amlemu job download` gives.
+DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs")
+MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
+LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
+MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
+MAX_JOBS = 100  # newest first on the overview; `amlemu job list --all-results` has the rest
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
+
+
+def _processes(job: dict[str, Any]) -> int:
+    dist = job.get("distribution") or {}
+    per_node = 1 if dist.get("type", "none") == "none" else int(dist.get("process_count_per_instance", 1))
+    return int(job.get("instance_count", 1)) * per_node
+
+
+def _thin(points: list[tuple[int, float]]) -> list[list[float | None]]:
+    """At most MAX_POINTS (step, value) pairs, evenly picked, the last one always kept."""
+    if len(points) > MAX_POINTS:
+        stride = len(points) / MAX_POINTS
+        points = [points[int(i * stride)] for i in range(MAX_POINTS - 1)] + [points[-1]]
+    return [[step, _finite(value)] for step, value in points]
+
+
+def open_in_run(run_dir: Path, rel: str) -> BinaryIO | None:
+    """The regular file run_dir/rel opened for reading, or None: `rel` must be a plain relative
+    path under one of DOWNLOADABLE (or the metrics plot), and every folder on the way and the file
+    itself are opened with O_NOFOLLOW relative to the previous one, so a link the job left (or
+    swaps in meanwhile) fails the open instead of leading out of the run's folder."""
+    parts = rel.split("/")
+    if not parts or any(p in ("", ".", "..") or "\0" in p for p in parts):
+        return None
+    if not (parts[0] in DOWNLOADABLE and len(parts) > 1 or parts == [PLOT_NAME]):
+        return None
+    fds: list[int] = []
+    try:
+        fds.append(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
+        for part in parts[:-1]:
+            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
+    except OSError:
+        return None
+    finally:
+        for each in fds:
+            os.close(each)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo would block the reader, a device is not ours
+        os.close(fd)
+        return None
+    return open(fd, "rb")
+
+
+def list_files(run_dir: Path) -> list[dict[str, Any]]:
+    """The regular files of the run's downloadable folders (links and special files left out, and
+    never followed), with their sizes, in path order."""
+    found: list[dict[str, Any]] = []
+    plot = run_dir / PLOT_NAME
+    if plot.is_file() and not plot.is_symlink():
+        found.append({"path": PLOT_NAME, "size": plot.stat().st_size})
+    for top in DOWNLOADABLE:
+        root = run_dir / top
+        if root.is_symlink() or not root.is_dir():
+            continue
+        for folder, dirs, files in os.walk(root, followlinks=False):
+            dirs.sort()
+            for name in sorted(files):
+                info = os.lstat(os.path.join(folder, name))
+                if stat.S_ISREG(info.st_mode):
+                    found.append({"path": Path(folder, name).relative_to(run_dir).as_posix(), "size": info.st_size})
+                if len(found) >= MAX_FILES:
+                    return found
+    return found
+
+
+class StudioData:
+    """One home's state for the page. The store's sqlite connection is shared by the server's
+    worker threads, so each read holds a lock (reads take milliseconds)."""
+
+    def __init__(self, home: Home) -> None:
+        self.home = home
+        self.store = Store(home.db)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self.store.close()
+
+    def _run(self, run_id: str) -> RunRecord:
+        with self._lock:
+            return self.store.run(run_id)
+
+    def overview(self) -> dict[str, Any]:
+        with self._lock:
+            workspace = self.store.workspace()
+            clusters = self.store.clusters()
+            nodes = {c.spec.name: self.store.nodes(c.spec.name) for c in clusters}
+            runs = self.store.runs()
+            faults = self.store.recent_faults()
+        def fault_on(node: Node) -> str | None:
+            """The newest fault of this node; node names come back after a removal, so a fault
+            older than the node was another node's."""
+            kinds = [f["kind"] for f in faults if f["cluster"] == node.cluster and f["node"] == node.name
+                     and f["ts"] >= node.created_at]
+            return kinds[-1] if kinds else None
+        computes = [{
+            "name": c.spec.name, "vm_size": c.spec.vm_size, "priority": c.spec.vm_priority.value,
+            "min_nodes": c.spec.min_nodes, "max_nodes": c.spec.max_nodes, "backend": c.backend,
+            "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address,
+                       "fault": fault_on(n)} for n in nodes[c.spec.name]],
+        } for c in clusters]
+        return {"workspace": workspace.get("workspace_name", ""), "now": time.time(), "computes": computes,
+                "jobs": [self._job_row(r) for r in runs[::-1][:MAX_JOBS]], "jobs_total": len(runs),
+                "faults": faults[::-1]}
+
+    @staticmethod
+    def _job_row(record: RunRecord) -> dict[str, Any]:
+        return {"id": record.id, "experiment": record.experiment, "compute": record.cluster,
+                "display_name": record.job.get("display_name") or "", "status": record.status.value,
+                "terminal": record.status.is_terminal, "created_at": record.created_at,
+                "nodes": list(record.nodes), "processes": _processes(record.job)}
+
+    def job(self, run_id: str) -> dict[str, Any]:
+        """Everything the job page polls, but the logs (each rank's has its own endpoint)."""
+        with self._lock:
+            record = self.store.run(run_id)
+            events = self.store.events(run_id)
+            faults = self.store.faults(run_id)
+        run_dir = self.home.run_dir(run_id)
+        try:
+            history = metric_history(run_dir, active=not record.status.is_terminal) if run_dir.is_dir() else {}
+        except sqlite3.DatabaseError:  # the record's store caught mid-creation as the run ends (MLflow
+            history = None             # migrates its schema in steps): the page keeps what it drew
+        metrics = None if history is None else {name: _thin(points) for name, points in sorted(history.items())}
+        return {**self._job_row(record), "error": record.error, "exit_code": record.exit_code,
+                "preemptions": record.preemptions, "command": record.job.get("command", ""),
+                "events": [{"ts": ts, "status": status.value, "detail": detail} for ts, status, detail in events],
+                "faults": faults,
+                "metrics": metrics,
+                "files": list_files(run_dir) if run_dir.is_dir() else []}
+
+    def log_chunk(self, run_id: str, rank: int, offset: int) -> dict[str, Any]:
+        """Rank `rank`'s log from byte `offset` (negative: its last LOG_CHUNK bytes), at most
+        LOG_CHUNK of it, cut after the last whole line while the run goes on (a line, or a UTF-8
+        character, is never shown in halves). `offset` in the answer is where the next poll starts."""
+        record = self._run(run_id)
+        if not 0 <= rank < _processes(record.job):
+            raise NotFoundError("log", f"rank {rank} of job {run_id}",
+                                f"ranks are 0 to {_processes(record.job) - 1}")
+        fh = open_in_run(self.home.run_dir(run_id), f"user_logs/std_log_process_{rank}.txt")
+        if fh is None:
+            return {"offset": 0, "size": 0, "text": "", "skipped": 0, "terminal": record.status.is_terminal}
+        with fh:
+            size = os.fstat(fh.fileno()).st_size
+            start = max(0, size - LOG_CHUNK) if offset < 0 else min(offset, size)
+            fh.seek(start)
+            data = fh.read(LOG_CHUNK)
+        if not record.status.is_terminal and b"\n" in data and not data.endswith(b"\n"):
+            data = data[:data.rindex(b"\n") + 1]
+        return {"offset": start + len(data), "size": size, "text": data.decode("utf-8", errors="replace"),
+                "skipped": start if offset < 0 else 0, "terminal": record.status.is_terminal}
+
+    def open_file(self, run_id: str, rel: str) -> BinaryIO | None:
+        self._run(run_id)  # an unknown job is a 404 before any path is built from its name
+        return open_in_run(self.home.run_dir(run_id), rel)
