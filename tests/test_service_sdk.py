@@ -17,6 +17,7 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
+import requests
 from conftest import REPO
 
 from amlemu import servicefile
@@ -80,6 +81,10 @@ def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Servic
     name = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
     assert re.search(rf"job {name}: (JobStatus\.COMPLETED|Completed)\n", done.stdout)
     assert f"/studio/jobs/{name}" in done.stdout
+    # The link leads to the studio page the service serves beside the API.
+    url, ca = servicefile.read_state(service.home).url, service.env["REQUESTS_CA_BUNDLE"]
+    page = requests.get(f"{url}/studio/jobs/{name}", verify=ca, timeout=30)
+    assert page.status_code == 200 and name in page.text and "Completed" in page.text
     # The emulator ran it: its own store says so, its run folder holds every rank's log and the output.
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
     assert (shown["status"], shown["compute"]) == ("Completed", "cpu-cluster")

@@ -15,12 +15,13 @@ from typing import Any
 
 import pytest
 from conftest import release, wait_until
+from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
 from amlemu.runs.metrics import PLOT_NAME
-from amlemu.service.studio import standalone_app
+from amlemu.service.studio import standalone_app, studio_mount
 from amlemu.service.studio_data import LOG_CHUNK, MAX_POINTS
 from amlemu.specs import ClusterSpec, Priority, RunStatus
 
@@ -299,3 +300,14 @@ def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, clust
         assert driver.execute_script("return window.sameDocument") is True
         print(f"studio: the job page loaded in {loaded:.2f} s")
     assert run.status is RunStatus.COMPLETED
+
+
+def test_a_service_open_to_the_network_shows_the_page_to_this_machine_only(tmp_path: Path) -> None:
+    home = Home.at(tmp_path / "home")
+    local = TestClient(Starlette(routes=[studio_mount(home, remote=False)]))
+    assert local.get("/studio/").status_code == 200
+    remote = TestClient(Starlette(routes=[studio_mount(home, remote=True)]))  # its client is "testclient"
+    refused = remote.get("/studio/")
+    assert refused.status_code == 403 and "this machine only" in refused.text
+    loopback = TestClient(Starlette(routes=[studio_mount(home, remote=True)]), client=("127.0.0.1", 50000))
+    assert loopback.get("/studio/").status_code == 200

@@ -56,6 +56,7 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
     from amlemu.service.emustate import EmulatorState  # noqa: PLC0415 - the service loads only here
     from amlemu.service.routes import Context  # noqa: PLC0415
     from amlemu.service.server import serve_forever  # noqa: PLC0415
+    from amlemu.service.studio import studio_mount  # noqa: PLC0415
 
     host = "0.0.0.0" if allow_remote else "127.0.0.1"  # noqa: S104 - only with --allow-remote
     if allow_remote:
@@ -68,7 +69,9 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
 
     serve_forever(home.root, make_ctx, host, port, allow_remote,
                   lambda url: err_console.print(f"amlemu serve: {url} (Ctrl-C stops it; `eval \"$(amlemu env)\"` "
-                                                "points azure-ai-ml at it)", highlight=False))
+                                                f"points azure-ai-ml at it; the studio page: {url}/studio/)",
+                                                highlight=False),
+                  extra_routes=[studio_mount(home, remote=allow_remote)])
 
 
 @cli.command("env")

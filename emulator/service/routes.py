@@ -322,6 +322,7 @@ def _response(reply: Reply, method: str) -> Response:
 
 
 def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Starlette:
-    """The service's ASGI app; `extra_routes` (the studio page) are mounted before the catch-all."""
+    """The service's ASGI app; `extra_routes` (the studio page, under /studio) come first: the blob
+    routes' `/{account}/{container}/...` would take their paths otherwise."""
     routes = [Route(path, _endpoint(ctx, fn, auth), methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
-    return Starlette(routes=[*routes[:-1], *(extra_routes or []), routes[-1]])
+    return Starlette(routes=[*(extra_routes or []), *routes])

@@ -11,6 +11,7 @@ every answer forbids inline script: a `<script>` a job printed stays text.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +21,8 @@ from urllib.parse import quote
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
+from starlette.responses import (HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response,
+                                 StreamingResponse)
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -148,6 +150,37 @@ def studio_app(home: Home) -> Starlette:
                     lifespan=lifespan)
     app.add_middleware(SecurityHeaders)
     return app
+
+
+class LoopbackOnly:
+    """Pure ASGI middleware: only clients on this machine see the page. A service listening on every
+    interface (`amlemu serve --allow-remote`) checks a bearer token on each API call; a browser
+    sends none, so the page, which shows every run's logs and files, stays local."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        client = (scope.get("client") or ("", 0))[0]
+        if scope["type"] == "http" and not (client == "localhost" or _is_loopback(client)):
+            await PlainTextResponse("the studio page is served to this machine only (amlemu serve --allow-remote "
+                                    "opens the API, not the page)", status_code=403)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _is_loopback(address: str) -> bool:
+    try:
+        return ipaddress.ip_address(address).is_loopback
+    except ValueError:
+        return False
+
+
+def studio_mount(home: Home, *, remote: bool) -> Mount:
+    """The studio as `amlemu serve` mounts it at /studio (beside the API); local clients only when
+    the service listens beyond loopback."""
+    app = studio_app(home)
+    return Mount("/studio", LoopbackOnly(app) if remote else app)
 
 
 def standalone_app(home: Home) -> Starlette:
