@@ -22,11 +22,11 @@ demo: setup
 	$(AMLEMU) job create -f trainer/job.yml --stream
 
 # In parallel: most of the suite's time is spent waiting on nodes, jobs and servers, not computing,
-# so more workers than cores pay (TEST_WORKERS=0 runs it in one process). Work stealing keeps a
-# worker that drew the long fault runs from holding up the end; the slowest tests are listed.
+# so more workers than cores pay (TEST_WORKERS=0 runs it in one process). The tests that train
+# share one worker, in turn (loadgroup; tests/conftest.py says why); the slowest tests are listed.
 TEST_WORKERS ?= 4
 test: setup
-	$(PY) -m pytest -n $(TEST_WORKERS) --dist worksteal --durations=25
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 
 # On a machine with NVIDIA GPUs: installs the CUDA stack (setup, Horovod with NCCL) and checks the
 # GPU path (scripts/gpu_check.sh); one report line per check. Without a GPU it stops at once (exit 2).

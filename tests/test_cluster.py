@@ -11,7 +11,7 @@ import docker
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import BLOCK, REPO, job_processes, release, wait_until
+from conftest import BLOCK, REPO, TRAINING, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import get_backend
@@ -186,20 +186,26 @@ def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, ma
     assert emu.runs() == [] and emu.store.nodes("c1") == [] and emu_nodes(emu) == []
 
 
-def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, mnist_root: Path) -> None:
+@TRAINING
+def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, backend: str, mnist_root: Path,
+                                             mnist_12k: Path) -> None:
     """The seed's job, unchanged, on real MNIST read from workspaceblobstore (Azurite) through each
-    node's own cache: 2 nodes x 1 process, accuracy >= 0.95."""
+    node's own cache: 2 nodes x 1 process. On the seed's docker nodes the full set reaching 95%
+    (the suite's proof of the figure); on process nodes 12,000 images reaching 90%, in a fifth of
+    the time (the same path, minus the figure)."""
+    data, bar = (mnist_root, 0.95) if backend == "docker" else (mnist_12k, 0.9)
     cluster()
-    emu.datastores.upload(mnist_root, "azureml://datastores/workspaceblobstore/paths/mnist")
+    emu.datastores.upload(data, "azureml://datastores/workspaceblobstore/paths/mnist")
     run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error
+    images = data / "MNIST" / "raw" / "train-images-idx3-ubyte"
     for node in ("c1-node-0", "c1-node-1"):
         raw = emu.home.cache_dir("c1", node) / "data" / "workspaceblobstore" / "mnist" / "MNIST" / "raw"
-        assert (raw / "train-images-idx3-ubyte").stat().st_size == 47_040_016
+        assert (raw / "train-images-idx3-ubyte").read_bytes() == images.read_bytes()
     summary = json.loads((run.outputs / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True
     metrics = run.metrics()
-    assert metrics["test_accuracy"] >= 0.95 and metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
+    assert metrics["test_accuracy"] >= bar and metrics["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     assert [step for step, _ in run.metric_history()["test_accuracy"]] == [1, 2]
     assert {"model.pt", "checkpoint-epoch2.pt"} <= {p.name for p in run.outputs.iterdir()}
 

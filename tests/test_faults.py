@@ -10,7 +10,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import REPO, job_processes, release, wait_until
+from conftest import REPO, TRAINING, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import backend_class
@@ -218,6 +218,7 @@ time.sleep(float(os.environ.get("HOLD", "0.3")))
 """
 
 
+@pytest.mark.long
 def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(emu: Emulator, cluster, make_job,
                                                                                backend: str) -> None:
     """Consecutive short jobs, each hit (or not) by a fault drawn from a seeded generator at a random
@@ -252,12 +253,14 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
 
 
 # The seed's own setup (docker nodes); preemption itself is tested on both backends above.
+@TRAINING
 @pytest.mark.parametrize("backend", ["docker"])
-def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_root: Path) -> None:
+def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_12k: Path) -> None:
     """Preempted after its first checkpoint, the 2-node MNIST job restarts on fresh nodes, resumes
-    from ./outputs/checkpoint-epoch1.pt and still reaches 95%."""
+    from ./outputs/checkpoint-epoch1.pt and still converges (12,000 images: epoch 2 takes seconds,
+    far longer than the preemption takes to land)."""
     cluster(**LOW)
-    emu.datastores.upload(mnist_root, "azureml://datastores/workspaceblobstore/paths/mnist")
+    emu.datastores.upload(mnist_12k, "azureml://datastores/workspaceblobstore/paths/mnist")
     run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
     checkpoint = emu.home.node_dir("c1", "c1-node-0") / "cr" / "j" / run.id / "exe" / "wd" / "outputs" / "checkpoint-epoch1.pt"
     wait_until(checkpoint.exists, 300, "epoch 1 checkpointed")
@@ -265,7 +268,7 @@ def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mni
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error
     assert run.record.preemptions == 1
     assert "resum" in run.logs(0).lower() and "checkpoint-epoch1.pt" in run.logs(0)
-    assert run.metrics()["test_accuracy"] >= 0.95
+    assert run.metrics()["test_accuracy"] >= 0.9
     assert [step for step, _ in run.metric_history()["test_accuracy"]] == [1, 2]  # appended across attempts
     details = " ".join(d for _, _, d in run.events())
     assert "preempted (node(s) c1-node-1)" in details

@@ -5,12 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, TRAINING
 
 from amlemu.api import Emulator
 from amlemu.jobs import sdk1
 from amlemu.specs import ClusterSpec, RunStatus
-from pytest_amlemu import mnist
 
 IMAGE = "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04"
 
@@ -25,17 +24,17 @@ def v1_environment():  # type: ignore[no-untyped-def]
     return env
 
 
+@TRAINING
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind; one training is enough
-def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_root: Path, tmp_path: Path) -> None:
+def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_12k: Path) -> None:
     """The seed's code, as written in the article, with an offline workspace and compute target, on
     real MNIST in workspaceblobstore (a subset: the figure is tests/test_cluster.py's business)."""
     with sdk1.quiet():  # their imports warn about the SDK's own deprecated enums
         from azureml.data.azure_storage_datastore import AzureBlobDatastore
         from azureml.train.dnn import PyTorch
 
-    subset = mnist.write_subset(mnist.MnistLayout(mnist_root), tmp_path / "mnist", train=12000, test=1000).root
-    emu.datastores.upload(subset, "azureml://datastores/workspaceblobstore/paths/mnist")
+    emu.datastores.upload(mnist_12k, "azureml://datastores/workspaceblobstore/paths/mnist")
     ws = emu.workspace()
     workspace = sdk1.offline_workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"])
     config = ClusterSpec("gpucluster", "STANDARD_NC6", vm_priority="lowpriority", max_nodes=2,

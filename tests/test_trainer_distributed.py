@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import TRAINER_DIR
+from conftest import TRAINER_DIR, TRAINING
 
 from amlemu.runs.mpi import MpiLaunch, launch_env, mpirun_argv
 
@@ -55,6 +55,7 @@ def _assert_trained(cwd: Path, summary_steps: int) -> dict:
     return summary
 
 
+@TRAINING
 def test_two_ranks_under_mpirun(tmp_path: Path, mnist_subset: Path) -> None:
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     done = _mpirun(tmp_path, _trainer(mnist_subset, *FAST), tracking)
@@ -67,6 +68,7 @@ def test_two_ranks_under_mpirun(tmp_path: Path, mnist_subset: Path) -> None:
     assert [step for step, _ in metrics["train_loss"]] == [1, 6, 11, 16, 21, 26]
 
 
+@TRAINING
 def test_two_ranks_under_horovodrun_gloo(tmp_path: Path, mnist_subset: Path) -> None:
     env = {**os.environ, "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     horovodrun = str(Path(sys.executable).with_name("horovodrun"))
@@ -74,6 +76,7 @@ def test_two_ranks_under_horovodrun_gloo(tmp_path: Path, mnist_subset: Path) -> 
     _assert_trained(tmp_path, summary_steps=30)
 
 
+@TRAINING
 def test_restarted_job_resumes_from_its_checkpoint(tmp_path: Path, mnist_subset: Path) -> None:
     tracking = f"sqlite:///{tmp_path / 'mlflow.db'}"
     _mpirun(tmp_path, _trainer(mnist_subset, *FAST[2:], "--epochs", "1"), tracking)
