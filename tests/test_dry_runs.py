@@ -84,8 +84,9 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
         emu.store.add_run("queued_run", "exp", "busy", {"note": "stands for a queued job"})
         emu.store.set_status("queued_run", RunStatus.QUEUED, "submitted")
         # Its supervisor, stood in for by a process that names the run, as `ours` checks.
-        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "queued_run"],
-                                   start_new_session=True)
+        # Its home in the argv too: other xdist workers' worlds have a "queued_run" of their own.
+        sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "queued_run",
+                                    str(emu.home.root)], start_new_session=True)
         emu.store.update_run("queued_run", supervisor_pid=sleeper.pid)
         emu.store.add_run("ended_run", "exp", "busy", {"note": "stands for an ended job"})
         emu.store.set_status("ended_run", RunStatus.FAILED, "it failed", error="it failed")
@@ -116,7 +117,7 @@ def snapshot(world: World) -> dict[str, Any]:
                          c.attrs["HostConfig"]["CpuQuota"]) for c in client.containers.list(all=True, filters=label))
     networks = sorted(n.name for n in client.networks.list(filters=label))
     processes = sorted((p.pid, tuple(p.info["cmdline"] or ())) for p in psutil.process_iter(["cmdline"])
-                       if any(str(world.home) in part or "queued_run" in part for part in (p.info["cmdline"] or [])))
+                       if any(str(world.home) in part for part in (p.info["cmdline"] or [])))
     blobs = world.emu.datastores.ls("azureml://datastores/blobby/paths/")  # Azurite runs: nothing is started
     return {"files": files, "rows": rows, "containers": containers, "networks": networks,
             "processes": processes, "blobs": blobs}
