@@ -24,7 +24,7 @@ from amlemu.service.auth import Auth
 from amlemu.service.emustate import EmulatorState
 from amlemu.service.routes import Context
 from amlemu.service.server import env_vars, run_in_thread
-from amlemu.service.state import ServiceError
+from amlemu.service.state import DiskBlobs, ServiceError
 from pytest_amlemu.amlservice import FakeAzureML
 
 
@@ -359,3 +359,15 @@ def test_allow_remote_warns_and_still_wants_a_token(home: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert "warning: --allow-remote" in err
+
+
+@pytest.mark.parametrize("container,blob", [("code-a", "../code-b/train.py"), ("code-a", "x/../../code-b/t.py"),
+                                            ("..", "x"), ("code-a/../code-b", "t.py"), ("code-a", "/etc/passwd")])
+def test_an_upload_stays_in_the_container_its_sas_names(tmp_path: Path, container: str, blob: str) -> None:
+    blobs = DiskBlobs(tmp_path / "blobs")
+    blobs.put("code-a", "train.py", b"ok", None)
+    with pytest.raises(ServiceError) as refused:
+        blobs.put(container, blob, b"evil", None)
+    assert refused.value.status == 400 and "leaves the container" in str(refused.value.body())
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
+        "blob-metadata/code-a/train.py.json", "blobs/code-a/train.py"]

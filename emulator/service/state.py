@@ -116,8 +116,12 @@ class DiskBlobs:
         self.root = root
 
     def path(self, container: str, blob: str = "") -> Path:
-        target = (self.root / container / blob).resolve()
-        if not target.is_relative_to(self.root.resolve()) or "/" in container:
+        # Within its own container: a SAS names one container, so `..` may not reach a neighbour.
+        if "/" in container or container in ("", ".", "..") or ".." in blob.split("/"):
+            raise bad_request("blob", f"'{container}/{blob}' leaves the container")
+        base = (self.root / container).resolve()
+        target = (base / blob).resolve()
+        if not target.is_relative_to(base):
             raise bad_request("blob", f"'{container}/{blob}' leaves the container")
         return target
 
