@@ -18,8 +18,9 @@ import pytest
 import requests
 
 from amlemu import servicefile
+from amlemu.api import Emulator
 from amlemu.cli.serve import render_env
-from amlemu.service import emujobs, tls
+from amlemu.service import emublobs, emujobs, tls
 from amlemu.service.auth import Auth
 from amlemu.service.emustate import EmulatorState
 from amlemu.service.routes import Context
@@ -371,3 +372,11 @@ def test_an_upload_stays_in_the_container_its_sas_names(tmp_path: Path, containe
     assert refused.value.status == 400 and "leaves the container" in str(refused.value.body())
     assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*") if p.is_file()) == [
         "blob-metadata/code-a/train.py.json", "blobs/code-a/train.py"]
+
+
+def test_the_artifact_listing_names_runs_only(tmp_path: Path) -> None:
+    emu = Emulator(home=tmp_path / "home", backend="process")
+    (emu.home.root / "outputs").mkdir()  # what a `..` run name would reach: the home itself
+    (emu.home.root / "outputs" / "secret.txt").write_text("not a run's")
+    for prefix in ("ExperimentRun/dcid../", "ExperimentRun/dcid..", "ExperimentRun/dcid./"):
+        assert emublobs.list_blobs(emu, emublobs.ARTIFACT_CONTAINER, prefix) == []

@@ -12,6 +12,7 @@ from typing import Any
 
 from amlemu.errors import AmlEmuError
 from amlemu.jobs.jobspec_io import job_from_record
+from amlemu.names import JOB_NAME_RE
 from amlemu.runs.contract import bindings
 from amlemu.service.state import bad_request, not_found
 
@@ -32,7 +33,7 @@ def run_outputs(emu: Any, name: str) -> dict[str, str]:
 def _run_files(emu: Any, prefix: str) -> list[tuple[str, Path]]:
     head, _, rest = prefix.partition("ExperimentRun/dcid.")
     run = rest.split("/", 1)[0]
-    if head or not run:
+    if head or not JOB_NAME_RE.match(run):  # a run's name, never `..` or a path
         return []
     run_dir = emu.home.run_dir(run)
     files = [p for sub in RUN_FOLDERS for p in sorted((run_dir / sub).rglob("*")) if p.is_file() and not p.is_symlink()]
