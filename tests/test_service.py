@@ -376,7 +376,8 @@ def test_an_upload_stays_in_the_container_its_sas_names(tmp_path: Path, containe
 
 def test_the_artifact_listing_names_runs_only(tmp_path: Path) -> None:
     emu = Emulator(home=tmp_path / "home", backend="process")
+    (emu.home.root / "runs").mkdir(exist_ok=True)
     (emu.home.root / "outputs").mkdir()  # what a `..` run name would reach: the home itself
     (emu.home.root / "outputs" / "secret.txt").write_text("not a run's")
-    for prefix in ("ExperimentRun/dcid../", "ExperimentRun/dcid..", "ExperimentRun/dcid./"):
+    for prefix in ("ExperimentRun/dcid.../", "ExperimentRun/dcid...", "ExperimentRun/dcid../"):  # run `..`, `.`
         assert emublobs.list_blobs(emu, emublobs.ARTIFACT_CONTAINER, prefix) == []
