@@ -8,17 +8,48 @@ it stops), the CA and the server certificate (tls), the secrets file (owner-only
 """
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
+import socket
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import psutil
 
+from amlemu.errors import ConfigError
+
 DEFAULT_PORT = 45443  # stable, so a URL written once (a config, a notebook) keeps working
 STOP_GRACE = 10.0
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach `host` (an address or `localhost`)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name other than localhost may resolve anywhere
+        return False
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (a server's, or a check that the port is free), or a
+    one-line error naming --port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError("--port", f"cannot listen on {host}:{port} ({exc.strerror})",
+                          "choose another port with --port, or stop what uses it") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
 
 
 def service_dir(home_root: Path) -> Path:

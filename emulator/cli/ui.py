@@ -5,11 +5,9 @@ which then stops the server's whole process group (the server and its workers) i
 """
 from __future__ import annotations
 
-import ipaddress
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,30 +19,11 @@ import psutil
 
 from amlemu.cli.common import _emu, cli, console, err_console, handle_errors
 from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.servicefile import bind, is_loopback
 from amlemu.uistore import build_ui_store, ui_store_path
 
 READY_TIMEOUT = 60.0
 STOP_GRACE = 10.0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name other than localhost may resolve anywhere
-        return False
-
-
-def check_port_free(host: str, port: int) -> None:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will bind it
-        try:
-            sock.bind((host, port))
-        except OSError as exc:
-            raise ConfigError("--port", f"cannot listen on {host}:{port} ({exc.strerror})",
-                              "choose another port with --port") from None
 
 
 def url_of(host: str, port: int) -> str:
@@ -128,7 +107,7 @@ def ui(ctx: click.Context, port: int, host: str, allow_remote: bool) -> None:
     if not is_loopback(host) and not allow_remote:
         raise ConfigError("--host", f"{host} is not a loopback address and the MLflow UI has no login",
                           "use 127.0.0.1, or add --allow-remote to serve it to other machines")
-    check_port_free(host, port)
+    bind(host, port).close()  # free now: the server binds it next
     emu = _emu(ctx)
     emu.reconcile()
     store = ui_store_path(emu)

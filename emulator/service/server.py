@@ -54,21 +54,6 @@ def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
     }
 
 
-def bind(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise ConfigError("--port", f"cannot listen on {host}:{port} ({exc.strerror})",
-                          "choose another port with --port, or stop what uses it") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
-
-
 def public_host(host: str) -> str:
     """The name clients use in URLs: loopback's address, or this machine's name when remote."""
     return LOOPBACK if host in (LOOPBACK, "localhost") else socket.getfqdn()
@@ -100,7 +85,7 @@ def _config(app: Any, files: tls.TlsFiles, grace: float = GRACE) -> uvicorn.Conf
 def run_in_thread(ctx: Context, folder: Path, extra_routes: list[Any] | None = None) -> Running:
     """Serve `ctx` on 127.0.0.1 (a free port) from a daemon thread; `stop()` ends it."""
     files = tls.ensure(folder, [LOOPBACK, "localhost"])
-    sock = bind(LOOPBACK, 0)
+    sock = servicefile.bind(LOOPBACK, 0)
     ctx.url = f"https://{LOOPBACK}:{sock.getsockname()[1]}"
     server = uvicorn.Server(_config(build_app(ctx, extra_routes), files, grace=0.3))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="amlemu-service", daemon=True)
@@ -145,7 +130,7 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
     files = tls.ensure(folder, list(dict.fromkeys([shown, LOOPBACK, "localhost"])))
     auth = Auth.load_or_create(folder / "secrets.json")
     log = file_logger(folder / "service.log")
-    sock = bind(host, port)
+    sock = servicefile.bind(host, port)
     url = f"https://{shown}:{sock.getsockname()[1]}"
     ctx = make_ctx(auth, log)
     ctx.url = url

@@ -11,7 +11,6 @@ every answer forbids inline script: a `<script>` a job printed stays text.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -27,6 +26,7 @@ from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from amlemu.errors import NotFoundError
+from amlemu.servicefile import is_loopback
 from amlemu.home import Home
 from amlemu.service import studio_html as pages
 from amlemu.service.studio_data import StudioData
@@ -162,18 +162,11 @@ class LoopbackOnly:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         client = (scope.get("client") or ("", 0))[0]
-        if scope["type"] == "http" and not (client == "localhost" or _is_loopback(client)):
+        if scope["type"] == "http" and not is_loopback(client):
             await PlainTextResponse("the studio page is served to this machine only (amlemu serve --allow-remote "
                                     "opens the API, not the page)", status_code=403)(scope, receive, send)
             return
         await self.app(scope, receive, send)
-
-
-def _is_loopback(address: str) -> bool:
-    try:
-        return ipaddress.ip_address(address).is_loopback
-    except ValueError:
-        return False
 
 
 def studio_mount(home: Home, *, remote: bool) -> Mount:
