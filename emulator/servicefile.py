@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import socket
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -130,15 +129,6 @@ def stop(home_root: Path) -> bool | None:
         pass
     remove_state(home_root, state.pid)
     return None
-
-
-def wait_stopped(home_root: Path, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while read_state(home_root) is not None:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def owner_only_write(path: Path, text: str) -> None:
