@@ -3,8 +3,9 @@
 #
 #   1. Debian packages: Docker engine, Open MPI, build tools, chromium (apt, as root; skipped when present)
 #   2. a running Docker engine                                     (starts dockerd when none answers)
-#   3. the project's venv with torch, horovod (built once, cached), the project itself
-#   4. Azurite (npm) for blob datastores, and the real MNIST data set as torchvision expects it
+#   3. the project's venv with torch and the project itself; horovod (built once, cached) compiles
+#      in the background while
+#   4. Azurite (npm) for blob datastores and the real MNIST data set as torchvision expects it install
 #
 # A second run on a ready machine checks each step and changes nothing.
 # Knobs: AMLEMU_VENV (default ./.venv), AMLEMU_CACHE (default ~/.cache/amlemu; horovod wheels and
@@ -68,28 +69,45 @@ pip_install() {
   return "$status"
 }
 
+venv_up_to_date() {
+  local stamp_file=$VENV/.amlemu-stamp
+  STAMP=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
+  [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$STAMP" ] &&
+    "$VENV/bin/python" -c 'import horovod.torch, amlemu, pytest_amlemu, azure.ai.ml, azureml.core' 2>/dev/null
+}
+
+# Everything but Horovod in one resolution, then Horovod's build starts in the background: it
+# compiles while Azurite and MNIST install, and no pip changes a package it reads meanwhile.
 python_env() {
-  local stamp_file=$VENV/.amlemu-stamp stamp
-  stamp=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
-  if [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$stamp" ] && "$VENV/bin/python" -c 'import horovod.torch, amlemu, pytest_amlemu, azure.ai.ml, azureml.core' 2>/dev/null; then
-    step "venv up to date ($VENV)"; return
-  fi
+  if venv_up_to_date; then step "venv up to date ($VENV)"; return; fi
   [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
-  step "installing torch and build tools"
-  pip_install --upgrade pip setuptools wheel packaging cloudpickle psutil pyyaml
-  # The pins, read from pyproject.toml so they are written once.
-  local torch_pins
-  torch_pins=$(grep -oE '"(torch|torchvision)==[^"]+"' "$ROOT/pyproject.toml" | tr -d '"')
-  # shellcheck disable=SC2086
-  pip_install $torch_pins
-  step "horovod wheel (built once per torch version, cached in $CACHE/horovod; ~5 min the first time)"
-  local wheel
-  wheel=$("$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE") || die "horovod build failed (see above)"
-  pip_install --no-deps "$wheel"
-  step "installing amlemu and its dependencies"
+  step "installing torch, amlemu's dependencies and build tools"
+  pip_install --upgrade pip setuptools wheel
+  local trainer_deps
+  # The trainer extra minus horovod (no wheel on PyPI), read from pyproject.toml: written once.
+  trainer_deps=$("$VENV/bin/python" -c 'import sys, tomllib
+extra = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"]
+print(" ".join(r for r in extra if not r.startswith("horovod")))' "$ROOT/pyproject.toml")
+  # horovod's own dependencies come too: its wheel is installed with --no-deps.
+  # shellcheck disable=SC2086 # the requirement list is meant to split
+  pip_install -e "$ROOT[dev,sdk1,sdk2]" $trainer_deps cloudpickle psutil pyyaml packaging
+  step "horovod wheel: building in the background (cached in $CACHE/horovod; ~3.5 min the first time)"
+  HOROVOD_OUT=$(mktemp)
+  "$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE" >"$HOROVOD_OUT" &
+  HOROVOD_BUILD=$!
+  trap 'kill "$HOROVOD_BUILD" 2>/dev/null || true' EXIT  # a failed step ends the build it started
+}
+
+horovod() {
+  [ -n "${HOROVOD_BUILD:-}" ] || return 0
+  step "horovod wheel: waiting for its build"
+  wait "$HOROVOD_BUILD" || die "horovod build failed (see above)"
+  trap - EXIT
+  pip_install --no-deps "$(cat "$HOROVOD_OUT")"
+  rm -f "$HOROVOD_OUT"
   pip_install -e "$ROOT[trainer,dev,sdk1,sdk2]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
-  echo "$stamp" >"$stamp_file"
+  echo "$STAMP" >"$VENV/.amlemu-stamp"
 }
 
 # Azurite (the Azure Storage emulator) from the npm registry, for datastores on blob storage.
@@ -120,4 +138,5 @@ docker_engine
 python_env
 azurite
 mnist
+horovod
 step "ready: venv $VENV, data $CACHE/data/mnist"

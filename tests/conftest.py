@@ -22,6 +22,9 @@ TRAINER_DIR = REPO / "trainer"
 # Tests that train with torch run one after another on one xdist worker (`--dist loadgroup`): two
 # trainings at once on a small machine spin on each other's cores and take longer than in turn.
 TRAINING = pytest.mark.xdist_group("training")
+# Proof-sized runs (the full MNIST's 95%, 100 jobs under faults): `make test-full`; `make test`
+# (CI) runs the same tests on less data or fewer jobs, so every behaviour is still checked there.
+FULL = pytest.mark.full
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import REPO, TRAINING, job_processes, release, wait_until
+from conftest import FULL, REPO, TRAINING, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import backend_class
@@ -212,6 +212,7 @@ def test_a_failing_datastore_read(emu: Emulator, cluster, make_job) -> None:
     assert again.wait(timeout=60) is RunStatus.COMPLETED, again.record.error
 
 
+FAULTS = ("none", "preempt", "kill", "cancel", "cancel-queued")
 QUICK = """
 import os, time
 time.sleep(float(os.environ.get("HOLD", "0.3")))
@@ -219,18 +220,21 @@ time.sleep(float(os.environ.get("HOLD", "0.3")))
 
 
 @pytest.mark.long
+@pytest.mark.parametrize("count", [20, pytest.param(100, marks=FULL)])
 def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(emu: Emulator, cluster, make_job,
-                                                                               backend: str) -> None:
+                                                                               backend: str, count: int) -> None:
     """Consecutive short jobs, each hit (or not) by a fault drawn from a seeded generator at a random
-    moment: every run reaches a terminal status; the fixture then checks nothing is left."""
-    count = 100
+    moment: every run reaches a terminal status; the fixture then checks nothing is left. 20 jobs
+    draw every kind of fault; `make test-full` runs 100."""
     rng = random.Random(20261130)
     cluster(max_nodes=2, idle_seconds_before_scaledown=600, **LOW)
     jobs = {n: make_job(QUICK, nodes=n) for n in (1, 2)}
     outcomes: dict[str, int] = {}
+    drawn: set[str] = set()
     for i in range(count):
         run = emu.submit(jobs[rng.choice((1, 2))])
-        fault = rng.choice(("none", "preempt", "kill", "cancel", "cancel-queued"))
+        fault = rng.choice(FAULTS)
+        drawn.add(fault)
         if fault == "cancel-queued":
             run.cancel()
         elif fault != "none":
@@ -249,6 +253,7 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
         assert status.is_terminal, f"job {i} ({fault}) ended {status}"
         outcomes[status.value] = outcomes.get(status.value, 0) + 1
     print(f"{count} jobs under random faults: {json.dumps(outcomes)}")
+    assert drawn == set(FAULTS)
     assert outcomes.get("Completed", 0) > 0 and sum(outcomes.values()) == count
 
 

@@ -108,3 +108,43 @@ def test_a_wheel_toolkit_gets_the_layout_nvcc_and_cmake_expect(tmp_path: Path) -
     assert (home / "targets" / "x86_64-linux" / "lib" / "libcudart.so").resolve() == (home / "lib" / "libcudart.so.13")
     assert (home / "lib64" / "libcudart.so.13").exists()
     assert hw.toolkit_requirement("13.0.3.0") == "cuda-toolkit[nvcc,cccl,crt,nvvm,cudart]==13.0.3.0"
+
+
+def _sdist_tree(root: Path) -> Path:
+    """The lines of horovod 0.28.1's sdist that the patches touch."""
+    files = {
+        "CMakeLists.txt": "cmake_minimum_required(VERSION 3.13)\nproject(horovod CXX)\nset(CMAKE_CXX_STANDARD 14)\n",
+        "horovod/torch/CMakeLists.txt": "set(CMAKE_CXX_STANDARD 14)\n",
+        "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 14)\n",
+        "cmake/Modules/FindPytorch.cmake": 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
+    }
+    for relpath, text in files.items():
+        (root / relpath).parent.mkdir(parents=True, exist_ok=True)
+        (root / relpath).write_text(text)
+    return root
+
+
+def test_no_build_carries_debug_info_and_a_cpu_build_turns_torchs_cuda_off(tmp_path: Path) -> None:
+    cpu = _sdist_tree(tmp_path / "cpu")
+    hw.patch_sources(cpu, cuda=False)
+    top = (cpu / "CMakeLists.txt").read_text()
+    assert top.index("project(horovod CXX)") < top.index('CMAKE_CXX_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG"')
+    assert "set(CMAKE_CXX_STANDARD 17)" in top
+    assert "set(Pytorch_CUDA FALSE)" in (cpu / "cmake/Modules/FindPytorch.cmake").read_text()
+    gpu = _sdist_tree(tmp_path / "gpu")
+    hw.patch_sources(gpu, cuda=True)
+    assert 'CMAKE_CUDA_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG"' in (gpu / "CMakeLists.txt").read_text()
+    assert "TOUPPER" in (gpu / "cmake/Modules/FindPytorch.cmake").read_text()
+
+
+def test_patches_fail_loudly_on_an_unexpected_sdist(tmp_path: Path) -> None:
+    root = _sdist_tree(tmp_path)
+    (root / "cmake/Modules/FindPytorch.cmake").write_text("set(Pytorch_CUDA TRUE)\n")
+    with pytest.raises(hw.BuildError, match="FindPytorch.cmake"):
+        hw.patch_sources(root, cuda=False)
+
+
+def test_nccl_operations_need_the_cuda_parts(tmp_path: Path) -> None:
+    import torch  # noqa: PLC0415 - the test venv has the trainer extra
+    with pytest.raises(hw.BuildError, match="--cuda no" if torch.version.cuda else "CUDA build of torch"):
+        hw.build(tmp_path, "90", gpu_operations="NCCL", cuda="no")
