@@ -243,8 +243,8 @@ def _gone(proc: psutil.Process) -> bool:
 
 @pytest.mark.slow
 @PROCESS
-def test_amlemu_ui_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator, cluster, make_job,
-                                                                 tmp_path: Path) -> None:
+def test_amlemu_ui_mlflow_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator, cluster, make_job,
+                                                                        tmp_path: Path) -> None:
     cluster()
     run = emu.submit(make_job(LOGS, distribution="none"))
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
@@ -252,7 +252,7 @@ def test_amlemu_ui_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator,
     out = tmp_path / "ui.out"
     with open(out, "w") as sink:
         proc = subprocess.Popen([str(Path(sys.executable).with_name("amlemu")), "--home", str(emu.home.root), "ui",
-                                 "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT)
+                                 "--mlflow", "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT)
     family: list[psutil.Process] = []
     try:
         def served() -> dict[str, Any] | None:

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,10 +19,12 @@ import docker
 import psutil
 import pytest
 import requests
-from conftest import REPO
+from conftest import BLOCK, REPO, release, wait_until
 
 from amlemu import servicefile
+from amlemu.api import Emulator
 from amlemu.home import Home
+from amlemu.specs import ClusterSpec, RunStatus
 
 SCRIPT = REPO / "examples" / "sdk2_submit.py"
 # What a user's shell has besides the variables: a PATH, a HOME, a Python that finds its packages.
@@ -42,9 +45,44 @@ class Service:
         return done
 
     def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
+        script = self.start(*args)
+        try:
+            return script.finish(timeout=600)
+        finally:
+            script.stop()
+
+    def start(self, *args: str) -> Script:
         env = {k: os.environ[k] for k in BASE_ENV if k in os.environ} | self.env
-        return subprocess.run([sys.executable, str(SCRIPT), *args], cwd=self.project, env=env,
-                              capture_output=True, text=True, timeout=600)
+        return Script(subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=self.project, env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+
+class Script:
+    """The submit script running, its output read as it comes (a pipe left unread would stall it)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")), daemon=True)
+                        for s, b in ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def stdout_so_far(self) -> str:
+        assert self.proc.poll() is None or self.out, "the script ended before printing anything"
+        return "".join(self.out)
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        code = self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return subprocess.CompletedProcess(self.proc.args, code, "".join(self.out), "".join(self.err))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 @pytest.fixture
@@ -100,8 +138,26 @@ def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Servic
     assert (downloads / "named-outputs" / "model" / "model.txt").read_text() == "weights of 4 ranks\n"
 
 
-def test_a_failing_job_ends_the_stream_with_its_failure(service: Service) -> None:
-    done = service.submit("--exit-code", "3")
+def test_a_failing_job_ends_the_stream_with_its_failure(service: Service, tmp_path: Path) -> None:
+    """The job waits in the queue behind a blocker until the stream is seen running: streaming a job
+    that has already ended prints no log, on Azure as here, and a failing job ends within seconds."""
+    emu = Emulator(home=service.home, backend="docker")
+    emu.create_compute(ClusterSpec("cpu-cluster", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=120))
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "block.py").write_text(BLOCK)
+    (tmp_path / "block.yml").write_text("type: command\ncode: block\ncommand: python block.py\n"
+                                        "compute: azureml:cpu-cluster\nresources: {instance_count: 2}\n"
+                                        "distribution: {type: mpi}\n")
+    blocker = emu.submit(tmp_path / "block.yml")
+    script = service.start("--exit-code", "3")
+    try:
+        # The SDK flushes "Web View: ..." inside its polling loop: the stream has seen the job in progress.
+        wait_until(lambda: "Web View:" in script.stdout_so_far(), 300, "the stream polls the queued job")
+        release(emu, blocker)
+        done = script.finish(timeout=600)
+    finally:
+        script.stop()
+    assert blocker.wait(timeout=60) is RunStatus.COMPLETED
 
     assert done.returncode != 0
     assert "hello from rank 0 of 4" in done.stdout  # the log up to the failure was streamed

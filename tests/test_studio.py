@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -14,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from conftest import release, wait_until
 from starlette.applications import Starlette
 from starlette.testclient import TestClient
@@ -311,3 +315,38 @@ def test_a_service_open_to_the_network_shows_the_page_to_this_machine_only(tmp_p
     assert refused.status_code == 403 and "this machine only" in refused.text
     loopback = TestClient(Starlette(routes=[studio_mount(home, remote=True)]), client=("127.0.0.1", 50000))
     assert loopback.get("/studio/").status_code == 200
+
+
+def test_amlemu_ui_serves_the_page_over_http_until_ctrl_c(tmp_path: Path) -> None:
+    """`amlemu ui`: the studio alone over plain HTTP on loopback (a browser needs no certificate), /
+    leading to it, until Ctrl-C frees the port."""
+    copy = Home.at(tmp_path / "home")
+    store = Store(copy.db)
+    store.add_cluster(ClusterSpec("c1", "STANDARD_D2_V2", Priority.LOW_PRIORITY, max_nodes=2), "process")
+    store.add_run("r1", "exp", "c1", JOB)
+    for status in (RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.FINALIZING):
+        store.set_status("r1", status)
+    store.set_status("r1", RunStatus.COMPLETED, exit_code=0)
+    store.close()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = tmp_path / "ui.out"
+    with open(out, "w") as sink:
+        proc = subprocess.Popen([str(Path(sys.executable).with_name("amlemu")), "--home", str(copy.root), "ui",
+                                 "--no-browser", "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until(lambda: proc.poll() is None and f"{url}/studio/" in out.read_text(), 60, "amlemu ui printed its URL")
+        page = requests.get(f"{url}/", timeout=10)  # / leads to the page
+        assert page.status_code == 200 and page.url == f"{url}/studio/"
+        assert "r1" in page.text and "c1" in page.text
+        assert requests.get(f"{url}/studio/api/jobs/r1", timeout=10).json()["status"] == "Completed"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert proc.wait(timeout=30) == 0, out.read_text()
+        with pytest.raises(requests.ConnectionError):  # nothing listens any more
+            requests.get(url, timeout=5)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)

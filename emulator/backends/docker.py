@@ -64,6 +64,11 @@ def _client():  # type: ignore[no-untyped-def]
     return client
 
 
+def _name(listed: dict) -> str:
+    """A container's name from the list API's entry ("Names": ["/name"])."""
+    return listed["Names"][0].lstrip("/")
+
+
 def mirror_rootfs() -> bytes:
     """The mirror image's file system: mount points, usrmerge links, and a passwd for root."""
     buf = io.BytesIO()
@@ -248,7 +253,7 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            self._remove_container(self.client.containers.get(self.container_name(request)))
+            self._remove_container(self.container_name(request))
         except docker.errors.NotFound:
             pass
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
@@ -321,15 +326,20 @@ class DockerBackend(NodeBackend):
     def slow_node(self, request: NodeRequest, cpus: float) -> None:
         self._container(request).update(cpu_period=CPU_PERIOD, cpu_quota=max(1000, int(cpus * CPU_PERIOD)))
 
+    def _labelled(self, label: str) -> list[dict]:
+        """The containers with `label` as one list call returns them. The SDK's containers.list also
+        inspects each one, and raises when one is removed in between (another run's cleanup)."""
+        return self.client.api.containers(all=True, filters={"label": label})
+
     def list_nodes(self) -> list[NodeInfo]:
         found = []
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}.home={self.home.id}"}):
-            labels = c.labels
-            networks = c.attrs["NetworkSettings"]["Networks"]
-            address = next(iter(networks.values()))["IPAddress"] if networks else None
+        for c in self._labelled(f"{LABEL}.home={self.home.id}"):
+            labels = c["Labels"]
+            networks = (c.get("NetworkSettings") or {}).get("Networks") or {}
+            address = next(iter(networks.values())).get("IPAddress") if networks else None
             found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
-                                  index=int(labels[f"{LABEL}.index"]), running=c.status == "running",
-                                  address=address, detail={"container": c.name, "status": c.status}))
+                                  index=int(labels[f"{LABEL}.index"]), running=c["State"] == "running",
+                                  address=address or None, detail={"container": _name(c), "status": c["State"]}))
         return sorted(found, key=lambda n: (n.cluster, n.index))
 
     def create_cluster(self, cluster: str) -> None:
@@ -363,15 +373,16 @@ class DockerBackend(NodeBackend):
                     raise
                 time.sleep(0.2)
 
-    def _remove_container(self, container) -> None:  # type: ignore[no-untyped-def]
-        self._until_gone(lambda: container.remove(force=True))
+    def _remove_container(self, name_or_id: str) -> None:
+        self._until_gone(lambda: self.client.api.remove_container(name_or_id, force=True))
 
     # --- dry runs ------------------------------------------------------------------------------
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
-        containers = [Action("remove", "container", c.name, {"home": c.labels.get(f"{LABEL}.home"), "status": c.status},
-                             run=functools.partial(self._remove_container, c))
-                      for c in self.client.containers.list(all=True, filters={"label": label})]
+        containers = [Action("remove", "container", _name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
+                                                              "status": c["State"]},
+                             run=functools.partial(self._remove_container, c["Id"]))
+                      for c in self._labelled(label)]
         networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home")},
                            run=functools.partial(self._until_gone, n.remove))
                     for n in self.client.networks.list(filters={"label": label})]

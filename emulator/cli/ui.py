@@ -1,7 +1,9 @@
-"""`amlemu ui`: MLflow's own UI over every run of the emulator (emulator/runs/metrics.py builds its store).
+"""`amlemu ui`: the studio page of this home (emulator/service/studio.py) over plain HTTP on
+loopback, until Ctrl-C; `--mlflow`: MLflow's own UI over a copy of every run's MLflow data
+(emulator/uistore.py builds that store).
 
-The server runs in a session of its own, so a Ctrl-C in the terminal reaches only this command,
-which then stops the server's whole process group (the server and its workers) itself.
+The MLflow server runs in a session of its own, so a Ctrl-C in the terminal reaches only this
+command, which then stops the server's whole process group (the server and its workers) itself.
 """
 from __future__ import annotations
 
@@ -10,8 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+import webbrowser
 from pathlib import Path
 
 import click
@@ -94,22 +98,63 @@ def _interrupt(signum: int, frame) -> None:  # type: ignore[no-untyped-def]
     raise KeyboardInterrupt  # the server goes with this command, however it is stopped
 
 
+def can_open_a_browser() -> bool:
+    """Only where a graphical browser can show the page: without a display, Python's webbrowser falls
+    back to a text browser that would take over this terminal."""
+    return sys.platform in ("darwin", "win32") or bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
 @cli.command("ui")
 @click.option("--port", type=click.IntRange(1, 65535), default=5000, show_default=True)
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="interface to listen on; only loopback unless --allow-remote")
 @click.option("--allow-remote", is_flag=True,
-              help="allow a non-loopback --host: the MLflow UI has no login, anyone who reaches it sees every run")
+              help="allow a non-loopback --host: the page has no login, anyone who reaches it sees every run")
+@click.option("--mlflow", "mlflow_ui", is_flag=True,
+              help="MLflow's own UI over a copy of every run's MLflow data, instead of the studio page")
+@click.option("--no-browser", is_flag=True, help="print the address only; do not open a browser")
 @click.pass_context
 @handle_errors
-def ui(ctx: click.Context, port: int, host: str, allow_remote: bool) -> None:
-    """MLflow's UI over every run of this emulator, until Ctrl-C."""
+def ui(ctx: click.Context, port: int, host: str, allow_remote: bool, mlflow_ui: bool, no_browser: bool) -> None:
+    """The studio page of this emulator (computes, nodes, jobs, live logs and metrics), until Ctrl-C."""
     if not is_loopback(host) and not allow_remote:
-        raise ConfigError("--host", f"{host} is not a loopback address and the MLflow UI has no login",
+        raise ConfigError("--host", f"{host} is not a loopback address and the page has no login",
                           "use 127.0.0.1, or add --allow-remote to serve it to other machines")
     bind(host, port).close()  # free now: the server binds it next
     emu = _emu(ctx)
     emu.reconcile()
+    url = url_of(host, port)
+    if mlflow_ui:
+        _mlflow_ui(emu, url, host, port)
+    else:
+        _studio(emu, url, host, port, open_browser=not no_browser and can_open_a_browser())
+
+
+def _studio(emu, url: str, host: str, port: int, *, open_browser: bool) -> None:  # type: ignore[no-untyped-def]
+    import uvicorn  # noqa: PLC0415 - the server loads only for this command
+
+    from amlemu.service.studio import standalone_app  # noqa: PLC0415
+
+    server = uvicorn.Server(uvicorn.Config(standalone_app(emu.home), host=host, port=port, log_level="warning",
+                                           lifespan="on"))
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            console.print(f"amlemu studio: {url}/studio/  (Ctrl-C stops it)", highlight=False)
+            if open_browser:
+                webbrowser.open(f"{url}/studio/")
+
+    threading.Thread(target=announce, daemon=True).start()
+    try:
+        server.run()  # on Ctrl-C / SIGTERM uvicorn lets in-flight requests end, then re-raises the signal
+    except KeyboardInterrupt:
+        pass  # how this command is meant to end
+    err_console.print("stopped the studio page", highlight=False)
+
+
+def _mlflow_ui(emu, url: str, host: str, port: int) -> None:  # type: ignore[no-untyped-def]
     store = ui_store_path(emu)
     import mlflow  # noqa: F401,PLC0415 - it sets its loggers up on import: quieted after that
 
@@ -127,7 +172,6 @@ def ui(ctx: click.Context, port: int, host: str, allow_remote: bool) -> None:
             proc = subprocess.Popen(server_argv(store, host, port), stdin=subprocess.DEVNULL, stdout=out,
                                     stderr=subprocess.STDOUT, cwd=store.parent, start_new_session=True,
                                     env=server_env())
-        url = url_of(host, port)
         wait_ready(proc, url, log)
         console.print(f"MLflow UI: {url}  (server pid {proc.pid}; Ctrl-C stops it)", highlight=False)
         while proc.poll() is None:

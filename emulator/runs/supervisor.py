@@ -32,7 +32,7 @@ from amlemu.specs import DistributionType, JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 from amlemu.storage.nodecache import NodeCache, policy_from_env
 
-POLL = 0.1
+POLL = 0.2  # how often a supervisor reads the store (cancel, faults, free nodes): most of its CPU
 KILL_GRACE = 2.0
 
 
@@ -76,12 +76,10 @@ class Supervisor:
                     break
         except AmlEmuError as exc:  # bad data, a node that would not start: the message says it all
             self.logs.platform(f"error: {exc}")
-            self.fail_or_cancel(str(exc))
-            self.cleanup_nodes(dead=set())
+            self.end_with_error(str(exc))
         except Exception as exc:  # noqa: BLE001 - whatever broke, the run must end in a terminal state
             self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
-            self.fail_or_cancel(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
-            self.cleanup_nodes(dead=set())
+            self.end_with_error(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
         finally:
             self.logs.close()
         self.linger()
@@ -312,6 +310,14 @@ class Supervisor:
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
             reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
+
+    def end_with_error(self, reason: str) -> None:
+        """Nodes cleaned before the terminal status, as in finalize: a run that has ended has left
+        nothing on its nodes (whoever waits for it may look at once)."""
+        try:
+            self.cleanup_nodes(dead=set())
+        finally:
+            self.fail_or_cancel(reason)
 
     def fail_or_cancel(self, reason: str) -> None:
         status = RunStatus.CANCELED if self.canceled() else RunStatus.FAILED

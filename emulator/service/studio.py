@@ -6,11 +6,10 @@ second, and the run's files to download. It only reads the home. Everything a jo
 escaped (studio_html), files come only from the run's own folder (studio_data.open_in_run), and
 every answer forbids inline script: a `<script>` a job printed stays text.
 
-    python -m amlemu.service.studio --home ~/.amlemu --port 8765   # http://127.0.0.1:8765/studio/
+    amlemu ui        # this page alone over http://127.0.0.1:5000/studio/ (emulator/cli/ui.py)
 """
 from __future__ import annotations
 
-import argparse
 from collections.abc import Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -177,24 +176,7 @@ def studio_mount(home: Home, *, remote: bool) -> Mount:
 
 
 def standalone_app(home: Home) -> Starlette:
-    """The studio at /studio, as the service serves it, and / leading there (the runner below)."""
+    """The studio at /studio, as the service serves it, and / leading there (what `amlemu ui` serves)."""
     async def root(_request: Request) -> Response:
         return RedirectResponse("/studio/")
     return Starlette(routes=[Route("/", root), Mount("/studio", studio_app(home))])
-
-
-def main(argv: list[str] | None = None) -> None:
-    import uvicorn  # noqa: PLC0415 - only the runner serves
-
-    parser = argparse.ArgumentParser(prog="python -m amlemu.service.studio",
-                                     description="Serve the studio page of a home on 127.0.0.1.")
-    parser.add_argument("--home", help="the emulator home (default: $AMLEMU_HOME or ~/.amlemu)")
-    parser.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default 8765)")
-    args = parser.parse_args(argv)
-    home = Home.at(args.home)
-    print(f"amlemu studio for {home.root}: http://127.0.0.1:{args.port}/studio/ (Ctrl-C stops it)", flush=True)
-    uvicorn.run(standalone_app(home), host="127.0.0.1", port=args.port, log_level="warning")
-
-
-if __name__ == "__main__":
-    main()
