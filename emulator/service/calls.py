@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from amlemu.service.auth import Auth
+from amlemu.service.blocks import Blocks
 from amlemu.service.state import ServiceError, State
 
 
@@ -20,6 +21,7 @@ class Context:
     log: Callable[[str], None] = lambda line: None
     # Called with each request (method, path, query, parsed body, headers less the secret ones).
     on_request: Callable[[str, str, dict[str, str], Any, dict[str, str]], None] | None = None
+    blocks: Blocks = field(default_factory=Blocks)  # pieces of uploads over 64 MiB, until their list
 
 
 @dataclass

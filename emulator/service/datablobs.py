@@ -96,12 +96,10 @@ def read_blob(call: Call) -> Reply:
         METADATA[key] = meta
         return Reply(200, b"", headers)
     if call.method == "PUT":
-        if call.query.get("comp"):  # block uploads: files over the SDK's single-put size (64 MB)
-            raise ServiceError(400, "UnsupportedQueryParameter", f"comp={call.query['comp']} is not served; "
-                               "upload files under 64 MB, or put large data on a datastore with `amlemu data upload`",
-                               "comp")
-        _needs(call, "write_blob")(*key, call.raw)
-        METADATA[key] = meta
+        data = call.ctx.blocks.upload(*key, call.query, call.raw)
+        if data is not None:  # not a piece of a larger file (emulator/service/blocks.py)
+            _needs(call, "write_blob")(*key, data)
+            METADATA[key] = meta
         return Reply(201, b"", {**headers, "x-ms-request-server-encrypted": "true"})
     data: bytes = _needs(call, "read_blob")(*key)
     headers.update({f"x-ms-meta-{k}": v for k, v in METADATA.get(key, {}).items()})

@@ -121,11 +121,15 @@ def blob(call: Call) -> Reply:
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
     if call.method == "PUT":  # an upload, or (comp=metadata) the SDK's "already uploaded" marker on it
         meta = {k[10:]: v for k, v in call.headers.items() if k.startswith("x-ms-meta-")}
-        is_meta = call.query.get("comp") == "metadata"
-        call.st.blobs.put(container, name, call.raw, meta if is_meta else None)
-        if not is_meta and meta:
-            call.st.blobs.put(container, name, b"", meta)
-        return Reply(200 if is_meta else 201, b"", ms)
+        if call.query.get("comp") == "metadata":
+            call.st.blobs.put(container, name, call.raw, meta)
+            return Reply(200, b"", ms)
+        data = call.ctx.blocks.upload(container, name, call.query, call.raw)
+        if data is not None:
+            call.st.blobs.put(container, name, data, None)
+            if meta:
+                call.st.blobs.put(container, name, b"", meta)
+        return Reply(201, b"", ms)
     found = call.st.blobs.get(container, name)
     if found is None:
         return Reply(404, b"" if call.method == "HEAD" else b"BlobNotFound", {**ms, "x-ms-error-code": "BlobNotFound"})
