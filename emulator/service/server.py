@@ -51,6 +51,25 @@ def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
         "REQUESTS_CA_BUNDLE": str(ca_bundle),
         "AZUREML_RUN_POLLING_INTERVAL_MIN": "0",
         "AZUREML_RUN_POLLING_INTERVAL_MAX": "1",
+        **v1_env_vars(url, identity_header, ca_bundle),
+    }
+
+
+def v1_env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
+    """What azureml-core (SDK v1) needs besides: its default auth tries managed identity first,
+    App Service's 2017 protocol when APPSETTING_WEBSITE_SITE_NAME is set (MSI_ENDPOINT +
+    MSI_SECRET, the same secret as IDENTITY_HEADER); its vendored Azure CLI core keeps the cloud
+    it read from ARM_CLOUD_METADATA_URL in $AZURE_CONFIG_DIR (a folder of the home, never
+    ~/.azure) and fetches it with urllib, which trusts SSL_CERT_FILE, not REQUESTS_CA_BUNDLE; its
+    snapshot upload rebuilds a blob host name from the account (no such host resolves to this
+    machine), so AML_FORCE_EXECUTE_WITH_ZIP sends the code with the run instead."""
+    return {
+        "APPSETTING_WEBSITE_SITE_NAME": "amlemu",
+        "MSI_ENDPOINT": f"{url}/msi/v1",
+        "MSI_SECRET": identity_header,
+        "AZURE_CONFIG_DIR": str(ca_bundle.parent / "azure-config"),
+        "SSL_CERT_FILE": str(ca_bundle),
+        "AML_FORCE_EXECUTE_WITH_ZIP": "true",
     }
 
 
@@ -182,4 +201,10 @@ def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT)
 def client_env(home_root: Path, state: servicefile.ServiceState) -> dict[str, str]:
     folder = servicefile.service_dir(home_root)
     auth = Auth.load_or_create(folder / "secrets.json")
-    return env_vars(state.url, auth.identity_header, folder / "ca-bundle.pem")
+    found = env_vars(state.url, auth.identity_header, folder / "ca-bundle.pem")
+    config = Path(found["AZURE_CONFIG_DIR"])
+    config.mkdir(mode=0o700, exist_ok=True)
+    cached = config / "cloudEndpoints.json"  # azureml-core's copy of the cloud: stale once the port changes
+    if cached.exists() and state.url not in cached.read_text(errors="replace"):
+        cached.unlink()
+    return found

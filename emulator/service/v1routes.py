@@ -1,0 +1,120 @@
+"""The protocol of the SDK v1 (azureml-core), beside the v2 routes (routes.py): the ARM call it
+makes before any workspace call (the subscriptions its token reaches), experiments, run history
+(runs, their listing and patches), the snapshot (content) service and the execution service's
+`startrun`.
+
+Same rules as routes.py: a handler is a function of a Call returning a Reply; the state is the
+emulator's (emuv1.py, `state.v1`): a state without it (the tests' double) answers 501.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from amlemu.service.auth import TENANT
+from amlemu.service.calls import Call, Reply
+from amlemu.service.state import ServiceError, bad_request
+
+WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
+      "/workspaces/{ws}")
+H = "/history/v1.0" + WS
+EMPTY_TREE: dict[str, Any] = {}  # a workspace whose latest snapshot holds nothing: the SDK sends every file
+
+
+def _v1(call: Call) -> Any:
+    found = getattr(call.st, "v1", None)
+    if found is None:
+        raise ServiceError(501, "NotImplemented", "SDK v1 runs are not served by this service", target="v1")
+    return found
+
+
+def subscriptions(call: Call) -> Reply:
+    sub = call.st.workspace.subscription_id
+    return Reply(body={"value": [{"id": f"/subscriptions/{sub}", "subscriptionId": sub, "tenantId": TENANT,
+                                  "displayName": "amlemu", "state": "Enabled"}]})
+
+
+def experiment(call: Call) -> Reply:
+    name = call.params["experiment"]
+    if call.method == "POST":
+        return Reply(body=_v1(call).create_experiment(name))
+    return Reply(body=_v1(call).get_experiment(name))
+
+
+def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"value": items, "continuationToken": None, "nextLink": None}
+
+
+def experiment_query(call: Call) -> Reply:
+    return Reply(body=_page(_v1(call).experiments()))
+
+
+def run(call: Call) -> Reply:
+    # A PATCH (add_properties, tags) is accepted and the run returned as it is: properties the
+    # SDK adds (git details of the source folder) are not kept.
+    return Reply(body=_v1(call).run_dto(call.params["experiment"], call.params["name"]))
+
+
+def run_query(call: Call) -> Reply:
+    return Reply(body=_page(_v1(call).runs(call.params["experiment"])))
+
+
+def snapshot_latest(call: Call) -> Reply:
+    return Reply(body={"id": None, "root": EMPTY_TREE})
+
+
+def snapshot_blobs(call: Call) -> Reply:
+    # No file is uploaded to a blob store: the run's code travels in the zip of its startrun.
+    return Reply(body={"fileNodes": []})
+
+
+def snapshot_create(call: Call) -> Reply:
+    return Reply(body={"id": call.params["id"]})
+
+
+def _multipart(call: Call) -> dict[str, bytes]:
+    kind = call.headers.get("content-type", "")
+    if not kind.startswith("multipart/form-data"):
+        raise bad_request("body", "body: startrun takes multipart/form-data (runDefinitionFile, projectZipFile)")
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {kind}\r\n\r\n".encode() + call.raw)
+    parts: dict[str, bytes] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            parts[name] = part.get_payload(decode=True) or b""
+    return parts
+
+
+def start_run(call: Call) -> Reply:
+    run_id = call.query.get("runId", "")
+    if not run_id:
+        raise bad_request("runId", "runId: missing; submit with azureml-core's Experiment.submit")
+    parts = _multipart(call)
+    try:
+        definition = json.loads(parts.get("runDefinitionFile", b"null"))
+    except ValueError:
+        raise bad_request("runDefinitionFile", "runDefinitionFile: not JSON") from None
+    return Reply(body=_v1(call).start_run(call.params["experiment"], run_id, definition,
+                                          parts.get("projectZipFile")))
+
+
+def no_snapshot_run(call: Call) -> Reply:
+    raise bad_request("AML_FORCE_EXECUTE_WITH_ZIP", "a v1 run sent as a snapshot is not served; set "
+                      "AML_FORCE_EXECUTE_WITH_ZIP=true (`amlemu env` prints it) to send the code with the run")
+
+
+ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
+    ("GET", "/subscriptions", subscriptions, True),
+    ("POST", H + "/experiments:query", experiment_query, True),
+    ("GET|POST", H + "/experiments/{experiment}", experiment, True),
+    ("GET|PATCH", H + "/experiments/{experiment}/runs/{name}", run, True),
+    ("POST", H + "/experiments/{experiment}/runs:query", run_query, True),
+    ("GET", "/content/v1.0" + WS + "/snapshots/latest/metadata", snapshot_latest, True),
+    ("POST", "/content/v2.0" + WS + "/snapshots/getblob", snapshot_blobs, True),
+    ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
+]
