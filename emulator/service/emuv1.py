@@ -18,6 +18,7 @@ from typing import Any
 
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
+from amlemu.service.auth import TENANT
 from amlemu.service.state import bad_request, not_found
 
 MAX_ZIP_BYTES = 300 * 1024 * 1024  # Azure ML's snapshot limit
@@ -128,7 +129,9 @@ class EmulatorV1:
         return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)), "rootRunId": run_id,
                 "experimentId": experiment_id(record.experiment), "status": view.status, "target": view.target,
                 "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time), "runType": "azureml.scriptrun",
+                "dataContainerId": f"dcid.{run_id}",
                 "name": run_id, "displayName": run_id, "properties": {}, "tags": {}, "hidden": False,
+                "createdBy": {"userName": "amlemu", "userObjectId": TENANT, "userTenantId": TENANT},
                 "createdUtc": _iso(view.start_time), "error": {"error": {"code": "UserError", "message": view.error}}
                 if view.error else None, "warnings": []}
 

@@ -21,6 +21,7 @@ from amlemu.service.state import ServiceError, bad_request
 WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
       "/workspaces/{ws}")
 H = "/history/v1.0" + WS
+A = "/artifact/v2.0" + WS + "/artifacts"
 EMPTY_TREE: dict[str, Any] = {}  # a workspace whose latest snapshot holds nothing: the SDK sends every file
 
 
@@ -101,6 +102,45 @@ def start_run(call: Call) -> Reply:
                                           parts.get("projectZipFile")))
 
 
+# --- a run's files (artifacts): its folder as `amlemu job download` copies it ----------------------
+def _run_files(call: Call, prefix: str = "") -> tuple[str, list[str]]:
+    """(run id, paths in the run's container under `prefix`)."""
+    container = call.params["container"]
+    if call.params["origin"] != "ExperimentRun" or not container.startswith("dcid."):
+        raise ServiceError(404, "ResourceNotFound", f"artifact container {call.params['origin']}/{container} "
+                           "was not found")
+    run_id = container.removeprefix("dcid.")
+    _v1(call).run_dto(None, run_id)  # the run exists
+    head = f"ExperimentRun/{container}/"
+    listed = call.st.list_blobs("azureml", head + prefix)
+    return run_id, [name.removeprefix(head) for name, _ in listed]
+
+
+def _content_info(call: Call, run_id: str, path: str) -> dict[str, Any]:
+    sig = call.ctx.auth.sign(f"logs/{run_id}")  # the signed log route serves every file of the run
+    return {"contentUri": f"{call.base}/logs/{run_id}/{path}?sig={sig}", "origin": call.params["origin"],
+            "container": call.params["container"], "path": path}
+
+
+def artifact_list(call: Call) -> Reply:
+    run_id, paths = _run_files(call)
+    return Reply(body={"value": [{"artifactId": f"{call.params['origin']}/{call.params['container']}/{p}",
+                                  "origin": call.params["origin"], "container": call.params["container"],
+                                  "path": p} for p in paths], "continuationToken": None})
+
+
+def artifact_prefix(call: Call) -> Reply:
+    run_id, paths = _run_files(call, call.params.get("path", ""))
+    return Reply(body={"value": [_content_info(call, run_id, p) for p in paths], "continuationToken": None})
+
+
+def artifact_content_info(call: Call) -> Reply:
+    run_id, paths = _run_files(call, call.params["path"])
+    if call.params["path"] not in paths:
+        raise ServiceError(404, "ResourceNotFound", f"artifact {call.params['path']} was not found")
+    return Reply(body=_content_info(call, run_id, call.params["path"]))
+
+
 def no_snapshot_run(call: Call) -> Reply:
     raise bad_request("AML_FORCE_EXECUTE_WITH_ZIP", "a v1 run sent as a snapshot is not served; set "
                       "AML_FORCE_EXECUTE_WITH_ZIP=true (`amlemu env` prints it) to send the code with the run")
@@ -117,4 +157,8 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
+    ("GET", A + "/{origin}/{container}", artifact_list, True),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, True),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, True),
+    ("GET", A + "/contentinfo/{origin}/{container}/{path:path}", artifact_content_info, True),
 ]
