@@ -16,6 +16,7 @@ from typing import Any
 
 from amlemu.service.auth import TENANT
 from amlemu.service.calls import Call, Reply
+from amlemu.service.datablobs import account_name
 from amlemu.service.state import ServiceError, bad_request
 
 WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
@@ -141,6 +142,17 @@ def artifact_content_info(call: Call) -> Reply:
     return Reply(body=_content_info(call, run_id, call.params["path"]))
 
 
+def datastore_list(call: Call) -> Reply:
+    """The workspace's datastores as v1's DataStoreDto; no credential is handed out."""
+    found = [{"name": name, "dataStoreType": "AzureBlob", "hasBeenValidated": True, "tags": {},
+              "azureStorageSection": {"accountName": account_name(call.base), "containerName": props["containerName"],
+                                      "endpoint": "core.windows.net", "protocol": "https", "credentialType": "None",
+                                      "subscriptionId": call.st.workspace.subscription_id,
+                                      "resourceGroup": call.st.workspace.resource_group}}
+             for name, props in call.st.list_datastores()]
+    return Reply(body={"value": found, "continuationToken": None})
+
+
 def no_snapshot_run(call: Call) -> Reply:
     raise bad_request("AML_FORCE_EXECUTE_WITH_ZIP", "a v1 run sent as a snapshot is not served; set "
                       "AML_FORCE_EXECUTE_WITH_ZIP=true (`amlemu env` prints it) to send the code with the run")
@@ -157,6 +169,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
+    ("GET", "/datastore/v1.0" + WS + "/datastores", datastore_list, True),
     ("GET", A + "/{origin}/{container}", artifact_list, True),
     ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, True),
     ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, True),
