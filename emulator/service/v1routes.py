@@ -54,14 +54,29 @@ def experiment_query(call: Call) -> Reply:
     return Reply(body=_page(_v1(call).experiments()))
 
 
+def _linked(call: Call, dto: dict[str, Any]) -> dict[str, Any]:
+    """A run as the SDK reads it, with the URL its Run.cancel() posts to."""
+    ws = call.st.workspace
+    scope = f"/subscriptions/{ws.subscription_id}/resourceGroups/{ws.resource_group}/providers/" \
+            f"Microsoft.MachineLearningServices/workspaces/{ws.workspace_name}"
+    return {**dto, "cancelUri": f"{call.base}/execution/v1.0{scope}/experiments/{call.params['experiment']}"
+                                f"/runId/{dto['runId']}/cancel"}
+
+
 def run(call: Call) -> Reply:
     # A PATCH (add_properties, tags) is accepted and the run returned as it is: properties the
     # SDK adds (git details of the source folder) are not kept.
-    return Reply(body=_v1(call).run_dto(call.params["experiment"], call.params["name"]))
+    return Reply(body=_linked(call, _v1(call).run_dto(call.params["experiment"], call.params["name"])))
 
 
 def run_query(call: Call) -> Reply:
-    return Reply(body=_page(_v1(call).runs(call.params["experiment"])))
+    return Reply(body=_page([_linked(call, dto) for dto in _v1(call).runs(call.params["experiment"])]))
+
+
+def run_cancel(call: Call) -> Reply:
+    _v1(call).run_dto(call.params["experiment"], call.params["name"])
+    call.st.cancel_job(call.params["name"])
+    return Reply(body={})
 
 
 def snapshot_latest(call: Call) -> Reply:
@@ -169,6 +184,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, True),
     ("GET", "/datastore/v1.0" + WS + "/datastores", datastore_list, True),
     ("GET", A + "/{origin}/{container}", artifact_list, True),
     ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, True),
