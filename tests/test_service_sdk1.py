@@ -121,3 +121,43 @@ def test_the_articles_pytorch_estimator_runs_on_two_nodes(service: Service) -> N
     assert "status: Completed" in done.stdout
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
     assert shown["status"] == "Completed"
+
+
+CANCEL = '''
+import sys, time
+from azureml.core import Experiment, ScriptRunConfig, Workspace
+from azureml.core.compute import AmlCompute, ComputeTarget
+from azureml.core.runconfig import MpiConfiguration
+
+ws = Workspace.from_config()
+target = ComputeTarget.create(ws, "cpucluster", AmlCompute.provisioning_configuration(vm_size="STANDARD_D2_V2",
+                                                                                      max_nodes=2))
+target.wait_for_completion()
+src = ScriptRunConfig(source_directory=sys.argv[1], script="sleep.py", compute_target=target,
+                      distributed_job_config=MpiConfiguration(process_count_per_node=1, node_count=2))
+run = Experiment(ws, "cancel-me").submit(src)
+deadline = time.time() + 240
+while run.get_status() != "Running" and time.time() < deadline:
+    time.sleep(1)
+print("before:", run.get_status(), flush=True)
+run.cancel()
+while run.get_status() not in ("Canceled", "Failed", "Completed") and time.time() < deadline:
+    time.sleep(1)
+print("after:", run.get_status())
+'''
+
+
+def test_run_cancel_stops_a_running_v1_job(service: Service, tmp_path: Path) -> None:
+    src = tmp_path / "sleeper"
+    src.mkdir()
+    (src / "sleep.py").write_text("import time\nprint('started', flush=True)\ntime.sleep(600)\n")
+    script = tmp_path / "cancel.py"
+    script.write_text(CANCEL)
+    env = {k: os.environ[k] for k in BASE_ENV if k in os.environ} | {"HOME": str(service.user_home)} | service.env
+    done = subprocess.run([sys.executable, str(script), str(src)], cwd=service.project, env=env,
+                          capture_output=True, text=True, timeout=400)
+
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert "before: Running" in done.stdout and "after: Canceled" in done.stdout, done.stdout
+    listed = json.loads(service.amlemu("job", "list", "-o", "json").stdout)
+    assert [job["status"] for job in listed] == ["Canceled"]

@@ -18,6 +18,7 @@ from typing import Any
 
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
+from amlemu.names import JOB_NAME_RE
 from amlemu.service.auth import TENANT
 from amlemu.service.state import bad_request, not_found
 
@@ -97,11 +98,14 @@ class EmulatorV1:
         if len(data) > MAX_ZIP_BYTES:
             raise bad_request("projectZipFile", "projectZipFile: over Azure ML's 300 MB snapshot limit; "
                               "leave large files out with .amlignore")
-        target = self.code / run_id
-        if "/" in run_id or run_id.startswith(".") or target.exists():
+        if not JOB_NAME_RE.match(run_id) or (self.code / run_id).exists():
             raise bad_request("runId", f"runId: '{run_id}' is taken or not a run id; leave run_id out")
+        target = self.code / run_id
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                if sum(m.file_size for m in archive.infolist()) > MAX_ZIP_BYTES:  # what it unpacks to, too
+                    raise bad_request("projectZipFile", "projectZipFile: unpacks to over Azure ML's 300 MB "
+                                      "snapshot limit; leave large files out with .amlignore")
                 for member in archive.infolist():
                     dest = (target / member.filename).resolve()
                     if not dest.is_relative_to(target.resolve()):  # no `..` out of the run's folder

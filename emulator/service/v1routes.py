@@ -73,6 +73,13 @@ def run_query(call: Call) -> Reply:
     return Reply(body=_page([_linked(call, dto) for dto in _v1(call).runs(call.params["experiment"])]))
 
 
+def metrics_ingested(call: Call) -> Reply:
+    # Run.cancel() and flush() wait for the metrics the client sent; this client sent none here
+    # (a job's MLflow metrics stay in its own store, as for v2 jobs).
+    _v1(call).run_dto(call.params["experiment"], call.params["name"])
+    return Reply(body={})
+
+
 def run_cancel(call: Call) -> Reply:
     _v1(call).run_dto(call.params["experiment"], call.params["name"])
     call.st.cancel_job(call.params["name"])
@@ -179,6 +186,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET|POST", H + "/experiments/{experiment}", experiment, True),
     ("GET|PATCH", H + "/experiments/{experiment}/runs/{name}", run, True),
     ("POST", H + "/experiments/{experiment}/runs:query", run_query, True),
+    ("GET", H + "/experiments/{experiment}/runs/{name}/metricsingest/wait", metrics_ingested, True),
     ("GET", "/content/v1.0" + WS + "/snapshots/latest/metadata", snapshot_latest, True),
     ("POST", "/content/v2.0" + WS + "/snapshots/getblob", snapshot_blobs, True),
     ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
