@@ -16,13 +16,20 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import base64
+
 import docker
 import psutil
 import pytest
+import requests
 from conftest import REPO
 
 from amlemu import servicefile
 from amlemu.home import Home
+from amlemu.service.auth import Auth
+from amlemu.service.calls import Context
+from amlemu.service.emustate import EmulatorState
+from amlemu.service.server import run_in_thread
 
 SCRIPT = REPO / "examples" / "sdk1_submit.py"
 SOURCE = REPO / "examples" / "sdk2_src"  # a tiny MPI script: each rank says where it runs
@@ -161,3 +168,47 @@ def test_run_cancel_stops_a_running_v1_job(service: Service, tmp_path: Path) -> 
     assert "before: Running" in done.stdout and "after: Canceled" in done.stdout, done.stdout
     listed = json.loads(service.amlemu("job", "list", "-o", "json").stdout)
     assert [job["status"] for job in listed] == ["Canceled"]
+
+
+WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/amlemu-rg/providers"
+      "/Microsoft.MachineLearningServices/workspaces/amlemu-ws")
+
+
+def test_v1s_managed_identity_tokens_are_jwts_only_this_home_signs(tmp_path: Path) -> None:
+    """azureml-core's App Service identity route wants the secret; its tokens are JWTs (the SDK reads
+    their tenant) that this home's key alone makes: a changed claim or another key is refused."""
+    from amlemu.api import Emulator  # noqa: PLC0415
+
+    emu = Emulator(tmp_path / "emu", backend="process")
+    lines: list[str] = []
+    auth = Auth.fresh()
+    running = run_in_thread(Context(EmulatorState(emu, lines.append), auth, log=lines.append), tmp_path / "tls")
+    ca = tmp_path / "tls" / "ca-bundle.pem"
+    try:
+        token_url = f"{running.url}/msi/v1/"
+        query = {"resource": running.url + "/", "api-version": "2017-09-01"}
+        assert requests.get(token_url, params=query, headers={"secret": "wrong"}, verify=ca, timeout=10) \
+            .status_code == 401
+        token = requests.get(token_url, params=query, headers={"secret": auth.identity_header}, verify=ca,
+                             timeout=10).json()["access_token"]
+        header, payload, _ = token.split(".")
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+        assert claims["tid"] and claims["exp"] > claims["iat"]
+        # ARM's double slash (azureml-core joins "https://host/" and "/subscriptions/..."): the same route.
+        assert requests.get(f"{running.url}/{WS}", headers={"Authorization": f"Bearer {token}"}, verify=ca,
+                            timeout=10).json()["name"] == "amlemu-ws"
+        longer = base64.urlsafe_b64encode(json.dumps({**claims, "exp": claims["exp"] + 10**6}).encode())
+        forged = [f"{header}.{longer.decode().rstrip('=')}.{token.rsplit('.', 1)[1]}",
+                  Auth.fresh().issue()[0]]  # another home's key
+        for bad in forged:
+            refused = requests.get(running.url + WS, headers={"Authorization": f"Bearer {bad}"}, verify=ca, timeout=10)
+            assert refused.status_code == 401
+        # A v1 run sent as a snapshot, without the zip: refused, naming the variable that sends the zip.
+        snap = requests.post(f"{running.url}/execution/v1.0{WS}/experiments/e/snapshotrun", params={"runId": "r1"},
+                             json={}, headers={"Authorization": f"Bearer {token}"}, verify=ca, timeout=10)
+        assert snap.status_code == 400 and snap.json()["error"]["target"] == "AML_FORCE_EXECUTE_WITH_ZIP"
+    finally:
+        running.stop()
+        emu.cleanup()
+    log = "\n".join(lines)
+    assert auth.identity_header not in log and token not in log
