@@ -84,10 +84,11 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
                    "azureml-core (SDK v1) fails in Run.wait_for_completion with them set")
 @click.pass_context
 @handle_errors
-def env(ctx: click.Context, fmt: str, port: int, no_start: bool, fast_stream: bool) -> None:
+def env(ctx: click.Context, fmt: str, port: int, no_start: bool,
+        fast_stream: bool) -> None:
     """Print the environment variables that point azure-ai-ml and azure-identity (SDK v2) and
-    azureml-core (SDK v1) at this home's service, starting it in the background when it is not running (`amlemu serve --stop` or
-    `amlemu cleanup` stop it). They hold a credential (IDENTITY_HEADER): keep them out of logs."""
+    azureml-core (SDK v1) at this home's service, starting it in the background when it is not
+    running (`amlemu serve --stop` or `amlemu cleanup` stop it). They hold a credential (IDENTITY_HEADER): keep them out of logs."""
     from amlemu.service.server import client_env, start_background  # noqa: PLC0415
 
     home = ctx.obj.home()

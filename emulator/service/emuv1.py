@@ -130,14 +130,15 @@ class EmulatorV1:
             raise not_found(f"run {run_id} in experiment {experiment}")
         view = self.state.run_details(run_id)
         number = next((i for i, r in enumerate(self.state.emu.store.runs(), 1) if r.id == run_id), 0)
-        return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)), "rootRunId": run_id,
-                "experimentId": experiment_id(record.experiment), "status": view.status, "target": view.target,
-                "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time), "runType": "azureml.scriptrun",
-                "dataContainerId": f"dcid.{run_id}",
+        error = {"error": {"code": "UserError", "message": view.error}} if view.error else None
+        return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
+                "rootRunId": run_id, "experimentId": experiment_id(record.experiment), "status": view.status,
+                "target": view.target, "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time),
+                "createdUtc": _iso(record.created_at), "runType": "azureml.scriptrun",
+                "dataContainerId": f"dcid.{run_id}",  # the artifact container of the run's files
                 "name": run_id, "displayName": run_id, "properties": {}, "tags": {}, "hidden": False,
                 "createdBy": {"userName": "amlemu", "userObjectId": TENANT, "userTenantId": TENANT},
-                "createdUtc": _iso(view.start_time), "error": {"error": {"code": "UserError", "message": view.error}}
-                if view.error else None, "warnings": []}
+                "error": error, "warnings": []}
 
     def runs(self, experiment: str) -> list[dict[str, Any]]:
         return [self.run_dto(experiment, r.id) for r in self.state.emu.store.runs() if r.experiment == experiment]
