@@ -105,6 +105,10 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     files = re.search(r"^files: (.*)$", out, re.M)[1]
     assert "'outputs/greeting.txt'" in files and "'user_logs/std_log_process_1.txt'" in files
     assert "experiments: ['pytorch-distr-hvd']" in out
+    # The run's "Web View" link opens the studio page the service serves beside the API.
+    web = re.search(r"^Web View: (\S+)$", out, re.M)[1]
+    page = requests.get(web, verify=service.env["REQUESTS_CA_BUNDLE"], timeout=30)
+    assert page.status_code == 200 and name in page.text and "Completed" in page.text
     assert name in re.search(r"^runs: (.*)$", out, re.M)[1]
     # The emulator ran it, as any CLI job: its store, both ranks' logs, the output; download_files copied them.
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)

@@ -92,8 +92,9 @@ def workspace(call: Call) -> Reply:
 
 def discovery(call: Call) -> Reply:
     keys = ("api", "catalog", "experimentation", "gallery", "history", "hyperdrive", "labeling",
-            "modelmanagement", "pipelines", "studiometadata", "studio")
-    return Reply(body={k: call.base for k in keys})
+            "modelmanagement", "pipelines", "studiometadata")
+    # azureml-core links a run as <studio>/runs/<id> (its "Web View"): the studio page serves that.
+    return Reply(body={**{k: call.base for k in keys}, "studio": f"{call.base}/studio"})
 
 
 # --- code snapshots and the blob container they are uploaded to ----------------------------------
