@@ -79,12 +79,16 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
               help='sh: for eval "$(amlemu env)"; dotenv: a .env file; json; powershell: for Invoke-Expression')
 @port_option
 @click.option("--no-start", is_flag=True, help="do not start the service when it is not running (an error instead)")
+@click.option("--fast-stream", is_flag=True,
+              help="add AZUREML_RUN_POLLING_INTERVAL_MIN/MAX: azure-ai-ml's jobs.stream polls every second; "
+                   "azureml-core (SDK v1) fails in Run.wait_for_completion with them set")
 @click.pass_context
 @handle_errors
-def env(ctx: click.Context, fmt: str, port: int, no_start: bool) -> None:
-    """Print the environment variables that point azure-ai-ml and azure-identity at this home's
-    service, starting it in the background when it is not running (`amlemu serve --stop` or
-    `amlemu cleanup` stop it). They hold a credential (IDENTITY_HEADER): keep them out of logs."""
+def env(ctx: click.Context, fmt: str, port: int, no_start: bool,
+        fast_stream: bool) -> None:
+    """Print the environment variables that point azure-ai-ml and azure-identity (SDK v2) and
+    azureml-core (SDK v1) at this home's service, starting it in the background when it is not
+    running (`amlemu serve --stop` or `amlemu cleanup` stop it). They hold a credential (IDENTITY_HEADER): keep them out of logs."""
     from amlemu.service.server import client_env, start_background  # noqa: PLC0415
 
     home = ctx.obj.home()
@@ -95,4 +99,4 @@ def env(ctx: click.Context, fmt: str, port: int, no_start: bool) -> None:
         state = start_background(home.root, port)
         err_console.print(f"started the service at {state.url} (pid {state.pid}; `amlemu serve --stop` stops it)",
                           highlight=False)
-    click.echo(render_env(client_env(home.root, state), fmt), nl=False)
+    click.echo(render_env(client_env(home.root, state, fast_stream), fmt), nl=False)

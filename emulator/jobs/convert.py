@@ -57,7 +57,12 @@ def job_from_run_config(rc: dict[str, Any], source_directory: str | Path, *, com
 # --- command and data ----------------------------------------------------------------------------
 def _command(rc: dict[str, Any], code: Path) -> tuple[str, dict[str, Any], dict[str, DataInput]]:
     script, arguments, command = rc.get("script"), list(rc.get("arguments") or []), rc.get("command")
-    refs = _Refs(rc.get("dataReferences") or {})
+    configs = dict(rc.get("dataReferences") or {})
+    # A multi-node estimator shares its code through a datastore (source_directory_data_store, the
+    # workspace's blob store by default): every emulated node gets the snapshot, so that reference
+    # is the code itself, not data.
+    configs.pop(str(rc.get("sourceDirectoryDataStore") or ""), None)
+    refs = _Refs(configs)
     if command and (script or arguments):
         raise ConfigError("command", "is given together with script/arguments, which Azure ML refuses",
                           "give either script= and arguments=, or command= alone")

@@ -8,6 +8,7 @@ The identity header is what `amlemu env` prints (IDENTITY_HEADER): whoever has i
 """
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -19,7 +20,19 @@ from pathlib import Path
 from amlemu.servicefile import owner_only_write
 
 TOKEN_SECONDS = 3600
-PREFIX = "amlemu."
+ISSUER = "amlemu"
+# Tokens are JWTs (HS256 under the home's key): azureml-core decodes its ARM token, unverified, for
+# the tenant and expiry, so an opaque string would fail there; nothing else in them is read.
+_HEADER = base64.urlsafe_b64encode(b'{"alg":"HS256","typ":"JWT"}').rstrip(b"=").decode()
+TENANT = "00000000-0000-0000-0000-000000000000"
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
 @dataclass
@@ -49,20 +62,31 @@ class Auth:
     def check_identity(self, header: str | None) -> bool:
         return header is not None and hmac.compare_digest(header, self.identity_header)
 
-    def issue(self) -> tuple[str, int]:
-        expires = int(time.time()) + TOKEN_SECONDS
-        nonce = secrets.token_hex(8)
-        token = f"{PREFIX}{expires}.{nonce}.{self._mac(f'{expires}.{nonce}')}"
+    def _jwt_mac(self, signing_input: str) -> str:
+        return _b64(hmac.new(self.key, signing_input.encode(), hashlib.sha256).digest())
+
+    def issue(self, resource: str = "") -> tuple[str, int]:
+        now = int(time.time())
+        expires = now + TOKEN_SECONDS
+        claims = {"iss": ISSUER, "aud": resource, "iat": now, "nbf": now, "exp": expires, "tid": TENANT,
+                  "oid": TENANT, "jti": secrets.token_hex(8)}
+        body = f"{_HEADER}.{_b64(json.dumps(claims, separators=(',', ':')).encode())}"
+        token = f"{body}.{self._jwt_mac(body)}"
         self.issued.add(token)
         return token, expires
 
     def check_token(self, authorization: str | None) -> bool:
         token = (authorization or "").removeprefix("Bearer ").strip()
-        parts = token.removeprefix(PREFIX).split(".") if token.startswith(PREFIX) else []
-        if len(parts) != 3 or not parts[0].isdigit():
+        parts = token.split(".")
+        if len(parts) != 3 or parts[0] != _HEADER:
             return False
-        expires, nonce, mac = parts
-        return int(expires) > time.time() and hmac.compare_digest(mac, self._mac(f"{expires}.{nonce}"))
+        if not hmac.compare_digest(parts[2], self._jwt_mac(f"{parts[0]}.{parts[1]}")):
+            return False
+        try:
+            claims = json.loads(_unb64(parts[1]))
+        except ValueError:
+            return False
+        return isinstance(claims, dict) and claims.get("iss") == ISSUER and int(claims.get("exp", 0)) > time.time()
 
     def sign(self, resource: str) -> str:
         """The `sig` of a URL the service hands out (a blob container's SAS, a log file)."""

@@ -57,7 +57,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-SECRET_HEADERS = frozenset({"authorization", "x-identity-header"})
+SECRET_HEADERS = frozenset({"authorization", "x-identity-header", "secret"})
 
 
 def arm_error(status: int, code: str, message: str) -> Reply:

@@ -21,6 +21,7 @@ from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.service import emublobs, emujobs
+from amlemu.service.emuv1 import EmulatorV1
 from amlemu.service.routes import ACCOUNT
 from amlemu.service.state import (
     DiskBlobs,
@@ -31,7 +32,7 @@ from amlemu.service.state import (
     bad_request,
     not_found,
 )
-from amlemu.specs import ClusterSpec, Priority
+from amlemu.specs import ClusterSpec, JobSpec, Priority
 
 NODE_STATES = {"creating": "preparing", "idle": "idle", "busy": "running", "removing": "leaving"}
 
@@ -81,6 +82,7 @@ class EmulatorState:
         self._ops: dict[str, Future[Any]] = {}
         self._creating: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
+        self.v1 = EmulatorV1(self, folder)
 
     @property
     def workspace(self) -> Workspace:
@@ -175,6 +177,13 @@ class EmulatorState:
             spec = job_from_dict(data, base_dir=Path(data["code"]))
         except ConfigError as exc:
             raise emujobs.config_error(exc) from None
+        self.submit_spec(spec, body)
+        return self.get_job(name)
+
+    def submit_spec(self, spec: JobSpec, body: dict[str, Any]) -> None:
+        """The emulator's checks and submit, for a v2 PUT and a v1 startrun alike; `body` is kept
+        as the job's REST body."""
+        name = str(spec.name)
         errors = [f for f in validate.check_job(spec, self.emu) if f.severity == "error"]
         if errors:
             raise bad_request(errors[0].field, f"{errors[0].field}: {errors[0].problem}; {errors[0].fix}")
@@ -188,7 +197,6 @@ class EmulatorState:
             self._body_path(name).unlink(missing_ok=True)
             raise bad_request("job", str(exc)) from None
         self.log(f"job {name} submitted to compute {spec.compute}")
-        return self.get_job(name)
 
     def _props(self, name: str) -> dict[str, Any]:
         try:

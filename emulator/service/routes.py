@@ -13,6 +13,7 @@ REST): a field it never reads is left out.
 from __future__ import annotations
 
 import json
+import re
 import time
 import traceback
 import uuid
@@ -26,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from amlemu.service import datablobs
+from amlemu.service import datablobs, v1routes
 from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
 from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
 
@@ -61,9 +62,18 @@ def metadata(call: Call) -> Reply:
 def token(call: Call) -> Reply:
     if not call.ctx.auth.check_identity(call.headers.get("x-identity-header")):
         return arm_error(401, "Unauthorized", "missing or wrong X-IDENTITY-HEADER")
-    issued, expires = call.ctx.auth.issue()
+    issued, expires = call.ctx.auth.issue(call.query.get("resource", ""))
     return Reply(body={"access_token": issued, "expires_on": str(expires),
                        "resource": call.query.get("resource", ""), "token_type": "Bearer"})
+
+
+def token_v1(call: Call) -> Reply:
+    """App Service's 2017 managed-identity protocol (MSI_ENDPOINT + MSI_SECRET), which azureml-core's
+    MsiAuthentication speaks: the same tokens, the secret in a `secret` header."""
+    if not call.ctx.auth.check_identity(call.headers.get("secret")):
+        return arm_error(401, "Unauthorized", "missing or wrong secret header (MSI_SECRET)")
+    return token(Call(call.ctx, call.method, call.path, call.params, call.query,
+                      {**call.headers, "x-identity-header": call.headers["secret"]}, call.raw, call.body))
 
 
 def workspace(call: Call) -> Reply:
@@ -83,7 +93,8 @@ def workspace(call: Call) -> Reply:
 def discovery(call: Call) -> Reply:
     keys = ("api", "catalog", "experimentation", "gallery", "history", "hyperdrive", "labeling",
             "modelmanagement", "pipelines", "studiometadata")
-    return Reply(body={k: call.base for k in keys})
+    # azureml-core links a run as <studio>/runs/<id> (its "Web View"): the studio page serves that.
+    return Reply(body={**{k: call.base for k in keys}, "studio": f"{call.base}/studio"})
 
 
 # --- code snapshots and the blob container they are uploaded to ----------------------------------
@@ -185,7 +196,11 @@ def log_file(call: Call) -> Reply:
 
 # --- computes, datastores, long-running operations -----------------------------------------------
 def compute_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
-    return _resource(call, "computes", name, props, location=call.st.workspace.location)
+    # azureml-core indexes these without a default (AmlCompute._initialize); azure-ai-ml ignores them.
+    props = {"description": None, "resourceId": None, "provisioningErrors": None, **props}
+    if isinstance(props.get("properties"), dict):
+        props["properties"] = {"subnet": None, **props["properties"]}
+    return _resource(call, "computes", name, props, location=call.st.workspace.location, tags={})
 
 
 def compute(call: Call) -> Reply:
@@ -246,9 +261,11 @@ H = "/history/v1.0" + WS
 ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", "/metadata/endpoints", metadata, False),
     ("GET", "/msi/token", token, False),  # checks the identity header itself
+    ("GET", "/msi/v1/", token_v1, False),  # checks the secret header itself
     ("GET", "/discovery", discovery, False),
     ("GET", "/operations/{id}", operation, True),
     ("GET", WS, workspace, True),
+    *v1routes.ROUTES,
     ("GET", WS + "/codes/{name}/versions", code_versions, True),
     ("POST", WS + "/codes/{name}/versions/{version}/startPendingUpload", code_pending_upload, True),
     ("GET|PUT", WS + "/codes/{name}/versions/{version}", versioned("codes"), True),
@@ -265,6 +282,10 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", WS + "/computes", compute_list, True),
     ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
     ("POST", WS + "/computes/{name}/listNodes", compute_nodes, True),
+    # azureml-core reads computes through the workspace's API host, under /rp/workspaces.
+    ("GET", "/rp/workspaces" + WS + "/computes", compute_list, True),
+    ("GET|PUT|DELETE", "/rp/workspaces" + WS + "/computes/{name}", compute, True),
+    ("POST", "/rp/workspaces" + WS + "/computes/{name}/listNodes", compute_nodes, True),
     ("GET", WS + "/datastores", datastore_list, True),
     ("GET", WS + "/datastores/{name}", datastore, True),
     ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
@@ -325,8 +346,20 @@ def _response(reply: Reply, method: str) -> Response:
     return Response(data, reply.status, headers)
 
 
-def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Starlette:
+def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Any:
     """The service's ASGI app; `extra_routes` (the studio page, under /studio) come first: the blob
     routes' `/{account}/{container}/...` would take their paths otherwise."""
     routes = [Route(path, _endpoint(ctx, fn, auth), methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
-    return Starlette(routes=[*(extra_routes or []), *routes])
+    return _single_slashes(Starlette(routes=[*(extra_routes or []), *routes]))
+
+
+def _single_slashes(app: Starlette) -> Any:
+    """azureml-core joins the cloud's resourceManager ("https://host/", as ARM's metadata writes
+    it) with "/subscriptions/...": ARM takes `//subscriptions`, so the service does too."""
+    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and "//" in scope.get("path", ""):
+            scope = {**scope, "path": re.sub("/{2,}", "/", scope["path"])}
+            if scope.get("raw_path"):
+                scope["raw_path"] = re.sub(b"/{2,}", b"/", scope["raw_path"])
+        await app(scope, receive, send)
+    return asgi

@@ -31,7 +31,7 @@ GRACE = 2.0  # seconds a stopping service gives requests in flight
 LOOPBACK = "127.0.0.1"
 
 
-def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
+def env_vars(url: str, identity_header: str, ca_bundle: Path, fast_stream: bool = False) -> dict[str, str]:
     """The environment variables that point an unmodified azure-ai-ml + DefaultAzureCredential here.
 
     ARM_CLOUD_METADATA_URL: azure-ai-ml reads the cloud's endpoints (resourceManager = this
@@ -39,9 +39,12 @@ def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
     os.environ itself). IDENTITY_ENDPOINT + IDENTITY_HEADER: azure-identity's managed identity
     asks this service for tokens; AZURE_TOKEN_CREDENTIALS narrows DefaultAzureCredential to it, so
     a developer's `az login` is never used by mistake. REQUESTS_CA_BUNDLE: certifi's roots plus
-    the service's CA, so the real Azure still verifies. The polling intervals make jobs.stream
-    poll every second at most (azure.ai.ml reads them at import).
+    the service's CA, so the real Azure still verifies. With `fast_stream`, the polling intervals
+    make azure-ai-ml's jobs.stream poll every second at most (it reads them at import); they are
+    left out by default because azureml-core reads the same variables as strings and its
+    Run.wait_for_completion then fails with a TypeError (it divides by the string).
     """
+    fast = {"AZUREML_RUN_POLLING_INTERVAL_MIN": "0", "AZUREML_RUN_POLLING_INTERVAL_MAX": "1"} if fast_stream else {}
     return {
         "ARM_CLOUD_METADATA_URL": f"{url}/metadata/endpoints?api-version=2019-05-01",
         "AZUREML_CURRENT_CLOUD": CLOUD_NAME,
@@ -49,8 +52,26 @@ def env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
         "IDENTITY_HEADER": identity_header,
         "AZURE_TOKEN_CREDENTIALS": "ManagedIdentityCredential",
         "REQUESTS_CA_BUNDLE": str(ca_bundle),
-        "AZUREML_RUN_POLLING_INTERVAL_MIN": "0",
-        "AZUREML_RUN_POLLING_INTERVAL_MAX": "1",
+        **fast,
+        **v1_env_vars(url, identity_header, ca_bundle),
+    }
+
+
+def v1_env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, str]:
+    """What azureml-core (SDK v1) needs besides: its default auth tries managed identity first,
+    App Service's 2017 protocol when APPSETTING_WEBSITE_SITE_NAME is set (MSI_ENDPOINT +
+    MSI_SECRET, the same secret as IDENTITY_HEADER); its vendored Azure CLI core keeps the cloud
+    it read from ARM_CLOUD_METADATA_URL in $AZURE_CONFIG_DIR (a folder of the home, never
+    ~/.azure) and fetches it with urllib, which trusts SSL_CERT_FILE, not REQUESTS_CA_BUNDLE; its
+    snapshot upload rebuilds a blob host name from the account (no such host resolves to this
+    machine), so AML_FORCE_EXECUTE_WITH_ZIP sends the code with the run instead."""
+    return {
+        "APPSETTING_WEBSITE_SITE_NAME": "amlemu",
+        "MSI_ENDPOINT": f"{url}/msi/v1",
+        "MSI_SECRET": identity_header,
+        "AZURE_CONFIG_DIR": str(ca_bundle.parent / "azure-config"),
+        "SSL_CERT_FILE": str(ca_bundle),
+        "AML_FORCE_EXECUTE_WITH_ZIP": "true",
     }
 
 
@@ -179,7 +200,13 @@ def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT)
     raise AmlEmuError(f"amlemu serve did not start within {timeout:g} s (its log: {folder / 'service.log'})")
 
 
-def client_env(home_root: Path, state: servicefile.ServiceState) -> dict[str, str]:
+def client_env(home_root: Path, state: servicefile.ServiceState, fast_stream: bool = False) -> dict[str, str]:
     folder = servicefile.service_dir(home_root)
     auth = Auth.load_or_create(folder / "secrets.json")
-    return env_vars(state.url, auth.identity_header, folder / "ca-bundle.pem")
+    found = env_vars(state.url, auth.identity_header, folder / "ca-bundle.pem", fast_stream)
+    config = Path(found["AZURE_CONFIG_DIR"])
+    config.mkdir(mode=0o700, exist_ok=True)
+    cached = config / "cloudEndpoints.json"  # azureml-core's copy of the cloud: stale once the port changes
+    if cached.exists() and state.url not in cached.read_text(errors="replace"):
+        cached.unlink()
+    return found

@@ -139,6 +139,7 @@ def studio_app(home: Home) -> Starlette:
     routes = [
         Route("/", overview, name="overview"),
         Route("/jobs/{run_id}", job, name="job"),
+        Route("/runs/{run_id}", job),  # azureml-core's "Web View" link to a run
         Route("/api/overview", api_overview),
         Route("/api/jobs/{run_id}", api_job),
         Route("/api/jobs/{run_id}/logs/{rank:int}", api_log),

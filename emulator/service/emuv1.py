@@ -1,0 +1,144 @@
+"""The SDK v1 side of the service's workspace, over the real emulator: experiments, the snapshot a
+v1 submit sends (its zip, with AML_FORCE_EXECUTE_WITH_ZIP, which `amlemu env` sets) and `startrun`,
+which reads the run configuration with the same reader as `emu.submit(ScriptRunConfig)`
+(amlemu.jobs.convert) and submits through the same checks as a v2 job PUT (emustate.submit_spec).
+"""
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import shutil
+import threading
+import time
+import uuid
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from amlemu.errors import ConfigError, NotFoundError
+from amlemu.jobs.convert import job_from_run_config
+from amlemu.names import JOB_NAME_RE
+from amlemu.service.auth import TENANT
+from amlemu.service.state import bad_request, not_found
+
+MAX_ZIP_BYTES = 300 * 1024 * 1024  # Azure ML's snapshot limit
+
+
+def _iso(ts: float | None) -> str | None:
+    return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
+
+
+def experiment_id(name: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"amlemu/experiments/{name}"))
+
+
+class EmulatorV1:
+    """What the v1 routes (v1routes.py) ask of the emulator state they belong to."""
+
+    def __init__(self, state: Any, folder: Path) -> None:
+        self.state = state
+        self.folder = folder / "v1"
+        self.code = self.folder / "code"  # each run's code, unpacked from the zip it was sent with
+        self.code.mkdir(parents=True, exist_ok=True)
+        self._experiments = self.folder / "experiments.json"
+        self._lock = threading.Lock()
+
+    # --- experiments ---------------------------------------------------------------------------
+    def _created(self) -> dict[str, float]:
+        try:
+            return dict(json.loads(self._experiments.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def experiments(self) -> list[dict[str, Any]]:
+        created = self._created()
+        for run in self.state.emu.store.runs():  # experiments of CLI and v2 runs exist too
+            created.setdefault(run.experiment, run.created_at)
+        return [self.experiment_dto(name, ts) for name, ts in sorted(created.items(), key=lambda kv: kv[1])]
+
+    @staticmethod
+    def experiment_dto(name: str, created: float) -> dict[str, Any]:
+        return {"experimentId": experiment_id(name), "name": name, "description": None,
+                "createdUtc": _iso(created), "tags": {}}
+
+    def get_experiment(self, name: str) -> dict[str, Any]:
+        for exp in self.experiments():
+            if exp["name"] == name:
+                return exp
+        raise not_found(f"experiment {name}")
+
+    def create_experiment(self, name: str) -> dict[str, Any]:
+        with self._lock:
+            created = self._created()
+            created.setdefault(name, time.time())
+            self._experiments.write_text(json.dumps(created))
+        return self.get_experiment(name)
+
+    # --- runs ----------------------------------------------------------------------------------
+    def start_run(self, experiment: str, run_id: str, definition: Any, project_zip: bytes | None) -> dict[str, Any]:
+        if not isinstance(definition, dict) or not isinstance(definition.get("Configuration"), dict):
+            raise bad_request("runDefinitionFile", "runDefinitionFile: missing or not a run definition; "
+                              "submit with azureml-core's Experiment.submit")
+        if project_zip is None:
+            raise bad_request("projectZipFile", "projectZipFile: missing; set AML_FORCE_EXECUTE_WITH_ZIP=true "
+                              "(`amlemu env` prints it): amlemu runs v1 jobs from the zip the SDK sends")
+        code = self._unpack(run_id, project_zip)
+        try:
+            spec = job_from_run_config(definition["Configuration"], code, experiment_name=experiment)
+        except ConfigError as exc:
+            shutil.rmtree(code, ignore_errors=True)
+            raise bad_request(exc.field, str(exc)) from None
+        self.create_experiment(experiment)
+        self.state.submit_spec(dataclasses.replace(spec, name=run_id), {"properties": {
+            "jobType": "Command", "command": spec.command, "experimentName": experiment, "v1": True}})
+        return self.run_dto(experiment, run_id)
+
+    def _unpack(self, run_id: str, data: bytes) -> Path:
+        if len(data) > MAX_ZIP_BYTES:
+            raise bad_request("projectZipFile", "projectZipFile: over Azure ML's 300 MB snapshot limit; "
+                              "leave large files out with .amlignore")
+        if not JOB_NAME_RE.match(run_id) or (self.code / run_id).exists():
+            raise bad_request("runId", f"runId: '{run_id}' is taken or not a run id; leave run_id out")
+        target = self.code / run_id
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                if sum(m.file_size for m in archive.infolist()) > MAX_ZIP_BYTES:  # what it unpacks to, too
+                    raise bad_request("projectZipFile", "projectZipFile: unpacks to over Azure ML's 300 MB "
+                                      "snapshot limit; leave large files out with .amlignore")
+                for member in archive.infolist():
+                    dest = (target / member.filename).resolve()
+                    if not dest.is_relative_to(target.resolve()):  # no `..` out of the run's folder
+                        raise bad_request("projectZipFile", f"projectZipFile: {member.filename} leaves the project")
+                    if member.is_dir():
+                        dest.mkdir(parents=True, exist_ok=True)
+                        continue
+                    dest.parent.mkdir(parents=True, exist_ok=True)
+                    with archive.open(member) as src, dest.open("wb") as out:
+                        shutil.copyfileobj(src, out)
+        except zipfile.BadZipFile:
+            raise bad_request("projectZipFile", "projectZipFile: not a zip file") from None
+        target.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def run_dto(self, experiment: str | None, run_id: str) -> dict[str, Any]:
+        try:
+            record = self.state.emu.store.run(run_id)
+        except NotFoundError:
+            raise not_found(f"run {run_id}") from None
+        if experiment is not None and record.experiment != experiment:
+            raise not_found(f"run {run_id} in experiment {experiment}")
+        view = self.state.run_details(run_id)
+        number = next((i for i, r in enumerate(self.state.emu.store.runs(), 1) if r.id == run_id), 0)
+        error = {"error": {"code": "UserError", "message": view.error}} if view.error else None
+        return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
+                "rootRunId": run_id, "experimentId": experiment_id(record.experiment), "status": view.status,
+                "target": view.target, "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time),
+                "createdUtc": _iso(record.created_at), "runType": "azureml.scriptrun",
+                "dataContainerId": f"dcid.{run_id}",  # the artifact container of the run's files
+                "name": run_id, "displayName": run_id, "properties": {}, "tags": {}, "hidden": False,
+                "createdBy": {"userName": "amlemu", "userObjectId": TENANT, "userTenantId": TENANT},
+                "error": error, "warnings": []}
+
+    def runs(self, experiment: str) -> list[dict[str, Any]]:
+        return [self.run_dto(experiment, r.id) for r in self.state.emu.store.runs() if r.experiment == experiment]

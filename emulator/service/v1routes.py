@@ -1,0 +1,201 @@
+"""The protocol of the SDK v1 (azureml-core), beside the v2 routes (routes.py): the ARM call it
+makes before any workspace call (the subscriptions its token reaches), experiments, run history
+(runs, their listing and patches), the snapshot (content) service and the execution service's
+`startrun`.
+
+Same rules as routes.py: a handler is a function of a Call returning a Reply; the state is the
+emulator's (emuv1.py, `state.v1`): a state without it (the tests' double) answers 501.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from email.parser import BytesParser
+from email.policy import HTTP
+from typing import Any
+
+from amlemu.service.auth import TENANT
+from amlemu.service.calls import Call, Reply
+from amlemu.service.datablobs import account_name
+from amlemu.service.state import ServiceError, bad_request
+
+WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
+      "/workspaces/{ws}")
+H = "/history/v1.0" + WS
+A = "/artifact/v2.0" + WS + "/artifacts"
+EMPTY_TREE: dict[str, Any] = {}  # a workspace whose latest snapshot holds nothing: the SDK sends every file
+
+
+def _v1(call: Call) -> Any:
+    found = getattr(call.st, "v1", None)
+    if found is None:
+        raise ServiceError(501, "NotImplemented", "SDK v1 runs are not served by this service", target="v1")
+    return found
+
+
+def subscriptions(call: Call) -> Reply:
+    sub = call.st.workspace.subscription_id
+    return Reply(body={"value": [{"id": f"/subscriptions/{sub}", "subscriptionId": sub, "tenantId": TENANT,
+                                  "displayName": "amlemu", "state": "Enabled"}]})
+
+
+def experiment(call: Call) -> Reply:
+    name = call.params["experiment"]
+    if call.method == "POST":
+        return Reply(body=_v1(call).create_experiment(name))
+    return Reply(body=_v1(call).get_experiment(name))
+
+
+def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"value": items, "continuationToken": None, "nextLink": None}
+
+
+def experiment_query(call: Call) -> Reply:
+    return Reply(body=_page(_v1(call).experiments()))
+
+
+def _linked(call: Call, dto: dict[str, Any]) -> dict[str, Any]:
+    """A run as the SDK reads it, with the URL its Run.cancel() posts to."""
+    ws = call.st.workspace
+    scope = f"/subscriptions/{ws.subscription_id}/resourceGroups/{ws.resource_group}/providers/" \
+            f"Microsoft.MachineLearningServices/workspaces/{ws.workspace_name}"
+    return {**dto, "cancelUri": f"{call.base}/execution/v1.0{scope}/experiments/{call.params['experiment']}"
+                                f"/runId/{dto['runId']}/cancel"}
+
+
+def run(call: Call) -> Reply:
+    # A PATCH (add_properties, tags) is accepted and the run returned as it is: properties the
+    # SDK adds (git details of the source folder) are not kept.
+    return Reply(body=_linked(call, _v1(call).run_dto(call.params["experiment"], call.params["name"])))
+
+
+def run_query(call: Call) -> Reply:
+    return Reply(body=_page([_linked(call, dto) for dto in _v1(call).runs(call.params["experiment"])]))
+
+
+def metrics_ingested(call: Call) -> Reply:
+    # Run.cancel() and flush() wait for the metrics the client sent; this client sent none here
+    # (a job's MLflow metrics stay in its own store, as for v2 jobs).
+    _v1(call).run_dto(call.params["experiment"], call.params["name"])
+    return Reply(body={})
+
+
+def run_cancel(call: Call) -> Reply:
+    _v1(call).run_dto(call.params["experiment"], call.params["name"])
+    call.st.cancel_job(call.params["name"])
+    return Reply(body={})
+
+
+def snapshot_latest(call: Call) -> Reply:
+    return Reply(body={"id": None, "root": EMPTY_TREE})
+
+
+def snapshot_blobs(call: Call) -> Reply:
+    # No file is uploaded to a blob store: the run's code travels in the zip of its startrun.
+    return Reply(body={"fileNodes": []})
+
+
+def snapshot_create(call: Call) -> Reply:
+    return Reply(body={"id": call.params["id"]})
+
+
+def _multipart(call: Call) -> dict[str, bytes]:
+    kind = call.headers.get("content-type", "")
+    if not kind.startswith("multipart/form-data"):
+        raise bad_request("body", "body: startrun takes multipart/form-data (runDefinitionFile, projectZipFile)")
+    message = BytesParser(policy=HTTP).parsebytes(f"Content-Type: {kind}\r\n\r\n".encode() + call.raw)
+    parts: dict[str, bytes] = {}
+    for part in message.iter_parts():
+        name = part.get_param("name", header="content-disposition")
+        if isinstance(name, str):
+            parts[name] = part.get_payload(decode=True) or b""
+    return parts
+
+
+def start_run(call: Call) -> Reply:
+    run_id = call.query.get("runId", "")
+    if not run_id:
+        raise bad_request("runId", "runId: missing; submit with azureml-core's Experiment.submit")
+    parts = _multipart(call)
+    try:
+        definition = json.loads(parts.get("runDefinitionFile", b"null"))
+    except ValueError:
+        raise bad_request("runDefinitionFile", "runDefinitionFile: not JSON") from None
+    return Reply(body=_v1(call).start_run(call.params["experiment"], run_id, definition,
+                                          parts.get("projectZipFile")))
+
+
+# --- a run's files (artifacts): its folder as `amlemu job download` copies it ----------------------
+def _run_files(call: Call, prefix: str = "") -> tuple[str, list[str]]:
+    """(run id, paths in the run's container under `prefix`)."""
+    container = call.params["container"]
+    if call.params["origin"] != "ExperimentRun" or not container.startswith("dcid."):
+        raise ServiceError(404, "ResourceNotFound", f"artifact container {call.params['origin']}/{container} "
+                           "was not found")
+    run_id = container.removeprefix("dcid.")
+    _v1(call).run_dto(None, run_id)  # the run exists
+    head = f"ExperimentRun/{container}/"
+    listed = call.st.list_blobs("azureml", head + prefix)
+    return run_id, [name.removeprefix(head) for name, _ in listed]
+
+
+def _content_info(call: Call, run_id: str, path: str) -> dict[str, Any]:
+    sig = call.ctx.auth.sign(f"logs/{run_id}")  # the signed log route serves every file of the run
+    return {"contentUri": f"{call.base}/logs/{run_id}/{path}?sig={sig}", "origin": call.params["origin"],
+            "container": call.params["container"], "path": path}
+
+
+def artifact_list(call: Call) -> Reply:
+    run_id, paths = _run_files(call)
+    return Reply(body={"value": [{"artifactId": f"{call.params['origin']}/{call.params['container']}/{p}",
+                                  "origin": call.params["origin"], "container": call.params["container"],
+                                  "path": p} for p in paths], "continuationToken": None})
+
+
+def artifact_prefix(call: Call) -> Reply:
+    run_id, paths = _run_files(call, call.params.get("path", ""))
+    return Reply(body={"value": [_content_info(call, run_id, p) for p in paths], "continuationToken": None})
+
+
+def artifact_content_info(call: Call) -> Reply:
+    run_id, paths = _run_files(call, call.params["path"])
+    if call.params["path"] not in paths:
+        raise ServiceError(404, "ResourceNotFound", f"artifact {call.params['path']} was not found")
+    return Reply(body=_content_info(call, run_id, call.params["path"]))
+
+
+def datastore_list(call: Call) -> Reply:
+    """The workspace's datastores as v1's DataStoreDto; no credential is handed out."""
+    found = [{"name": name, "dataStoreType": "AzureBlob", "hasBeenValidated": True, "tags": {},
+              "azureStorageSection": {"accountName": account_name(call.base), "containerName": props["containerName"],
+                                      "endpoint": "core.windows.net", "protocol": "https", "credentialType": "None",
+                                      "subscriptionId": call.st.workspace.subscription_id,
+                                      "resourceGroup": call.st.workspace.resource_group}}
+             for name, props in call.st.list_datastores()]
+    return Reply(body={"value": found, "continuationToken": None})
+
+
+def no_snapshot_run(call: Call) -> Reply:
+    raise bad_request("AML_FORCE_EXECUTE_WITH_ZIP", "a v1 run sent as a snapshot is not served; set "
+                      "AML_FORCE_EXECUTE_WITH_ZIP=true (`amlemu env` prints it) to send the code with the run")
+
+
+ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
+    ("GET", "/subscriptions", subscriptions, True),
+    ("POST", H + "/experiments:query", experiment_query, True),
+    ("GET|POST", H + "/experiments/{experiment}", experiment, True),
+    ("GET|PATCH", H + "/experiments/{experiment}/runs/{name}", run, True),
+    ("POST", H + "/experiments/{experiment}/runs:query", run_query, True),
+    ("GET", H + "/experiments/{experiment}/runs/{name}/metricsingest/wait", metrics_ingested, True),
+    ("GET", "/content/v1.0" + WS + "/snapshots/latest/metadata", snapshot_latest, True),
+    ("POST", "/content/v2.0" + WS + "/snapshots/getblob", snapshot_blobs, True),
+    ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, True),
+    ("GET", "/datastore/v1.0" + WS + "/datastores", datastore_list, True),
+    ("GET", A + "/{origin}/{container}", artifact_list, True),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, True),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, True),
+    ("GET", A + "/contentinfo/{origin}/{container}/{path:path}", artifact_content_info, True),
+]
