@@ -61,9 +61,14 @@ class ClusterSpec:
 
 
 class RunStatus(str, enum.Enum):
-    """Azure ML's run statuses, in lifecycle order."""
+    """Azure ML's run statuses, in lifecycle order (azure-ai-ml's JobStatus). The emulator enters
+    neither Starting nor Provisioning (AmlCompute jobs wait in Queued while nodes are created;
+    Provisioning is on-demand compute's), nor NotResponding or Paused (no heartbeat, no pause):
+    they are here so that a status read from Azure, or given by a client, is understood."""
 
     NOT_STARTED = "NotStarted"
+    STARTING = "Starting"
+    PROVISIONING = "Provisioning"
     QUEUED = "Queued"
     PREPARING = "Preparing"
     RUNNING = "Running"
@@ -73,10 +78,12 @@ class RunStatus(str, enum.Enum):
     FAILED = "Failed"
     CANCELED = "Canceled"
     NOT_RESPONDING = "NotResponding"
+    PAUSED = "Paused"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
+        """As azure-ai-ml's RunHistoryConstants.TERMINAL_STATUSES (its wait stops on these)."""
+        return self in _TERMINAL
 
     def can_become(self, target: RunStatus) -> bool:
         return target in _TRANSITIONS[self]
@@ -86,25 +93,29 @@ class RunStatus(str, enum.Enum):
             raise StateError(f"a run cannot go from {self.value} to {target.value}")
 
 
-_ACTIVE = (RunStatus.NOT_STARTED, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
+_TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.NOT_RESPONDING,
+                       RunStatus.PAUSED})
+_ACTIVE = (RunStatus.NOT_STARTED, RunStatus.STARTING, RunStatus.PROVISIONING, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
            RunStatus.FINALIZING)
 _TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.NOT_STARTED: frozenset({RunStatus.QUEUED}),
+    RunStatus.NOT_STARTED: frozenset({RunStatus.STARTING, RunStatus.QUEUED}),
+    RunStatus.STARTING: frozenset({RunStatus.PROVISIONING, RunStatus.QUEUED}),
+    RunStatus.PROVISIONING: frozenset({RunStatus.QUEUED, RunStatus.PREPARING}),
     RunStatus.QUEUED: frozenset({RunStatus.PREPARING}),
     # A preempted run goes back to the queue and is restarted on fresh nodes (low priority).
     RunStatus.PREPARING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED}),
     RunStatus.RUNNING: frozenset({RunStatus.FINALIZING, RunStatus.QUEUED}),
     RunStatus.FINALIZING: frozenset({RunStatus.COMPLETED, RunStatus.FAILED}),
     RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
-    RunStatus.NOT_RESPONDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),
+    RunStatus.NOT_RESPONDING: frozenset(),  # terminal for the SDK, which stops waiting there
+    RunStatus.PAUSED: frozenset(),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELED: frozenset(),
 }
 for _status in _ACTIVE:
-    # Any active run can be canceled, can fail (gang failure, timeout, a lost node) or stop answering.
-    _TRANSITIONS[_status] = _TRANSITIONS[_status] | {RunStatus.CANCEL_REQUESTED, RunStatus.FAILED,
-                                                     RunStatus.NOT_RESPONDING}
+    # Any active run can be canceled or fail (gang failure, timeout, a lost node).
+    _TRANSITIONS[_status] = _TRANSITIONS[_status] | {RunStatus.CANCEL_REQUESTED, RunStatus.FAILED}
 
 
 class DistributionType(str, enum.Enum):
