@@ -8,7 +8,7 @@ from conftest import REPO
 
 from amlemu.errors import ConfigError
 from amlemu.jobs.jobyaml import apply_overrides, load_job, script_of
-from amlemu.runs.contract import resolve_command
+from amlemu.runs.contract import resolve_command, run_folder_id
 from amlemu.specs import DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"
@@ -23,7 +23,7 @@ def test_the_seed_job_loads_with_its_data_path_overridden(mnist_subset: Path) ->
     assert job.inputs["data_dir"] == DataInput("uri_folder", str(mnist_subset), DataMode.RO_MOUNT)
     assert job.image is None  # an azureml: environment is not a Docker image
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
-                                          "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
+                                          f"/mnt/azureml/cr/j/{run_folder_id('r1')}/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 
 
 def test_the_seed_job_reads_mnist_from_workspaceblobstore() -> None:
@@ -31,7 +31,7 @@ def test_the_seed_job_reads_mnist_from_workspaceblobstore() -> None:
     assert job.inputs["data_dir"] == DataInput("uri_folder", "azureml://datastores/workspaceblobstore/paths/mnist",
                                                DataMode.RO_MOUNT)
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
-                                          "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
+                                          f"/mnt/azureml/cr/j/{run_folder_id('r1')}/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 
 
 def _write(tmp_path: Path, text: str, script: str | None = "train.py") -> Path:
@@ -144,7 +144,7 @@ def test_datastore_inputs_and_outputs_resolve_to_node_paths(tmp_path: Path) -> N
                           "  u:\n    path: azureml://datastores/ws/paths/raw\n    mode: direct\n"
                           "outputs:\n  o:\n    mode: upload\n"
                           "  m:\n    path: azureml://datastores/ws/paths/models\n"))
-    wd = "/mnt/azureml/cr/j/r/cap/data-capability/wd"
+    wd = f"/mnt/azureml/cr/j/{run_folder_id('r')}/cap/data-capability/wd"
     assert job.outputs["o"] == DataInput("uri_folder", "", DataMode.UPLOAD)
     assert resolve_command(job, "r").split()[2:] == [
         f"{wd}/INPUT_d", f"{wd}/INPUT_f/b.csv", f"{wd}/o", f"{wd}/m", "azureml://datastores/ws/paths/raw"]

@@ -16,7 +16,8 @@ PLOT_NAME = "metrics.png"  # in the run's record, next to its mlflow.db
 LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each node's store
 # Tags of a source run that would be wrong in the combined store (the name is the emulator run
 # id; parent ids point into the source store).
-SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId"}
+SEED_TAG = "amlemu.seeded"  # the job's run, made by the platform in each node's store before the launch
+SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId", SEED_TAG}
 
 
 # --- the plot ------------------------------------------------------------------------------------
@@ -123,6 +124,23 @@ def read_metric_points(db: Path) -> list[tuple[str, int, float]]:
             "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'").fetchall()
     return [(key, int(step), math.nan if is_nan else float(value)) for key, step, value, is_nan in rows]
 
+def seed_store(db: Path, experiment: str, run_id: str, run_name: str) -> str:
+    """A node's MLflow store holding the job's experiment and its run under the job's own id, as
+    Azure ML's (MLFLOW_RUN_ID is the job name), so that mlflow.start_run() attaches to it. The run
+    waits as SCHEDULED: one no process started is left out of the merge. Returns the experiment id."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
+    experiment_id = client.create_experiment(experiment)
+    made = client.create_run(experiment_id, run_name=run_name, tags={SEED_TAG: "1"}).info.run_id
+    client.update_run(made, status="SCHEDULED")
+    # MLflow draws run ids itself: the one it drew becomes the job's (nothing else refers to it yet).
+    with closing(sqlite3.connect(db)) as conn, conn:
+        for table in ("tags", "latest_metrics", "params", "metrics", "runs"):
+            conn.execute(f"UPDATE {table} SET run_uuid = ? WHERE run_uuid = ?", (run_id, made))  # noqa: S608
+    return experiment_id
+
+
 def merge_store(source_db: Path, dest_db: Path) -> int:
     """Copy every MLflow run of a node's store (its experiment, params, tags, metric points with
     their steps and timestamps, status) into the run record's store, as runs of their own: ranks on
@@ -131,7 +149,8 @@ def merge_store(source_db: Path, dest_db: Path) -> int:
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
     source = MlflowClient(tracking_uri=f"sqlite:///{source_db}")
-    runs = all_runs(source, ViewType.ACTIVE_ONLY)
+    runs = [r for r in all_runs(source, ViewType.ACTIVE_ONLY)
+            if not (SEED_TAG in r.data.tags and r.info.status == "SCHEDULED")]  # seeded, never started
     if not runs:
         return 0
     dest = MlflowClient(tracking_uri=f"sqlite:///{dest_db}")

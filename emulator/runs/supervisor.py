@@ -112,9 +112,10 @@ class Supervisor:
             as_root=os.geteuid() == 0, notices=(note,) if note else ())
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
-        restarted = self.store.run(self.run_id).preemptions > 0
-        for request, node in zip(self.requests, self.plan.nodes):
-            rundisk.lay_out(request.node_dir, self.run_id, self.run_dir, self.plan.node_environment(node), restarted)
+        rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
+                              [self.plan.node_environment(n) for n in self.plan.nodes],
+                              self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
+                              self.job.display_name or self.run_id)
         self.prepare_data()
         plan = agent_plan(self.backend, self.requests, self.run_id,
                           sandbox_root=self.home.root / "process-nodes" / ".root")
@@ -151,15 +152,6 @@ class Supervisor:
                 except AmlEmuError as exc:
                     self.logs.platform(f"warning: {exc}")
 
-    def mirror_metrics(self, stop: threading.Event) -> None:
-        """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR),
-        so metrics are seen before the end; the stores themselves are merged when the job ends."""
-        live = self.run_dir / LIVE_DIR
-        live.mkdir(exist_ok=True)
-        while not stop.wait(1.0):
-            for request in self.requests:
-                rundisk.mirror_store(request.node_dir, self.run_id, live / f"{request.name}.db")
-
     def execute(self, plan: LaunchPlan) -> bool:
         """Run the plan to its end; True when the run was preempted and must be restarted."""
         if self.preempted():  # taken away while preparing
@@ -179,7 +171,8 @@ class Supervisor:
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
         refresher.start()
-        mirror = threading.Thread(target=self.mirror_metrics, args=(stop_refresh,), daemon=True)
+        mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
+                                  args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
