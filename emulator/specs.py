@@ -10,6 +10,18 @@ from amlemu import skus
 from amlemu.errors import ConfigError, StateError
 
 NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,23}$")  # AmlCompute: 2-24 chars, letter first
+# resources.shm_size: "(number)(unit), number greater than 0, unit b, k, m or g" (the REST API's
+# JobResourceConfiguration.shmSize). Unset: 2g, azureml-core's _DEFAULT_SHM_SIZE (core/environment.py).
+SHM_RE = re.compile(r"^([1-9][0-9]*)([bkmg]?)$", re.IGNORECASE)
+DEFAULT_SHM_SIZE = "2g"
+
+
+def shm_bytes(value: str) -> int:
+    match = SHM_RE.match(value.strip())
+    if not match:
+        raise ConfigError("resources.shm_size", f"'{value}' is not a size",
+                          "write a number greater than 0 with b, k, m or g, e.g. 2g")
+    return int(match.group(1)) * 1024 ** "bkmg".index((match.group(2) or "b").lower())
 
 
 class Priority(str, enum.Enum):
@@ -184,6 +196,7 @@ class JobSpec:
     display_name: str | None = None
     max_run_duration_seconds: int | None = None
     name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
+    shm_size: str | None = None  # resources.shm_size: each node's /dev/shm (None: DEFAULT_SHM_SIZE)
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -193,6 +206,8 @@ class JobSpec:
         if self.distribution.type is DistributionType.NONE and self.instance_count > 1:
             raise ConfigError("distribution", f"instance_count {self.instance_count} needs a distribution",
                               "add distribution: {type: mpi} or {type: pytorch}")
+        if self.shm_size is not None:
+            shm_bytes(self.shm_size)
         if self.max_run_duration_seconds is not None and self.max_run_duration_seconds < 1:
             raise ConfigError("limits.timeout", f"must be a positive number of seconds, "
                               f"got {self.max_run_duration_seconds}")
@@ -203,6 +218,10 @@ class JobSpec:
         if not self.environment or self.environment.startswith("azureml:"):
             return None
         return self.environment
+
+    @property
+    def shm_bytes(self) -> int:
+        return shm_bytes(self.shm_size or DEFAULT_SHM_SIZE)
 
     @property
     def process_count(self) -> int:

@@ -110,6 +110,26 @@ def test_a_single_node_job_runs_without_mpi(emu: Emulator, cluster, make_job) ->
     assert run.metric_history()["loss"] == [(1, 0.5)]  # one run in the record: the seeded one, used
 
 
+SHM = """
+import os
+fs = os.statvfs("/dev/shm")
+print("shm bytes", fs.f_blocks * fs.f_frsize, flush=True)
+"""
+
+
+def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=1, idle_seconds_before_scaledown=600)  # the second job reuses the node
+    default = emu.submit(make_job(SHM, distribution="none"))
+    assert default.wait(timeout=120) is RunStatus.COMPLETED, default.record.error
+    assert "shm bytes 2147483648" in default.logs(0)
+    sized = make_job(SHM, distribution="none")
+    sized.write_text(sized.read_text().replace("resources:\n", "resources:\n  shm_size: 256m\n"))
+    run = emu.submit(sized)
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    assert "shm bytes 268435456" in run.logs(0)
+    assert emu.store.run(run.id).nodes == emu.store.run(default.id).nodes == ["c1-node-0"]
+
+
 def test_a_failing_rank_fails_the_run_and_stops_the_others(emu: Emulator, cluster, make_job) -> None:
     cluster()
     script = """

@@ -132,7 +132,8 @@ PLAN = {"backend": "docker", "as_root": True, "tools": {"docker": "/usr/bin/dock
         "host_env": {"PATH": "/usr/bin:/bin"}, "env_file": "/mnt/azureml/cr/j/r/amlemu-env.sh",
         "sandbox_root": "/h/process-nodes/.root", "software": ["/usr", "/venv"],
         "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1"},
-                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0"}}}
+                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0",
+                         "shm_bytes": 268435456}}}
 
 
 def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -> None:
@@ -147,13 +148,14 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     argv, env = agent_command(plan, "n0", "orted")
     assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
                     "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
-                    "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted", "/usr", "/venv"]
+                    "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
     assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
     assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
     assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script
+    assert 'mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"' in script  # resources.shm_size
 
 
 def test_agent_refuses_a_backend_outside_the_registry() -> None:

@@ -98,8 +98,13 @@ class Supervisor:
 
     def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
         spec = self.cluster.spec
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image) for n in allocation.nodes]
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image, shm_bytes=self.job.shm_bytes)
+                         for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
+        for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
+            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size)")
+            self.backend.remove_node(request)
+            new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
