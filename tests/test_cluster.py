@@ -117,7 +117,8 @@ print("shm bytes", fs.f_blocks * fs.f_frsize, flush=True)
 """
 
 
-def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emulator, cluster, make_job) -> None:
+def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emulator, cluster, make_job,
+                                                                       backend: str) -> None:
     cluster(max_nodes=1, idle_seconds_before_scaledown=600)  # the second job reuses the node
     default = emu.submit(make_job(SHM, distribution="none"))
     assert default.wait(timeout=120) is RunStatus.COMPLETED, default.record.error
@@ -128,6 +129,9 @@ def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emul
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
     assert "shm bytes 268435456" in run.logs(0)
     assert emu.store.run(run.id).nodes == emu.store.run(default.id).nodes == ["c1-node-0"]
+    remade = "node c1-node-0 is made again for this job (resources.shm_size)"
+    # docker sizes /dev/shm as it creates a container; a process node's sandbox is new at each launch
+    assert (remade in (run.dir / "system_logs" / "lifecycle.txt").read_text()) == (backend == "docker")
 
 
 def test_a_failing_rank_fails_the_run_and_stops_the_others(emu: Emulator, cluster, make_job) -> None:
