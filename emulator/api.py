@@ -258,7 +258,8 @@ class Emulator:
         self._check_name(job)
         run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
-        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image) for i in range(job.instance_count)]
+        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image, shm_bytes=job.shm_bytes)
+                    for i in range(job.instance_count)]
         node_plans = [backend.plan_node(r) for r in requests]
         note = node_plans[0].get("image_note")
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,

@@ -72,7 +72,7 @@ class ProcessBackend(NodeBackend):
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
                 "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
-                "notes": f"{self.limits_note()}; all nodes share the host network"}
+                "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; all nodes share the host network"}
 
     def create_node(self, request: NodeRequest) -> str:
         request.node_dir.mkdir(parents=True, exist_ok=True)
