@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -124,21 +126,43 @@ def read_metric_points(db: Path) -> list[tuple[str, int, float]]:
             "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'").fetchall()
     return [(key, int(step), math.nan if is_nan else float(value)) for key, step, value, is_nan in rows]
 
-def seed_store(db: Path, experiment: str, run_id: str, run_name: str) -> str:
+SEED_PLACEHOLDER = "amlemuseedrun"  # the run id of the template store, replaced by each job's
+
+
+def _seed_template(template: Path) -> None:
+    """An MLflow store with one experiment (id 1) and one SCHEDULED run: made once per home and
+    MLflow version (MLflow's import and schema migrations take seconds; a copy takes none)."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    tmp = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp}")
+    made = client.create_run(client.create_experiment(SEED_PLACEHOLDER), run_name=SEED_PLACEHOLDER,
+                             tags={SEED_TAG: "1"}).info.run_id
+    client.update_run(made, status="SCHEDULED")
+    with closing(sqlite3.connect(tmp)) as conn, conn:  # MLflow draws run ids itself: ours replaces it
+        for table in ("tags", "runs"):
+            conn.execute(f"UPDATE {table} SET run_uuid = ? WHERE run_uuid = ?", (SEED_PLACEHOLDER, made))  # noqa: S608
+        conn.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (made, SEED_PLACEHOLDER))
+    os.replace(tmp, template)  # whole or not at all: supervisors may make it at the same time
+
+
+def seed_store(db: Path, experiment: str, run_id: str, run_name: str, template: Path) -> str:
     """A node's MLflow store holding the job's experiment and its run under the job's own id, as
     Azure ML's (MLFLOW_RUN_ID is the job name), so that mlflow.start_run() attaches to it. The run
     waits as SCHEDULED: one no process started is left out of the merge. Returns the experiment id."""
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415
-
-    client = MlflowClient(tracking_uri=f"sqlite:///{db}")
-    experiment_id = client.create_experiment(experiment)
-    made = client.create_run(experiment_id, run_name=run_name, tags={SEED_TAG: "1"}).info.run_id
-    client.update_run(made, status="SCHEDULED")
-    # MLflow draws run ids itself: the one it drew becomes the job's (nothing else refers to it yet).
+    if not template.exists():
+        _seed_template(template)
+    shutil.copyfile(template, db)
+    now = int(time.time() * 1000)
     with closing(sqlite3.connect(db)) as conn, conn:
-        for table in ("tags", "latest_metrics", "params", "metrics", "runs"):
-            conn.execute(f"UPDATE {table} SET run_uuid = ? WHERE run_uuid = ?", (run_id, made))  # noqa: S608
-    return experiment_id
+        conn.execute("UPDATE experiments SET name = ?, creation_time = ?, last_update_time = ? WHERE name = ?",
+                     (experiment, now, now, SEED_PLACEHOLDER))
+        conn.execute("UPDATE runs SET run_uuid = ?, name = ?, start_time = ?, artifact_uri = replace(artifact_uri, ?, ?) "
+                     "WHERE run_uuid = ?", (run_id, run_name, now, SEED_PLACEHOLDER, run_id, SEED_PLACEHOLDER))
+        conn.execute("UPDATE tags SET run_uuid = ? WHERE run_uuid = ?", (run_id, SEED_PLACEHOLDER))
+        conn.execute("UPDATE tags SET value = ? WHERE run_uuid = ? AND key = 'mlflow.runName'", (run_name, run_id))
+        (experiment_id,) = conn.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
+    return str(experiment_id)
 
 
 def merge_store(source_db: Path, dest_db: Path) -> int:

@@ -10,6 +10,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
 from amlemu.backends import nodefs
@@ -26,7 +27,8 @@ def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[
     (seeding is the slow part: done once)."""
     seed = run_dir / f".seed-{time.time_ns()}.db"
     try:
-        if seed_store(seed, experiment, run_id, run_name) != NODE_MLFLOW_EXPERIMENT_ID:
+        template = run_dir.parent.parent / f"mlflow-seed-{version('mlflow')}.db"  # the home's, kept
+        if seed_store(seed, experiment, run_id, run_name, template) != NODE_MLFLOW_EXPERIMENT_ID:
             raise RuntimeError("the seeded MLflow store numbers the experiment unlike MLFLOW_EXPERIMENT_ID")
         for node_dir, env in zip(node_dirs, envs):
             lay_out(node_dir, run_id, run_dir, env, restarted, seed)
