@@ -34,6 +34,7 @@ from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
 from amlemu.runs.plan import plan_launch
+from amlemu.runs.runlogs import rank_log
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 
@@ -77,7 +78,7 @@ class Run:
         return self._emu.store.events(self.id)
 
     def log_path(self, process: int = 0) -> Path:
-        return self.dir / "user_logs" / f"std_log_process_{process}.txt"
+        return rank_log(self.dir / "user_logs", process)
 
     def logs(self, process: int = 0) -> str:
         path = self.log_path(process)
@@ -257,7 +258,8 @@ class Emulator:
         self._check_name(job)
         run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
-        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image) for i in range(job.instance_count)]
+        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image, shm_bytes=job.shm_bytes)
+                    for i in range(job.instance_count)]
         node_plans = [backend.plan_node(r) for r in requests]
         note = node_plans[0].get("image_note")
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,

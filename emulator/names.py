@@ -29,7 +29,7 @@ ENV_ENTRY_MAX = 128 * 1024 - 1
 # OMP_NUM_THREADS, NCCL_*, the data runtime's DATASET_MOUNT_*) stays the job's to set.
 PLATFORM_VARIABLE_PREFIXES = ("AZUREML_", "AZ_BATCH", "OMPI_", "PMIX_", "AMLEMU_")
 PLATFORM_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
-                                "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"})
+                                "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"})
 
 
 def _shown(value: str) -> str:

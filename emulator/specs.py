@@ -10,6 +10,18 @@ from amlemu import skus
 from amlemu.errors import ConfigError, StateError
 
 NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,23}$")  # AmlCompute: 2-24 chars, letter first
+# resources.shm_size: "(number)(unit), number greater than 0, unit b, k, m or g" (the REST API's
+# JobResourceConfiguration.shmSize). Unset: 2g, azureml-core's _DEFAULT_SHM_SIZE (core/environment.py).
+SHM_RE = re.compile(r"^([1-9][0-9]*)([bkmg]?)$", re.IGNORECASE)
+DEFAULT_SHM_SIZE = "2g"
+
+
+def shm_bytes(value: str) -> int:
+    match = SHM_RE.match(value.strip())
+    if not match:
+        raise ConfigError("resources.shm_size", f"'{value}' is not a size",
+                          "write a number greater than 0 with b, k, m or g, e.g. 2g")
+    return int(match.group(1)) * 1024 ** "bkmg".index((match.group(2) or "b").lower())
 
 
 class Priority(str, enum.Enum):
@@ -61,9 +73,14 @@ class ClusterSpec:
 
 
 class RunStatus(str, enum.Enum):
-    """Azure ML's run statuses, in lifecycle order."""
+    """Azure ML's run statuses, in lifecycle order (azure-ai-ml's JobStatus). The emulator enters
+    neither Starting nor Provisioning (AmlCompute jobs wait in Queued while nodes are created;
+    Provisioning is on-demand compute's), nor NotResponding or Paused (no heartbeat, no pause):
+    they are here so that a status read from Azure, or given by a client, is understood."""
 
     NOT_STARTED = "NotStarted"
+    STARTING = "Starting"
+    PROVISIONING = "Provisioning"
     QUEUED = "Queued"
     PREPARING = "Preparing"
     RUNNING = "Running"
@@ -73,10 +90,12 @@ class RunStatus(str, enum.Enum):
     FAILED = "Failed"
     CANCELED = "Canceled"
     NOT_RESPONDING = "NotResponding"
+    PAUSED = "Paused"
 
     @property
     def is_terminal(self) -> bool:
-        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED)
+        """As azure-ai-ml's RunHistoryConstants.TERMINAL_STATUSES (its wait stops on these)."""
+        return self in _TERMINAL
 
     def can_become(self, target: RunStatus) -> bool:
         return target in _TRANSITIONS[self]
@@ -86,25 +105,29 @@ class RunStatus(str, enum.Enum):
             raise StateError(f"a run cannot go from {self.value} to {target.value}")
 
 
-_ACTIVE = (RunStatus.NOT_STARTED, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
+_TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED, RunStatus.NOT_RESPONDING,
+                       RunStatus.PAUSED})
+_ACTIVE = (RunStatus.NOT_STARTED, RunStatus.STARTING, RunStatus.PROVISIONING, RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING,
            RunStatus.FINALIZING)
 _TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.NOT_STARTED: frozenset({RunStatus.QUEUED}),
+    RunStatus.NOT_STARTED: frozenset({RunStatus.STARTING, RunStatus.QUEUED}),
+    RunStatus.STARTING: frozenset({RunStatus.PROVISIONING, RunStatus.QUEUED}),
+    RunStatus.PROVISIONING: frozenset({RunStatus.QUEUED, RunStatus.PREPARING}),
     RunStatus.QUEUED: frozenset({RunStatus.PREPARING}),
     # A preempted run goes back to the queue and is restarted on fresh nodes (low priority).
     RunStatus.PREPARING: frozenset({RunStatus.RUNNING, RunStatus.QUEUED}),
     RunStatus.RUNNING: frozenset({RunStatus.FINALIZING, RunStatus.QUEUED}),
     RunStatus.FINALIZING: frozenset({RunStatus.COMPLETED, RunStatus.FAILED}),
     RunStatus.CANCEL_REQUESTED: frozenset({RunStatus.CANCELED, RunStatus.FAILED}),
-    RunStatus.NOT_RESPONDING: frozenset({RunStatus.RUNNING, RunStatus.FAILED}),
+    RunStatus.NOT_RESPONDING: frozenset(),  # terminal for the SDK, which stops waiting there
+    RunStatus.PAUSED: frozenset(),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELED: frozenset(),
 }
 for _status in _ACTIVE:
-    # Any active run can be canceled, can fail (gang failure, timeout, a lost node) or stop answering.
-    _TRANSITIONS[_status] = _TRANSITIONS[_status] | {RunStatus.CANCEL_REQUESTED, RunStatus.FAILED,
-                                                     RunStatus.NOT_RESPONDING}
+    # Any active run can be canceled or fail (gang failure, timeout, a lost node).
+    _TRANSITIONS[_status] = _TRANSITIONS[_status] | {RunStatus.CANCEL_REQUESTED, RunStatus.FAILED}
 
 
 class DistributionType(str, enum.Enum):
@@ -173,6 +196,7 @@ class JobSpec:
     display_name: str | None = None
     max_run_duration_seconds: int | None = None
     name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
+    shm_size: str | None = None  # resources.shm_size: each node's /dev/shm (None: DEFAULT_SHM_SIZE)
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -182,6 +206,8 @@ class JobSpec:
         if self.distribution.type is DistributionType.NONE and self.instance_count > 1:
             raise ConfigError("distribution", f"instance_count {self.instance_count} needs a distribution",
                               "add distribution: {type: mpi} or {type: pytorch}")
+        if self.shm_size is not None:
+            shm_bytes(self.shm_size)
         if self.max_run_duration_seconds is not None and self.max_run_duration_seconds < 1:
             raise ConfigError("limits.timeout", f"must be a positive number of seconds, "
                               f"got {self.max_run_duration_seconds}")
@@ -192,6 +218,10 @@ class JobSpec:
         if not self.environment or self.environment.startswith("azureml:"):
             return None
         return self.environment
+
+    @property
+    def shm_bytes(self) -> int:
+        return shm_bytes(self.shm_size or DEFAULT_SHM_SIZE)
 
     @property
     def process_count(self) -> int:

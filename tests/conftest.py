@@ -14,6 +14,7 @@ import pytest
 
 from amlemu.api import Emulator
 from amlemu.backends import BACKENDS, backend_class
+from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
 from pytest_amlemu import mnist
 
@@ -179,7 +180,7 @@ def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no
     starts: a job released while queued would never see the file)."""
     def folders() -> list:  # type: ignore[type-arg]
         record = run.record
-        found = [emu.home.node_dir(record.cluster, node) / "cr" / "j" / run.id for node in record.nodes]
+        found = [emu.home.node_dir(record.cluster, node) / job_rel(run.id) for node in record.nodes]
         return found if found and all((f / "exe").is_dir() for f in found) else []
     for folder in wait_until(folders, timeout, f"run {run.id} is laid out on its nodes"):
         (folder / "release").touch()

@@ -105,7 +105,7 @@ def test_jobs_are_shared_between_processes(amlemu, tmp_path: Path) -> None:
     assert [h["status"] for h in shown["history"]][-1] == "Completed"
     downloaded = Path(amlemu("job", "download", listed[0]["name"], "--download-path", str(tmp_path / "dl"))
                       .split("downloaded to ")[1].strip())
-    assert "hi there" in (downloaded / "user_logs" / "std_log_process_0.txt").read_text()
+    assert "hi there" in (downloaded / "user_logs" / "std_log.txt").read_text()  # one process: Azure ML's name
 
 
 def test_fault_commands_speak_plainly(amlemu) -> None:

@@ -19,6 +19,7 @@ from amlemu.cli import cli
 from amlemu.errors import CapacityError
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import load_job
+from amlemu.runs.contract import run_folder_id
 from amlemu.runs.supervisor import Supervisor
 from amlemu.specs import RunStatus
 
@@ -53,7 +54,15 @@ def test_every_rank_sees_the_amlcompute_contract(emu: Emulator, cluster, make_jo
     assert head == "c1-node-0"
     for rank, report in reports.items():
         env = report["env"]
-        assert report["cwd"] == f"/mnt/azureml/cr/j/{run.id}/exe/wd"
+        assert report["cwd"] == f"/mnt/azureml/cr/j/{run_folder_id(run.id)}/exe/wd"  # 32 hex, not the name
+        assert env["AZUREML_CR_NODE_RANK"] == str(int(rank) // 2) and env["AZ_BATCHAI_CLUSTER_NAME"] == "c1"
+        assert env["AZ_BATCHAI_JOB_MASTER_NODE_IP"] == env["AZ_BATCH_MASTER_NODE"].split(":")[0]
+        assert env["AZ_BATCH_HOST_LIST"].split(",")[0] == env["AZ_BATCHAI_JOB_MASTER_NODE_IP"]
+        assert len(env["AZ_BATCH_HOST_LIST"].split(",")) == 2 and env["AZ_BATCHAI_GPU_COUNT"] == "0"
+        assert (env["AZ_BATCH_NODE_ROOT_DIR"], env["AZ_BATCH_NODE_SHARED_DIR"]) == ("/mnt/batch/tasks",
+                                                                                "/mnt/batch/tasks/shared")
+        assert len(env["AZUREML_WORKSPACE_ID"]) == len(env["AZUREML_EXPERIMENT_ID"]) == 36  # GUIDs
+        assert env["MLFLOW_RUN_ID"] == run.id and env["MLFLOW_EXPERIMENT_ID"] == "1"
         assert env["OMPI_COMM_WORLD_SIZE"] == "4" and env["OMPI_COMM_WORLD_RANK"] == rank
         assert env["OMPI_COMM_WORLD_LOCAL_RANK"] == str(int(rank) % 2)
         assert env["AZ_BATCHAI_TASK_INDEX"] == str(int(rank) // 2)
@@ -78,13 +87,51 @@ def test_pytorch_distribution_gets_torch_variables(emu: Emulator, cluster, make_
         assert env["MASTER_ADDR"] == envs["0"]["AZ_BATCH_MASTER_NODE"].split(":")[0]
 
 
+MLFLOW_JOB = REPORT + """
+import mlflow
+with mlflow.start_run() as active:  # attaches to the job's run (MLFLOW_RUN_ID), as on Azure ML
+    mlflow.log_metric("loss", 0.5, step=1)
+print("mlflow run", active.info.run_id, flush=True)
+"""
+
+
 def test_a_single_node_job_runs_without_mpi(emu: Emulator, cluster, make_job) -> None:
     cluster()
-    run = emu.submit(make_job(REPORT, distribution="none"))
-    assert run.wait(timeout=60) is RunStatus.COMPLETED, run.record.error
+    run = emu.submit(make_job(MLFLOW_JOB, distribution="none"))
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
     env = _reports(run)["solo"]["env"]
     assert "OMPI_COMM_WORLD_RANK" not in env and "AZ_BATCHAI_MPI_MASTER_NODE" in env
+    assert env["AZUREML_CR_NODE_RANK"] == "0" and env["AZ_BATCH_HOST_LIST"] == env["AZ_BATCHAI_JOB_MASTER_NODE_IP"]
+    # one node, one process: Azure ML's user_logs/std_log.txt, found by whatever reads rank 0's log
+    logs = sorted(p.name for p in (run.dir / "user_logs").iterdir())
+    assert logs == ["std_log.txt"] and run.log_path(0).name == "std_log.txt"
     assert "hello from rank solo on c1-node-0" in run.logs(0)
+    assert f"mlflow run {run.id}" in run.logs(0)
+    assert run.metric_history()["loss"] == [(1, 0.5)]  # one run in the record: the seeded one, used
+
+
+SHM = """
+import os
+fs = os.statvfs("/dev/shm")
+print("shm bytes", fs.f_blocks * fs.f_frsize, flush=True)
+"""
+
+
+def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emulator, cluster, make_job,
+                                                                       backend: str) -> None:
+    cluster(max_nodes=1, idle_seconds_before_scaledown=600)  # the second job reuses the node
+    default = emu.submit(make_job(SHM, distribution="none"))
+    assert default.wait(timeout=120) is RunStatus.COMPLETED, default.record.error
+    assert "shm bytes 2147483648" in default.logs(0)
+    sized = make_job(SHM, distribution="none")
+    sized.write_text(sized.read_text().replace("resources:\n", "resources:\n  shm_size: 256m\n"))
+    run = emu.submit(sized)
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    assert "shm bytes 268435456" in run.logs(0)
+    assert emu.store.run(run.id).nodes == emu.store.run(default.id).nodes == ["c1-node-0"]
+    remade = "node c1-node-0 is made again for this job (resources.shm_size)"
+    # docker sizes /dev/shm as it creates a container; a process node's sandbox is new at each launch
+    assert (remade in (run.dir / "system_logs" / "lifecycle.txt").read_text()) == (backend == "docker")
 
 
 def test_a_failing_rank_fails_the_run_and_stops_the_others(emu: Emulator, cluster, make_job) -> None:

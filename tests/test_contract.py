@@ -1,6 +1,7 @@
 """The node contract and the platform-built launch, checked on the dry run (nothing started)."""
 from __future__ import annotations
 
+import re
 import subprocess
 from pathlib import Path
 
@@ -34,16 +35,43 @@ def _job(kind: DistributionType = DistributionType.MPI, nodes: int = 2, per_node
                    instance_count=nodes, distribution=Distribution(kind, per_node), **kw)
 
 
+R1 = contract.run_folder_id("run1")  # the run's folder on a node: a 32-hex id, not the job name
+R = contract.run_folder_id("r")
+
+
 def test_every_process_sees_the_amlcompute_variables() -> None:
     env = run_env(_job(environment_variables={"MY_VAR": "x", "AZUREML_OUTPUT_DIRECTORY": "mine"}),
-                  "run1", WS, NODES, node_cpus=2)
+                  "run1", WS, NODES, node_cpus=2, cluster="c1", node_gpus=2)
     assert env["AZUREML_RUN_ID"] == "run1" and env["AZUREML_ARM_PROJECT_NAME"] == "exp"
     assert (env["AZUREML_ARM_SUBSCRIPTION"], env["AZUREML_ARM_RESOURCEGROUP"], env["AZUREML_ARM_WORKSPACE_NAME"]) == (
         "sub", "rg", "ws")
     assert env["AZ_BATCH_MASTER_NODE"] == "10.0.0.2:6105" and "AZ_BATCHAI_MPI_MASTER_NODE" not in env
     assert env["MY_VAR"] == "x" and env["AZUREML_OUTPUT_DIRECTORY"] == "mine"  # the job's own win
-    assert env["MLFLOW_TRACKING_URI"] == "sqlite:////mnt/azureml/cr/j/run1/tracking/mlflow.db"
+    assert env["MLFLOW_TRACKING_URI"] == f"sqlite:////mnt/azureml/cr/j/{R1}/tracking/mlflow.db"
     assert env["OMP_NUM_THREADS"] == "2"
+    assert (env["MLFLOW_RUN_ID"], env["MLFLOW_EXPERIMENT_ID"]) == ("run1", contract.NODE_MLFLOW_EXPERIMENT_ID)
+    assert (env["AZ_BATCHAI_JOB_MASTER_NODE_IP"], env["AZ_BATCH_HOST_LIST"]) == ("10.0.0.2", "10.0.0.2,10.0.0.3")
+    assert (env["AZ_BATCHAI_CLUSTER_NAME"], env["AZ_BATCHAI_GPU_COUNT"]) == ("c1", "2")
+    assert (env["AZ_BATCH_NODE_ROOT_DIR"], env["AZ_BATCH_NODE_SHARED_DIR"]) == ("/mnt/batch/tasks", "/mnt/batch/tasks/shared")
+
+
+def test_run_folders_and_ids_are_shaped_as_azure_shapes_them() -> None:
+    import uuid  # noqa: PLC0415
+
+    from amlemu.service.state import Workspace  # noqa: PLC0415
+
+    assert re.fullmatch(r"[0-9a-f]{32}", R1) and R1 != R and contract.run_folder_id("run1") == R1
+    assert contract.node_job_dir("run1") == f"/mnt/azureml/cr/j/{R1}"
+    env = run_env(_job(), "run1", WS, NODES, node_cpus=2)
+    ws_id, exp_id = env["AZUREML_WORKSPACE_ID"], env["AZUREML_EXPERIMENT_ID"]
+    assert str(uuid.UUID(ws_id)) == ws_id and str(uuid.UUID(exp_id)) == exp_id and ws_id != exp_id
+    # the workspace's GUID is the one the service reports as its workspaceId
+    service_ws = Workspace(WS["subscription_id"], WS["resource_group"], WS["workspace_name"], WS["location"])
+    assert ws_id == str(uuid.uuid5(uuid.NAMESPACE_URL, service_ws.id))
+    again = run_env(_job(), "run2", WS, NODES, node_cpus=2)  # stable per workspace and experiment
+    assert (again["AZUREML_WORKSPACE_ID"], again["AZUREML_EXPERIMENT_ID"]) == (ws_id, exp_id)
+    other = run_env(_job(), "run2", {**WS, "workspace_name": "ws2"}, NODES, node_cpus=2)
+    assert other["AZUREML_WORKSPACE_ID"] != ws_id and other["AZUREML_EXPERIMENT_ID"] != exp_id
 
 
 def test_single_node_jobs_get_the_single_node_master_variable() -> None:
@@ -53,7 +81,8 @@ def test_single_node_jobs_get_the_single_node_master_variable() -> None:
 
 
 def test_per_node_variables() -> None:
-    assert node_env(_job(), NODES[1]) == {"AZ_BATCHAI_TASK_INDEX": "1", "AZ_BATCH_NODE_ID": "c1-node-1"}
+    assert node_env(_job(), NODES[1]) == {"AZ_BATCHAI_TASK_INDEX": "1", "AZUREML_CR_NODE_RANK": "1",
+                                          "AZ_BATCH_NODE_ID": "c1-node-1"}
     assert node_env(_job(DistributionType.PYTORCH), NODES[1])["NODE_RANK"] == "1"
 
 
@@ -73,7 +102,7 @@ def test_mpi_launch_is_built_by_the_platform() -> None:
     assert argv[0] == "mpirun"
     assert argv[argv.index("plm_rsh_agent") + 1] == "/venv/bin/amlemu-agent"
     assert argv[argv.index("-np") + 1] == "4" and argv[argv.index("-H") + 1] == "c1-node-0:2,c1-node-1:2"
-    assert argv[argv.index("-wdir") + 1] == "/mnt/azureml/cr/j/run1/exe/wd"
+    assert argv[argv.index("-wdir") + 1] == f"/mnt/azureml/cr/j/{R1}/exe/wd"
     for flag in ("--leave-session-attached", "--oversubscribe", "--tag-output", "--allow-run-as-root"):
         assert flag in argv
     assert argv[argv.index("--bind-to") + 1] == "none" and argv[argv.index("--map-by") + 1] == "slot"
@@ -90,7 +119,7 @@ def test_pytorch_launch_maps_ranks_for_each_process() -> None:
 
 def test_non_distributed_jobs_run_without_mpi() -> None:
     argv = launch_argv(_job(DistributionType.NONE, nodes=1), "r", NODES[:1], agent="a", as_root=True)
-    assert argv == ["a", "c1-node-0", "cd /mnt/azureml/cr/j/r/exe/wd && exec /bin/bash -c 'python train.py'"]
+    assert argv == ["a", "c1-node-0", f"cd /mnt/azureml/cr/j/{R}/exe/wd && exec /bin/bash -c 'python train.py'"]
 
 
 def test_launch_refuses_the_wrong_node_count() -> None:
@@ -103,7 +132,8 @@ PLAN = {"backend": "docker", "as_root": True, "tools": {"docker": "/usr/bin/dock
         "host_env": {"PATH": "/usr/bin:/bin"}, "env_file": "/mnt/azureml/cr/j/r/amlemu-env.sh",
         "sandbox_root": "/h/process-nodes/.root", "software": ["/usr", "/venv"],
         "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1"},
-                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0"}}}
+                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0",
+                         "shm_bytes": 268435456}}}
 
 
 def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -> None:
@@ -118,13 +148,14 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     argv, env = agent_command(plan, "n0", "orted")
     assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
                     "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
-                    "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted", "/usr", "/venv"]
+                    "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
     assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
     assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
     assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script
+    assert 'mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"' in script  # resources.shm_size
 
 
 def test_agent_refuses_a_backend_outside_the_registry() -> None:
@@ -177,7 +208,7 @@ def test_data_bindings_paths_default_outputs_and_v1_references() -> None:
                        "local": DataInput("uri_file", "/home/me/labels.csv", DataMode.DOWNLOAD), "lr": 0.1},
                outputs={"model": DataInput("uri_folder", "", DataMode.UPLOAD)})
     found = {b.ref: b for b in bindings(job, "r1")}
-    wd = "/mnt/azureml/cr/j/r1/cap/data-capability/wd"
+    wd = f"/mnt/azureml/cr/j/{contract.run_folder_id('r1')}/cap/data-capability/wd"
     assert (found["inputs.data"].datastore, found["inputs.data"].path, found["inputs.data"].node_path) == (
         "ws", "mnist", f"{wd}/INPUT_data")
     assert (found["inputs.local"].datastore, found["inputs.local"].path, found["inputs.local"].node_path) == (

@@ -16,6 +16,7 @@ from amlemu.api import Emulator
 from amlemu.backends import backend_class
 from amlemu.cluster.faults import PARTITION_TIMEOUT, preemption_delays
 from amlemu.errors import BackendError, StateError
+from amlemu.runs.contract import job_rel
 from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
@@ -267,7 +268,7 @@ def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mni
     cluster(**LOW)
     emu.datastores.upload(mnist_12k, "azureml://datastores/workspaceblobstore/paths/mnist")
     run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
-    checkpoint = emu.home.node_dir("c1", "c1-node-0") / "cr" / "j" / run.id / "exe" / "wd" / "outputs" / "checkpoint-epoch1.pt"
+    checkpoint = emu.home.node_dir("c1", "c1-node-0") / job_rel(run.id) / "exe" / "wd" / "outputs" / "checkpoint-epoch1.pt"
     wait_until(checkpoint.exists, 300, "epoch 1 checkpointed")
     emu.faults.preempt("c1", node=1)
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error

@@ -14,6 +14,7 @@ import pytest
 from conftest import job_processes, wait_until
 
 from amlemu.api import Emulator
+from amlemu.runs.contract import run_folder_id
 from amlemu.specs import RunStatus
 
 pytestmark = pytest.mark.slow
@@ -156,4 +157,4 @@ def test_a_node_sees_its_own_disk_and_cache_and_none_of_the_workspace(emu: Emula
     log = run.logs(0)
     assert "mnt: ['amlemu', 'azureml'] ['cache']" in log
     assert "home visible: False" in log
-    assert f"disk: ['cr'] ['{run.id}']" in log
+    assert f"disk: ['cr'] ['{run_folder_id(run.id)}']" in log  # a 32-hex id, as on AmlCompute

@@ -7,8 +7,9 @@ import pytest
 from conftest import REPO
 
 from amlemu.errors import ConfigError
+from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import apply_overrides, load_job, script_of
-from amlemu.runs.contract import resolve_command
+from amlemu.runs.contract import resolve_command, run_folder_id
 from amlemu.specs import DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"
@@ -23,7 +24,14 @@ def test_the_seed_job_loads_with_its_data_path_overridden(mnist_subset: Path) ->
     assert job.inputs["data_dir"] == DataInput("uri_folder", str(mnist_subset), DataMode.RO_MOUNT)
     assert job.image is None  # an azureml: environment is not a Docker image
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
-                                          "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
+                                          f"/mnt/azureml/cr/j/{run_folder_id('r1')}/cap/data-capability/wd/INPUT_data_dir --epochs 2")
+
+
+def test_shm_size_is_read_kept_with_the_run_and_defaults_to_azure_mls_2g(tmp_path: Path) -> None:
+    job = load_job(_write(tmp_path, BASE + "resources:\n  shm_size: 512m\n"))
+    assert (job.shm_size, job.shm_bytes) == ("512m", 512 << 20)
+    assert job_from_record(job_to_record(job)) == job
+    assert load_job(_write(tmp_path, BASE)).shm_bytes == 2 << 30  # azureml-core's _DEFAULT_SHM_SIZE
 
 
 def test_the_seed_job_reads_mnist_from_workspaceblobstore() -> None:
@@ -31,7 +39,7 @@ def test_the_seed_job_reads_mnist_from_workspaceblobstore() -> None:
     assert job.inputs["data_dir"] == DataInput("uri_folder", "azureml://datastores/workspaceblobstore/paths/mnist",
                                                DataMode.RO_MOUNT)
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
-                                          "/mnt/azureml/cr/j/r1/cap/data-capability/wd/INPUT_data_dir --epochs 2")
+                                          f"/mnt/azureml/cr/j/{run_folder_id('r1')}/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 
 
 def _write(tmp_path: Path, text: str, script: str | None = "train.py") -> Path:
@@ -62,6 +70,8 @@ BASE = "code: src\ncommand: python train.py\ncompute: azureml:c1\n"
     (BASE.replace("train.py", "train.py ${{inputs.lr}}"), "command: ${{inputs.lr}} refers to nothing"),
     (BASE + "type: sweep\n", "type: 'sweep' jobs are not supported"),
     (BASE + "limits:\n  timeout: 0\n", "limits.timeout: must be a positive number of seconds, got 0"),
+    (BASE + "resources:\n  shm_size: 0g\n", "resources.shm_size: '0g' is not a size; write a number greater than 0"),
+    (BASE + "resources:\n  shm_size: 2 GB\n", "resources.shm_size: '2 GB' is not a size"),
     (BASE + "inputs:\n  d:\n    type: uri_folder\n    path: ./nothing\n", "inputs.d.path: "),
     (BASE + "inputs:\n  d:\n    type: uri_folder\n    path: src\n    mode: eval_mount\n",
      "inputs.d.mode: 'eval_mount' is not a data mode; use one of: ro_mount, download, direct"),
@@ -144,7 +154,7 @@ def test_datastore_inputs_and_outputs_resolve_to_node_paths(tmp_path: Path) -> N
                           "  u:\n    path: azureml://datastores/ws/paths/raw\n    mode: direct\n"
                           "outputs:\n  o:\n    mode: upload\n"
                           "  m:\n    path: azureml://datastores/ws/paths/models\n"))
-    wd = "/mnt/azureml/cr/j/r/cap/data-capability/wd"
+    wd = f"/mnt/azureml/cr/j/{run_folder_id('r')}/cap/data-capability/wd"
     assert job.outputs["o"] == DataInput("uri_folder", "", DataMode.UPLOAD)
     assert resolve_command(job, "r").split()[2:] == [
         f"{wd}/INPUT_d", f"{wd}/INPUT_f/b.csv", f"{wd}/o", f"{wd}/m", "azureml://datastores/ws/paths/raw"]

@@ -53,5 +53,8 @@ def test_a_dry_run_creates_nothing(emu: Emulator, cluster, make_job) -> None:
     rows = emu.store.datastores(), emu.store.runs(), emu.store.nodes("c1")
     plan = emu.plan_job(job)
     assert plan["launch"] and len(plan["nodes"]) == 2
+    assert [n["shm_size"] for n in plan["nodes"]] == [2 << 30] * 2  # Azure ML's default /dev/shm: 2g
+    job.write_text(job.read_text().replace("resources:\n", "resources:\n  shm_size: 64m\n"))
+    assert [n["shm_size"] for n in emu.plan_job(job)["nodes"]] == [64 << 20] * 2
     assert sorted(str(p.relative_to(emu.home.root)) for p in emu.home.root.rglob("*")) == before
     assert (emu.store.datastores(), emu.store.runs(), emu.store.nodes("c1")) == rows

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import shutil
 import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -15,8 +16,9 @@ import pytest
 from conftest import wait_until
 
 from amlemu.cluster.store import Store
-from amlemu.errors import NotFoundError
+from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import default_cache
+from amlemu.storage import nodecache
 from amlemu.storage.datastores import DEFAULT, Datastores
 from amlemu.storage.nodecache import CacheError, CachePolicy, NodeCache, Source, policy_from_env
 
@@ -213,6 +215,33 @@ def test_reserved_free_disk_space_is_kept(tmp_path: Path) -> None:
     policy = CachePolicy(ttl=60, reserved_free=1 << 60)
     with pytest.raises(CacheError, match="DATASET_RESERVED_FREE_DISK_SPACE=1152921504606846976 bytes"):
         NodeCache(tmp_path / "node0").sync(source, str(tmp_path / "src").lstrip("/"), policy)
+
+
+def test_a_negative_cache_size_is_the_disk_space_to_leave_free(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azure ML's data runtime reads DATASET_MOUNT_CACHE_SIZE=-<size> as "leave <size> of the disk
+    free": the cache evicts (least recently used first) to keep it so, and refuses what cannot fit."""
+    policy, _ = policy_from_env({"DATASET_MOUNT_CACHE_SIZE": "-1KB", "DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000",
+                                 "DATASET_RESERVED_FREE_DISK_SPACE": "0"})
+    assert (policy.size_limit, policy.keep_free) == (None, 1024)
+    source = _local_tree(tmp_path / "src", {"a/1": 100, "b/1": 100, "c/1": 100, "big/1": 400})
+    rel = str(tmp_path / "src").lstrip("/")
+    clock = Clock()
+    cache = NodeCache(tmp_path / "node0", clock)
+    disk = 1024 + 250  # a disk of which 250 bytes may hold the cache
+
+    def usage(path):  # type: ignore[no-untyped-def]
+        used = sum(f.stat().st_size for f in (tmp_path / "node0" / "data").rglob("*") if f.is_file())
+        return shutil._ntuple_diskusage(disk, used, disk - used)
+    monkeypatch.setattr(nodecache.shutil, "disk_usage", usage)
+    for folder in ("a", "b", "a", "c"):  # a used again: b is the least recently used
+        clock.now += 1
+        cache.sync(source, f"{rel}/{folder}", policy)
+    assert not cache.local_path("_local", f"{rel}/b/1").exists()
+    assert cache.local_path("_local", f"{rel}/a/1").exists() and cache.local_path("_local", f"{rel}/c/1").exists()
+    with pytest.raises(CacheError, match=r"\(400 bytes\) under DATASET_MOUNT_CACHE_SIZE=-1024 bytes \(to leave free\)"):
+        cache.sync(source, f"{rel}/big", policy)
+    with pytest.raises(ConfigError, match="DATASET_MOUNT_CACHE_SIZE"):
+        policy_from_env({"DATASET_MOUNT_CACHE_SIZE": "-x"})
 
 
 def test_a_local_file_changed_in_place_is_noticed_after_the_ttl(tmp_path: Path) -> None:

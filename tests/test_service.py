@@ -210,7 +210,7 @@ def test_a_local_input_is_uploaded_to_the_default_datastore_and_read_by_the_job(
     assert uri.startswith("azureml://") and "workspaceblobstore" in uri and "LocalUpload" in uri, uri
     ml_client.jobs.stream(job.name)
     assert ml_client.jobs.get(job.name).status == "Completed"
-    log = (tmp_path / "emu" / "runs" / job.name / "user_logs" / "std_log_process_0.txt").read_text()
+    log = (tmp_path / "emu" / "runs" / job.name / "user_logs" / "std_log.txt").read_text()  # one process
     assert "read: 1 2 3" in log
 
 

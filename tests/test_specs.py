@@ -60,8 +60,14 @@ def test_priority_accepts_v1_and_v2_spellings() -> None:
     assert ClusterSpec("c1", vm_priority="Dedicated").vm_priority is Priority.DEDICATED
 
 
-def test_terminal_statuses() -> None:
-    assert {s for s in RunStatus if s.is_terminal} == {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELED}
+def test_statuses_and_terminal_ones_are_the_sdks() -> None:
+    from azure.ai.ml.operations._run_history_constants import JobStatus, RunHistoryConstants
+
+    sdk = {v for k, v in vars(JobStatus).items() if k.isupper()}
+    assert {s.value for s in RunStatus} == sdk
+    assert {s.value for s in RunStatus if s.is_terminal} == set(RunHistoryConstants.TERMINAL_STATUSES)
+    assert {RunStatus.NOT_RESPONDING, RunStatus.PAUSED} <= {s for s in RunStatus if s.is_terminal}
+    assert RunStatus.NOT_STARTED.can_become(RunStatus.STARTING) and RunStatus.STARTING.can_become(RunStatus.QUEUED)
 
 
 def test_lifecycle_transitions() -> None:

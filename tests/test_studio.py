@@ -296,7 +296,7 @@ def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, clust
         points = driver.execute_script(
             "return document.querySelector('figure.chart polyline').getAttribute('points').split(' ').length")
         assert points == 4
-        wait_until(lambda: "user_logs/std_log_process_0.txt" in _text(driver, "#files"), 30, "the run's files")
+        wait_until(lambda: "user_logs/std_log.txt" in _text(driver, "#files"), 30, "the run's files")  # one process
         assert driver.execute_script("return window.sameDocument") is True
         assert driver.execute_script("return window.pwned") is None
         driver.switch_to.window(overview)  # the overview followed the job too

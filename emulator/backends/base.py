@@ -54,6 +54,7 @@ class NodeRequest:
     cache_dir: Path  # the node's blob cache on the host (its data/ tree is what the node sees)
     gpus: tuple[str, ...] = ()
     image: str | None = None  # the job's image, when the engine has it
+    shm_bytes: int = 2 << 30  # /dev/shm (the job's resources.shm_size; Azure ML's default 2g)
 
     @property
     def name(self) -> str:
@@ -136,6 +137,11 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         """What the launch agent needs to run a command on this node."""
+
+    def fits(self, request: NodeRequest) -> bool:
+        """Whether an existing node serves `request` as it is (else it is made again for the job):
+        what is fixed at a node's creation and differs from job to job (docker: /dev/shm's size)."""
+        return True
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         """Variables the node's shell has before the run's (a container's image defaults)."""

@@ -16,11 +16,9 @@ enumerates only those GPUs, numbered from 0.
 from __future__ import annotations
 
 import functools
-import io
 import os
 import shutil
 import sys
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -30,6 +28,7 @@ import psutil
 
 from amlemu.actions import Action
 from amlemu.backends import gpudevices, nodefs
+from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.base import (
     CACHE_ROOT,
     LABEL,
@@ -44,7 +43,6 @@ from amlemu.backends.base import (
 from amlemu.errors import BackendError
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
-SHM_SIZE = "1g"  # torch DataLoader workers exchange batches through /dev/shm
 CPU_PERIOD = 100_000  # microseconds
 # The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
 SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
@@ -67,25 +65,6 @@ def _client():  # type: ignore[no-untyped-def]
 def _name(listed: dict) -> str:
     """A container's name from the list API's entry ("Names": ["/name"])."""
     return listed["Names"][0].lstrip("/")
-
-
-def mirror_rootfs() -> bytes:
-    """The mirror image's file system: mount points, usrmerge links, and a passwd for root."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
-        def add(name: str, *, kind: bytes = tarfile.DIRTYPE, target: str = "", data: bytes = b"",
-                mode: int = 0o755) -> None:
-            info = tarfile.TarInfo(name)
-            info.type, info.mode, info.linkname, info.size = kind, mode, target, len(data)
-            tar.addfile(info, io.BytesIO(data) if data else None)
-        for d in ("proc", "sys", "dev", "etc", "root", "mnt", "run", "usr", "var", "var/tmp", "opt"):
-            add(d)
-        add("tmp", mode=0o1777)
-        for link in ("bin", "sbin", "lib", "lib64"):
-            add(link, kind=tarfile.SYMTYPE, target=f"usr/{link}")
-        add("etc/passwd", kind=tarfile.REGTYPE, data=b"root:x:0:0:root:/root:/bin/bash\n", mode=0o644)
-        add("etc/group", kind=tarfile.REGTYPE, data=b"root:x:0:\n", mode=0o644)
-    return buf.getvalue()
 
 
 def _mirror_mounts() -> dict[str, dict[str, str]]:
@@ -194,7 +173,7 @@ class DockerBackend(NodeBackend):
             "cpu_period": CPU_PERIOD,
             "cpu_quota": int(request.cpus * CPU_PERIOD),
             "mem_limit": request.memory_bytes,
-            "shm_size": SHM_SIZE,
+            "shm_size": request.shm_bytes,  # the job's resources.shm_size, as Azure ML's docker run --shm-size
             "gpus": list(request.gpus),
             "gpu_access": gpu_access,  # device_requests (NVIDIA runtime) | device_nodes | None
             "devices": devices,
@@ -260,6 +239,14 @@ class DockerBackend(NodeBackend):
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         return {"container": self.container_name(request)}
+
+    def fits(self, request: NodeRequest) -> bool:
+        """/dev/shm is sized as a container is created (Azure ML: each job's container, --shm-size)."""
+        try:
+            return self.client.api.inspect_container(self.container_name(request))["HostConfig"]["ShmSize"] == \
+                request.shm_bytes
+        except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
+            return False
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run

@@ -59,7 +59,7 @@ class ProcessBackend(NodeBackend):
         if not plan.get("as_root", True):
             unshare.append("--map-root-user")
         return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
-                plan["env_file"], command, *plan["software"]]
+                plan["env_file"], str(node["shm_bytes"]), command, *plan["software"]]
 
     @classmethod
     def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
@@ -72,7 +72,7 @@ class ProcessBackend(NodeBackend):
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
                 "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
-                "notes": f"{self.limits_note()}; all nodes share the host network"}
+                "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; all nodes share the host network"}
 
     def create_node(self, request: NodeRequest) -> str:
         request.node_dir.mkdir(parents=True, exist_ok=True)
@@ -86,8 +86,10 @@ class ProcessBackend(NodeBackend):
         self._remove_found(request.cluster, request.name)  # its processes, then its folders
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
+        # /dev/shm is a tmpfs of the sandbox's own, capped at the job's shm_size (a cap, as docker's:
+        # its pages are this machine's memory, not reserved, and the node has no memory limit).
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
-                "state_dir": str(self.state_dir(request.cluster, request.name))}
+                "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes}
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         # This machine's software with the emulator's venv first (as a docker node's mirror image

@@ -1,5 +1,5 @@
 # A process node, entered by the launch agent as `unshare --mount --uts --pid --kill-child ... sh
-# sandbox.sh HOST DISK CACHE ROOT ENVFILE COMMAND SOFTWARE...` (new mount, UTS and PID namespaces).
+# sandbox.sh HOST DISK CACHE ROOT ENVFILE SHMBYTES COMMAND SOFTWARE...` (new mount, UTS and PID namespaces).
 #
 # It builds the view a docker node has, on a tmpfs at ROOT (a mount point only this namespace
 # sees): this machine's SOFTWARE paths read-only at their own paths, a private /tmp, /dev/shm and
@@ -11,8 +11,8 @@
 # namespace's first process, and with it every process the job started, daemons included.
 set -eu
 chroot=$(command -v chroot) setpriv=$(command -v setpriv) tini=$(command -v tini)
-host=$1 disk=$2 cache=$3 root=$4 envfile=$5 command=$6
-shift 6
+host=$1 disk=$2 cache=$3 root=$4 envfile=$5 shm=$6 command=$7
+shift 7
 
 mount -t tmpfs -o mode=0755 amlemu-node "$root"
 mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/tmp" "$root/var/tmp" "$root/root" "$root/run" \
@@ -41,7 +41,7 @@ ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
 ln -s /proc/self/fd/1 "$root/dev/stdout"
 ln -s /proc/self/fd/2 "$root/dev/stderr"
-mount -t tmpfs -o mode=1777 amlemu-shm "$root/dev/shm"
+mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"  # resources.shm_size
 mount -t proc proc "$root/proc"
 mount --rbind /sys "$root/sys"
 mount -o remount,bind,ro "$root/sys" 2>/dev/null || true

@@ -257,6 +257,8 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
         data["distribution"] = {"type": job.distribution.type.value,
                                 "process_count_per_instance": job.distribution.process_count_per_instance}
     data["resources"] = {"instance_count": job.instance_count}
+    if job.shm_size:
+        data["resources"]["shm_size"] = job.shm_size
     if job.max_run_duration_seconds:
         data["limits"] = {"timeout": job.max_run_duration_seconds}
     return data

@@ -23,6 +23,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "display_name": job.display_name,
         "max_run_duration_seconds": job.max_run_duration_seconds,
         "name": job.name,
+        "shm_size": job.shm_size,
     }
 
 

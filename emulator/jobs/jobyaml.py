@@ -231,4 +231,5 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         outputs=outputs,
         display_name=data.get("display_name"),
         max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
+        shm_size=None if resources.get("shm_size") is None else str(resources["shm_size"]),
     )

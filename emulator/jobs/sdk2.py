@@ -95,6 +95,8 @@ def job_dict(job: Any) -> dict[str, Any]:
             data["distribution"]["process_count_per_instance"] = dist.process_count_per_instance
     if job.resources is not None and getattr(job.resources, "instance_count", None):
         data["resources"] = {"instance_count": job.resources.instance_count}
+    if job.resources is not None and getattr(job.resources, "shm_size", None):
+        data.setdefault("resources", {})["shm_size"] = job.resources.shm_size
     timeout = getattr(getattr(job, "limits", None), "timeout", None)
     if timeout:
         data["limits"] = {"timeout": int(timeout)}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import uuid
 from dataclasses import dataclass
 
 from amlemu.jobs.jobyaml import substitute_bindings
@@ -22,6 +23,12 @@ NODE_ROOT = "/mnt/azureml"
 CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
 LOCAL_SOURCE = "_local"  # the cache folder of inputs given as local paths
 MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
+# Azure Batch's task root and the folder shared by all tasks of a node (learn.microsoft.com, "Azure
+# Batch runtime environment variables": /mnt/batch/tasks, /mnt/batch/tasks/shared on Linux).
+BATCH_ROOT = "/mnt/batch/tasks"
+# The node's MLflow store is seeded with the job's experiment, which sqlite numbers 1 (0 is MLflow's
+# Default); MLFLOW_EXPERIMENT_ID must name it (Azure ML: the experiment's GUID, AZUREML_EXPERIMENT_ID).
+NODE_MLFLOW_EXPERIMENT_ID = "1"
 
 
 @dataclass(frozen=True)
@@ -40,9 +47,15 @@ class Rank:
     local_rank: int
 
 
+def run_folder_id(run_id: str) -> str:
+    """AmlCompute names a run's folder on the node by a 32-hex id, not by the job name (which is in
+    AZUREML_RUN_ID): here derived from the run id, so every node and every attempt agrees."""
+    return uuid.uuid5(uuid.NAMESPACE_URL, f"amlemu:run:{run_id}").hex
+
+
 def job_rel(run_id: str) -> str:
     """The run's folder on a node's disk, relative to the disk (the host's node_dir)."""
-    return f"cr/j/{run_id}"
+    return f"cr/j/{run_folder_id(run_id)}"
 
 
 def node_job_dir(run_id: str) -> str:
@@ -60,12 +73,12 @@ def node_env_file(run_id: str) -> str:
 
 def data_dir(run_id: str, name: str) -> str:
     """Where AmlCompute materialises a data input (INPUT_<name>) or output (<name>) on the node."""
-    return f"{NODE_ROOT}/cr/j/{run_id}/cap/data-capability/wd/{name}"
+    return f"{node_job_dir(run_id)}/cap/data-capability/wd/{name}"
 
 
 def mount_dir(run_id: str, datastore: str) -> str:
     """A datastore as the run sees it mounted (it points into the node's read-only cache)."""
-    return f"{NODE_ROOT}/cr/j/{run_id}/mounts/{datastore}"
+    return f"{node_job_dir(run_id)}/mounts/{datastore}"
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,22 @@ def tracking_uri(run_id: str) -> str:
     return f"sqlite:///{node_tracking_dir(run_id)}/mlflow.db"
 
 
+def workspace_arm_id(workspace: dict[str, str]) -> str:
+    return (f"/subscriptions/{workspace['subscription_id']}/resourceGroups/{workspace['resource_group']}"
+            f"/providers/Microsoft.MachineLearningServices/workspaces/{workspace['workspace_name']}")
+
+
+def workspace_guid(workspace: dict[str, str]) -> str:
+    """AZUREML_WORKSPACE_ID: a GUID, as Azure's workspaceId; the one the service reports for the
+    workspace (emulator/service/routes.py derives it the same way from the ARM id)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, workspace_arm_id(workspace)))
+
+
+def experiment_guid(workspace: dict[str, str], experiment: str) -> str:
+    """AZUREML_EXPERIMENT_ID: Azure ML gives each experiment a GUID; stable per workspace and name."""
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"{workspace_arm_id(workspace)}/experiments/{experiment}"))
+
+
 def rank_layout(job: JobSpec, nodes: list[NodeSlot]) -> list[Rank]:
     """Ranks fill node 0 first, then node 1 (mpirun --map-by slot with P slots per host)."""
     per_node = job.process_count // job.instance_count
@@ -138,12 +167,15 @@ def threads_per_process(job: JobSpec, node_cpus: float) -> int:
 
 
 def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[NodeSlot],
-            node_cpus: float) -> dict[str, str]:
+            node_cpus: float, *, cluster: str = "", node_gpus: int = 0) -> dict[str, str]:
     """What every process of the run sees, whatever its node. Unlike real nodes, emulated nodes
     share this machine's cores: OMP_NUM_THREADS tells each process its share (the job may override)."""
     head = nodes[0]
     env = {
         "AZUREML_RUN_ID": run_id,
+        # v1's run identity (azureml/_run_impl/constants.py reads both): GUIDs, as Azure gives them.
+        "AZUREML_WORKSPACE_ID": workspace_guid(workspace),
+        "AZUREML_EXPERIMENT_ID": experiment_guid(workspace, job.experiment_name),
         "AZUREML_ARM_SUBSCRIPTION": workspace["subscription_id"],
         "AZUREML_ARM_RESOURCEGROUP": workspace["resource_group"],
         "AZUREML_ARM_WORKSPACE_NAME": workspace["workspace_name"],
@@ -154,6 +186,17 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
         "AZUREML_NODE_COUNT": str(job.instance_count),
         "MLFLOW_TRACKING_URI": tracking_uri(run_id),
         "MLFLOW_EXPERIMENT_NAME": job.experiment_name,
+        # Azure ML's MLflow run is the job's run (its id is the job name); mlflow.start_run() attaches
+        # to it. The node's store is seeded with it before the launch (rundisk.lay_out).
+        "MLFLOW_RUN_ID": run_id,
+        "MLFLOW_EXPERIMENT_ID": NODE_MLFLOW_EXPERIMENT_ID,
+        # Batch AI's names, read by user launch scripts (torchrun --master_addr, hostfiles).
+        "AZ_BATCHAI_JOB_MASTER_NODE_IP": head.address,
+        "AZ_BATCH_HOST_LIST": ",".join(n.address for n in nodes),  # Batch: "nodeIP,nodeIP"
+        "AZ_BATCHAI_CLUSTER_NAME": cluster or job.compute,
+        "AZ_BATCHAI_GPU_COUNT": str(node_gpus),  # the GPUs of a node (all nodes of a cluster alike)
+        "AZ_BATCH_NODE_ROOT_DIR": BATCH_ROOT,
+        "AZ_BATCH_NODE_SHARED_DIR": f"{BATCH_ROOT}/shared",
         "OMP_NUM_THREADS": str(threads_per_process(job, node_cpus)),
     }
     # v1's DataReference.as_mount() puts $AZUREML_DATAREFERENCE_<name> in the arguments.
@@ -183,7 +226,9 @@ def env_file_text(env: dict[str, str]) -> str:
 
 def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:
     """What differs per node; the launch agent sets it on the node's processes."""
-    env = {"AZ_BATCHAI_TASK_INDEX": str(node.index), "AZ_BATCH_NODE_ID": node.name}
+    # AZUREML_CR_NODE_RANK: the node's index in the job, on every distribution (torchrun --node_rank).
+    env = {"AZ_BATCHAI_TASK_INDEX": str(node.index), "AZUREML_CR_NODE_RANK": str(node.index),
+           "AZ_BATCH_NODE_ID": node.name}
     if job.distribution.type is DistributionType.PYTORCH:
         env["NODE_RANK"] = str(node.index)
     return env

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 import sqlite3
+import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -16,7 +18,8 @@ PLOT_NAME = "metrics.png"  # in the run's record, next to its mlflow.db
 LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each node's store
 # Tags of a source run that would be wrong in the combined store (the name is the emulator run
 # id; parent ids point into the source store).
-SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId"}
+SEED_TAG = "amlemu.seeded"  # the job's run, made by the platform in each node's store before the launch
+SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId", SEED_TAG}
 
 
 # --- the plot ------------------------------------------------------------------------------------
@@ -123,6 +126,45 @@ def read_metric_points(db: Path) -> list[tuple[str, int, float]]:
             "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'").fetchall()
     return [(key, int(step), math.nan if is_nan else float(value)) for key, step, value, is_nan in rows]
 
+SEED_PLACEHOLDER = "amlemuseedrun"  # the run id of the template store, replaced by each job's
+
+
+def _seed_template(template: Path) -> None:
+    """An MLflow store with one experiment (id 1) and one SCHEDULED run: made once per home and
+    MLflow version (MLflow's import and schema migrations take seconds; a copy takes none)."""
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    tmp = template.with_name(f"{template.name}.{os.getpid()}.tmp")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp}")
+    made = client.create_run(client.create_experiment(SEED_PLACEHOLDER), run_name=SEED_PLACEHOLDER,
+                             tags={SEED_TAG: "1"}).info.run_id
+    client.update_run(made, status="SCHEDULED")
+    with closing(sqlite3.connect(tmp)) as conn, conn:  # MLflow draws run ids itself: ours replaces it
+        for table in ("tags", "runs"):
+            conn.execute(f"UPDATE {table} SET run_uuid = ? WHERE run_uuid = ?", (SEED_PLACEHOLDER, made))  # noqa: S608
+        conn.execute("UPDATE runs SET artifact_uri = replace(artifact_uri, ?, ?)", (made, SEED_PLACEHOLDER))
+    os.replace(tmp, template)  # whole or not at all: supervisors may make it at the same time
+
+
+def seed_store(db: Path, experiment: str, run_id: str, run_name: str, template: Path) -> str:
+    """A node's MLflow store holding the job's experiment and its run under the job's own id, as
+    Azure ML's (MLFLOW_RUN_ID is the job name), so that mlflow.start_run() attaches to it. The run
+    waits as SCHEDULED: one no process started is left out of the merge. Returns the experiment id."""
+    if not template.exists():
+        _seed_template(template)
+    shutil.copyfile(template, db)
+    now = int(time.time() * 1000)
+    with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("UPDATE experiments SET name = ?, creation_time = ?, last_update_time = ? WHERE name = ?",
+                     (experiment, now, now, SEED_PLACEHOLDER))
+        conn.execute("UPDATE runs SET run_uuid = ?, name = ?, start_time = ?, artifact_uri = replace(artifact_uri, ?, ?) "
+                     "WHERE run_uuid = ?", (run_id, run_name, now, SEED_PLACEHOLDER, run_id, SEED_PLACEHOLDER))
+        conn.execute("UPDATE tags SET run_uuid = ? WHERE run_uuid = ?", (run_id, SEED_PLACEHOLDER))
+        conn.execute("UPDATE tags SET value = ? WHERE run_uuid = ? AND key = 'mlflow.runName'", (run_name, run_id))
+        (experiment_id,) = conn.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
+    return str(experiment_id)
+
+
 def merge_store(source_db: Path, dest_db: Path) -> int:
     """Copy every MLflow run of a node's store (its experiment, params, tags, metric points with
     their steps and timestamps, status) into the run record's store, as runs of their own: ranks on
@@ -131,7 +173,8 @@ def merge_store(source_db: Path, dest_db: Path) -> int:
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
     source = MlflowClient(tracking_uri=f"sqlite:///{source_db}")
-    runs = all_runs(source, ViewType.ACTIVE_ONLY)
+    runs = [r for r in all_runs(source, ViewType.ACTIVE_ONLY)
+            if not (SEED_TAG in r.data.tags and r.info.status == "SCHEDULED")]  # seeded, never started
     if not runs:
         return 0
     dest = MlflowClient(tracking_uri=f"sqlite:///{dest_db}")

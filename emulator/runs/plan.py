@@ -84,7 +84,8 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
     return LaunchPlan(
         run_id=run_id, compute=compute, backend=backend, nodes=nodes,
         argv=tuple(launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options)),
-        env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share),
+        env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share, cluster=compute,
+                    node_gpus=len(requests[0].gpus)),
         ranks=tuple(rank_layout(job, slots)), data=tuple(bindings(job, run_id)),
         notices=(*notices, *cache_notices))
 

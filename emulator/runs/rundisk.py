@@ -1,4 +1,4 @@
-"""A run's folder on a node's disk (/mnt/azureml/cr/j/<run> inside the node): laid out by the host
+"""A run's folder on a node's disk (/mnt/azureml/cr/j/<32-hex id> inside the node): laid out by the host
 before the launch, read back after every job process is gone, emptied for the next run.
 
 The job is root on its node and can write its disk, so every host step here goes through
@@ -7,22 +7,41 @@ backends.nodefs: nothing the job made (a link to /, a fifo) leads the host out o
 from __future__ import annotations
 
 import shutil
+import threading
 import time
 from collections.abc import Callable
+from importlib.metadata import version
 from pathlib import Path
 
 from amlemu.backends import nodefs
-from amlemu.runs.contract import env_file_text, job_rel
-from amlemu.runs.metrics import merge_store
+from amlemu.runs.contract import NODE_MLFLOW_EXPERIMENT_ID, env_file_text, job_rel
+from amlemu.runs.metrics import LIVE_DIR, merge_store, seed_store
 
 ENV_FILE = "amlemu-env.sh"  # contract.node_env_file, as the host sees it
 PLATFORM_LINKS = ("cap/", "mounts/")  # the platform's own links into the node's cache
 
 
-def lay_out(node_dir: Path, run_id: str, run_dir: Path, env: dict[str, str], restarted: bool) -> Path:
+def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[dict[str, str]], restarted: bool,
+                  experiment: str, run_name: str) -> None:
+    """Every node's run folder, each with a copy of one MLflow store seeded with the job's run
+    (seeding is the slow part: done once)."""
+    seed = run_dir / f".seed-{time.time_ns()}.db"
+    try:
+        template = run_dir.parent.parent / f"mlflow-seed-{version('mlflow')}.db"  # the home's, kept
+        if seed_store(seed, experiment, run_id, run_name, template) != NODE_MLFLOW_EXPERIMENT_ID:
+            raise RuntimeError("the seeded MLflow store numbers the experiment unlike MLFLOW_EXPERIMENT_ID")
+        for node_dir, env in zip(node_dirs, envs):
+            lay_out(node_dir, run_id, run_dir, env, restarted, seed)
+    finally:
+        seed.unlink(missing_ok=True)
+
+
+def lay_out(node_dir: Path, run_id: str, run_dir: Path, env: dict[str, str], restarted: bool,
+            seed: Path | None = None) -> Path:
     """The run's folder on a node: the snapshot as the working folder, outputs and logs (a
-    preempted attempt's put back), an empty MLflow store folder, and the env file the node's shell
-    sources (owner-only: the job's variables may hold secrets). Returns the folder (host path)."""
+    preempted attempt's put back), the MLflow store folder (with a copy of `seed`), and the env
+    file the node's shell sources (owner-only: the job's variables may hold secrets). Returns the
+    folder (host path)."""
     job_dir = nodefs.fresh_dir(node_dir, job_rel(run_id))
     shutil.copytree(run_dir / "snapshot", job_dir / "exe" / "wd")
     for sub in ("outputs", "logs"):
@@ -30,6 +49,8 @@ def lay_out(node_dir: Path, run_id: str, run_dir: Path, env: dict[str, str], res
         if restarted and (run_dir / sub).is_dir():
             shutil.copytree(run_dir / sub, job_dir / "exe" / "wd" / sub, dirs_exist_ok=True)
     (job_dir / "tracking").mkdir()
+    if seed is not None:
+        shutil.copyfile(seed, job_dir / "tracking" / "mlflow.db")
     env_file = job_dir / ENV_FILE
     env_file.touch(mode=0o600)
     env_file.write_text(env_file_text(env))
@@ -63,6 +84,16 @@ def collect(node_dir: Path, node: str, run_id: str, run_dir: Path, log: Callable
         log(f"warning: the MLflow store of {node} could not be read: {type(exc).__name__}: {exc}")
     finally:
         copy.unlink(missing_ok=True)
+
+
+def mirror_stores(node_dirs: dict[str, Path], run_id: str, run_dir: Path, stop: threading.Event) -> None:
+    """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR), so
+    metrics are seen before the end; the stores themselves are merged when the job ends."""
+    live = run_dir / LIVE_DIR
+    live.mkdir(exist_ok=True)
+    while not stop.wait(1.0):
+        for name, node_dir in node_dirs.items():
+            mirror_store(node_dir, run_id, live / f"{name}.db")
 
 
 def mirror_store(node_dir: Path, run_id: str, dest: Path) -> None:

@@ -10,15 +10,28 @@ MPI_EXIT_RE = re.compile(r"Process name: \[\[\d+,\d+\],(\d+)\]\s*\n\s*Exit code:
 MPI_SIGNAL_RE = re.compile(r"rank (\d+) with PID \d+ on node (\S+) exited on signal (\d+)")
 
 
+def rank_log_name(rank: int, processes: int) -> str:
+    """Azure ML's name for a process's log in user_logs/: std_log.txt for a single-process job (one
+    node, one process), std_log_process_<N>.txt for each of several (both SDKs' log patterns)."""
+    return "std_log.txt" if processes == 1 else f"std_log_process_{rank}.txt"
+
+
+def rank_log(user_logs: Path, rank: int) -> Path:
+    """A rank's log when the process count is not at hand: rank 0 of a single-process job is std_log.txt."""
+    single = user_logs / "std_log.txt"
+    return single if rank == 0 and single.exists() else user_logs / f"std_log_process_{rank}.txt"
+
+
 class RunLogs:
-    """AML v2 layout: user_logs/std_log_process_<N>.txt per process, system_logs/ for the platform."""
+    """AML v2 layout: user_logs/ for the job's processes (rank_log_name), system_logs/ for the platform."""
 
     def __init__(self, run_dir: Path, processes: int) -> None:
         self.user = run_dir / "user_logs"
         self.system = run_dir / "system_logs"
         self.user.mkdir(parents=True, exist_ok=True)
         self.system.mkdir(parents=True, exist_ok=True)
-        self._files = {n: open(self.user / f"std_log_process_{n}.txt", "a", buffering=1) for n in range(processes)}
+        self._files = {n: open(self.user / rank_log_name(n, processes), "a", buffering=1)
+                       for n in range(processes)}
         self._mpi = open(self.system / "mpi_log.txt", "a", buffering=1)
         self._platform = open(self.system / "lifecycle.txt", "a", buffering=1)
 
@@ -69,8 +82,8 @@ def failure_reason(mpi_log: str, layout: list, user_logs: Path, exit_code: int, 
         rank = int((match or signal_match).group(1))
         what = f"exit code {match.group(2)}" if match else f"signal {signal_match.group(3)}"
         node = next((r.node for r in layout if r.rank == rank), "?")
-        log = user_logs / f"std_log_process_{rank}.txt"
+        log = rank_log(user_logs, rank)
         return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
                 f"Last lines of {log.name}:\n{tail(log)}")
-    log = user_logs / "std_log_process_0.txt"
+    log = rank_log(user_logs, 0)
     return f"the job exited with code {exit_code}. Last lines of {log.name}:\n{tail(log)}"

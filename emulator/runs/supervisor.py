@@ -98,8 +98,13 @@ class Supervisor:
 
     def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
         spec = self.cluster.spec
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image) for n in allocation.nodes]
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image, shm_bytes=self.job.shm_bytes)
+                         for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
+        for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
+            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size)")
+            self.backend.remove_node(request)
+            new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
@@ -112,9 +117,10 @@ class Supervisor:
             as_root=os.geteuid() == 0, notices=(note,) if note else ())
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
-        restarted = self.store.run(self.run_id).preemptions > 0
-        for request, node in zip(self.requests, self.plan.nodes):
-            rundisk.lay_out(request.node_dir, self.run_id, self.run_dir, self.plan.node_environment(node), restarted)
+        rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
+                              [self.plan.node_environment(n) for n in self.plan.nodes],
+                              self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
+                              self.job.display_name or self.run_id)
         self.prepare_data()
         plan = agent_plan(self.backend, self.requests, self.run_id,
                           sandbox_root=self.home.root / "process-nodes" / ".root")
@@ -151,15 +157,6 @@ class Supervisor:
                 except AmlEmuError as exc:
                     self.logs.platform(f"warning: {exc}")
 
-    def mirror_metrics(self, stop: threading.Event) -> None:
-        """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR),
-        so metrics are seen before the end; the stores themselves are merged when the job ends."""
-        live = self.run_dir / LIVE_DIR
-        live.mkdir(exist_ok=True)
-        while not stop.wait(1.0):
-            for request in self.requests:
-                rundisk.mirror_store(request.node_dir, self.run_id, live / f"{request.name}.db")
-
     def execute(self, plan: LaunchPlan) -> bool:
         """Run the plan to its end; True when the run was preempted and must be restarted."""
         if self.preempted():  # taken away while preparing
@@ -179,7 +176,8 @@ class Supervisor:
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
         refresher.start()
-        mirror = threading.Thread(target=self.mirror_metrics, args=(stop_refresh,), daemon=True)
+        mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
+                                  args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds

@@ -21,6 +21,7 @@ from amlemu.cluster.store import Node, RunRecord, Store
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
 from amlemu.runs.metrics import PLOT_NAME, metric_history
+from amlemu.runs.runlogs import rank_log_name
 
 # What of a run's record the page lists and serves: what `amlemu job download` gives.
 DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs")
@@ -170,7 +171,7 @@ class StudioData:
         if not 0 <= rank < _processes(record.job):
             raise NotFoundError("log", f"rank {rank} of job {run_id}",
                                 f"ranks are 0 to {_processes(record.job) - 1}")
-        fh = open_in_run(self.home.run_dir(run_id), f"user_logs/std_log_process_{rank}.txt")
+        fh = open_in_run(self.home.run_dir(run_id), f"user_logs/{rank_log_name(rank, _processes(record.job))}")
         if fh is None:
             return {"offset": 0, "size": 0, "text": "", "skipped": 0, "terminal": record.status.is_terminal}
         with fh:

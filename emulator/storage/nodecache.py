@@ -61,6 +61,7 @@ class CachePolicy:
     valid_since: float = 0.0  # entries fetched before this are expired (the job's start, for ttl None)
     size_limit: int | None = None
     reserved_free: int = 150 * MB
+    keep_free: int | None = None  # a negative DATASET_MOUNT_CACHE_SIZE: the disk space to leave free
 
     def fresh(self, fetched_at: float, now: float) -> bool:
         if fetched_at < self.valid_since:
@@ -82,10 +83,17 @@ def policy_from_env(env: dict[str, str], job_start: float = 0.0) -> tuple[CacheP
                               "e.g. 120000 for blobfuse's 120 s; leave it unset for the job's lifetime") from None
         if ttl < 0:
             raise ConfigError(field(TTL_VAR), "must not be negative")
-    size = parse_size(env[SIZE_VAR], field(SIZE_VAR)) if env.get(SIZE_VAR, "").strip() else None
+    size, keep_free = None, None
+    if env.get(SIZE_VAR, "").strip():
+        # Azure ML's data runtime: a positive size caps the cache, a negative one is how much of the
+        # disk to leave free ("-10GB": the cache may use all but 10 GB).
+        value = env[SIZE_VAR].strip()
+        negative = value.startswith("-")
+        parsed = parse_size(value[1:] if negative else value, field(SIZE_VAR))
+        size, keep_free = (None, parsed) if negative else (parsed, None)
     reserved = parse_size(env[RESERVED_VAR], field(RESERVED_VAR)) if env.get(RESERVED_VAR, "").strip() else 150 * MB
     notices = [f"{name} is not emulated: the node cache fetches whole files" for name in NOT_EMULATED if name in env]
-    return CachePolicy(ttl, 0.0 if ttl is not None else job_start, size, reserved), notices
+    return CachePolicy(ttl, 0.0 if ttl is not None else job_start, size, reserved, keep_free), notices
 
 
 @dataclass(frozen=True)
@@ -286,6 +294,8 @@ class NodeCache:
             if policy.size_limit is not None and total > policy.size_limit:
                 return True, f"{SIZE_VAR}={policy.size_limit} bytes"
             free = shutil.disk_usage(self.root).free
+            if policy.keep_free is not None and free - missing < policy.keep_free:
+                return True, f"{SIZE_VAR}=-{policy.keep_free} bytes (to leave free) with {free} bytes free"
             if free - missing < policy.reserved_free:
                 return True, f"{RESERVED_VAR}={policy.reserved_free} bytes with {free} bytes free"
             return False, ""
