@@ -130,10 +130,11 @@ SEED_PLACEHOLDER = "amlemuseedrun"  # the run id of the template store, replaced
 
 
 def _seed_template(template: Path) -> None:
-    """An MLflow store with one experiment (id 1) and one SCHEDULED run: made once per home and
+    """An MLflow store with one experiment (id 1) and one SCHEDULED run: made once per machine and
     MLflow version (MLflow's import and schema migrations take seconds; a copy takes none)."""
     from mlflow.tracking import MlflowClient  # noqa: PLC0415
 
+    template.parent.mkdir(parents=True, exist_ok=True)
     tmp = template.with_name(f"{template.name}.{os.getpid()}.tmp")
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp}")
     made = client.create_run(client.create_experiment(SEED_PLACEHOLDER), run_name=SEED_PLACEHOLDER,
