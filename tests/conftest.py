@@ -199,3 +199,22 @@ def commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.
 def job_processes(marker: str) -> list[int]:
     """Processes (on this machine or in any container: both are in /proc) running a job's script."""
     return [p.pid for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in (p.info["cmdline"] or []))]
+
+
+def stop_service_home(home: Path) -> None:
+    """`amlemu cleanup` of a home whose service a test started; then nothing the service started is
+    left: the service itself, its jobs' supervisors, the nodes."""
+    import subprocess  # noqa: PLC0415
+
+    import docker  # noqa: PLC0415
+
+    from amlemu import servicefile  # noqa: PLC0415
+    from amlemu.home import Home  # noqa: PLC0415
+
+    running = servicefile.read_state(home)
+    subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "cleanup", "--yes"], timeout=180,
+                   capture_output=True)
+    assert running is None or not psutil.pid_exists(running.pid), "the service outlived amlemu cleanup"
+    assert servicefile.read_state(home) is None
+    left = docker.from_env().containers.list(all=True, filters={"label": f"amlemu.home={Home.at(home).id}"})
+    assert left == [], f"containers left: {[c.name for c in left]}"

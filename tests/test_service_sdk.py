@@ -15,11 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker
-import psutil
 import pytest
 import requests
-from conftest import BLOCK, REPO, release, wait_until
+from conftest import BLOCK, REPO, release, stop_service_home, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -97,14 +95,7 @@ def service(tmp_path: Path, _homes: set[str]) -> Iterator[Service]:
         svc.amlemu("workspace", "config")
         yield svc
     finally:
-        running = servicefile.read_state(home)
-        subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "cleanup", "--yes"], timeout=180,
-                       capture_output=True)
-        # Nothing the service started is left: the service itself, its jobs' supervisors, the nodes.
-        assert running is None or not psutil.pid_exists(running.pid), "the service outlived amlemu cleanup"
-        assert servicefile.read_state(home) is None
-        left = docker.from_env().containers.list(all=True, filters={"label": f"amlemu.home={Home.at(home).id}"})
-        assert left == [], f"containers left: {[c.name for c in left]}"
+        stop_service_home(home)
 
 
 def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Service) -> None:

@@ -18,13 +18,10 @@ from pathlib import Path
 
 import base64
 
-import docker
-import psutil
 import pytest
 import requests
-from conftest import REPO
+from conftest import REPO, stop_service_home
 
-from amlemu import servicefile
 from amlemu.home import Home
 from amlemu.service.auth import Auth
 from amlemu.service.calls import Context
@@ -68,13 +65,7 @@ def service(tmp_path: Path, _homes: set[str]) -> Iterator[Service]:
         svc.amlemu("workspace", "config")
         yield svc
     finally:
-        running = servicefile.read_state(home)
-        subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "cleanup", "--yes"], timeout=180,
-                       capture_output=True)
-        assert running is None or not psutil.pid_exists(running.pid), "the service outlived amlemu cleanup"
-        assert servicefile.read_state(home) is None
-        left = docker.from_env().containers.list(all=True, filters={"label": f"amlemu.home={Home.at(home).id}"})
-        assert left == [], f"containers left: {[c.name for c in left]}"
+        stop_service_home(home)
 
 
 def _run_id(stdout: str) -> str:
