@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, release, stop_service_home, wait_until
+from conftest import BLOCK, REPO, release, service_cli, stop_service_home, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -36,11 +36,7 @@ class Service:
     env: dict[str, str]  # exactly what `amlemu env --format json` printed
 
     def amlemu(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(self.home), *args], cwd=self.project,
-                              capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "AMLEMU_BACKEND": "docker"})
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
+        return service_cli(self.home, self.project, *args)
 
     def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
         script = self.start(*args)

@@ -20,7 +20,7 @@ import base64
 
 import pytest
 import requests
-from conftest import REPO, stop_service_home
+from conftest import REPO, service_cli, stop_service_home
 
 from amlemu.home import Home
 from amlemu.service.auth import Auth
@@ -41,11 +41,7 @@ class Service:
     env: dict[str, str]  # exactly what `amlemu env --format json` printed
 
     def amlemu(self, *args: str) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(self.home), *args], cwd=self.project,
-                              capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "AMLEMU_BACKEND": "docker"})
-        assert done.returncode == 0, done.stdout + done.stderr
-        return done
+        return service_cli(self.home, self.project, *args)
 
     def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
         env = {k: os.environ[k] for k in BASE_ENV if k in os.environ} | {"HOME": str(self.user_home)} | self.env

@@ -279,13 +279,10 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("POST", H + "/rundata", datablobs.run_data, True),
     ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", datablobs.resolved_uris, True),
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
-    ("GET", WS + "/computes", compute_list, True),
-    ("GET|PUT|DELETE", WS + "/computes/{name}", compute, True),
-    ("POST", WS + "/computes/{name}/listNodes", compute_nodes, True),
     # azureml-core reads computes through the workspace's API host, under /rp/workspaces.
-    ("GET", "/rp/workspaces" + WS + "/computes", compute_list, True),
-    ("GET|PUT|DELETE", "/rp/workspaces" + WS + "/computes/{name}", compute, True),
-    ("POST", "/rp/workspaces" + WS + "/computes/{name}/listNodes", compute_nodes, True),
+    *[(method, prefix + WS + path, handler, True) for prefix in ("", "/rp/workspaces")
+      for method, path, handler in (("GET", "/computes", compute_list), ("GET|PUT|DELETE", "/computes/{name}", compute),
+                                    ("POST", "/computes/{name}/listNodes", compute_nodes))],
     ("GET", WS + "/datastores", datastore_list, True),
     ("GET", WS + "/datastores/{name}", datastore, True),
     ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
