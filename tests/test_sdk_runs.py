@@ -27,14 +27,14 @@ def v1_environment():  # type: ignore[no-untyped-def]
 @TRAINING
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind; one training is enough
-def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_12k: Path) -> None:
+def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_subset: Path) -> None:
     """The seed's code, as written in the article, with an offline workspace and compute target, on
     real MNIST in workspaceblobstore (a subset: the figure is tests/test_cluster.py's business)."""
     with sdk1.quiet():  # their imports warn about the SDK's own deprecated enums
         from azureml.data.azure_storage_datastore import AzureBlobDatastore
         from azureml.train.dnn import PyTorch
 
-    emu.datastores.upload(mnist_12k, "azureml://datastores/workspaceblobstore/paths/mnist")
+    emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
     ws = emu.workspace()
     workspace = sdk1.offline_workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"])
     config = ClusterSpec("gpucluster", "STANDARD_NC6", vm_priority="lowpriority", max_nodes=2,
@@ -45,14 +45,14 @@ def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_12k: Path
         estimator = PyTorch(source_directory=str(REPO / "trainer"),
                             compute_target=sdk1.compute_target(workspace, config),
                             entry_script="train.py",
-                            script_params={"--data-dir": datastore.path("mnist").as_mount(), "--epochs": 1},
+                            script_params={"--data-dir": datastore.path("mnist").as_mount(), "--epochs": 3},
                             node_count=2, process_count_per_node=1, distributed_backend="mpi", use_gpu=True)
     run = emu.submit(estimator)
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.summary() + run.logs(0)[-2000:]
     job = run.job
     assert (job.instance_count, job.distribution.process_count_per_instance) == (2, 1)
     assert run.log_path(1).exists(), "no rank 1: the job did not run on 2 processes"
-    assert run.metrics()["test_accuracy"] >= 0.8, run.metrics()  # it learned: one epoch of 12,000 images on 2 ranks
+    assert run.metrics()["test_accuracy"] >= 0.6, run.metrics()  # it learned (chance: 0.1): 3 epochs of 2,000 images
 
 
 def test_same_v1_script_run_config_and_v2_command_are_one_emulator_run(emu: Emulator, tmp_path: Path) -> None:
