@@ -18,12 +18,12 @@ from concurrent.futures import ThreadPoolExecutor
 
 from amlemu.backends import NodeRequest, get_backend, nodefs
 from amlemu.cluster import allocation as autoscale
-from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
+from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import rundisk
+from amlemu.runs import rundisk, servicelink
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.plan import LaunchPlan, agent_plan, plan_launch
@@ -52,6 +52,7 @@ class Supervisor:
         self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
         self.plan: LaunchPlan | None = None
         self.faults = FaultInjector(home, self.store)
+        self.link: servicelink.RunLink | None = None  # to the home's Azure ML service, while it runs
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -81,6 +82,8 @@ class Supervisor:
             self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
             self.end_with_error(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
         finally:
+            if self.link:
+                self.link.stop()
             self.logs.close()
         self.linger()
 
@@ -102,7 +105,7 @@ class Supervisor:
                          for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
-            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size)")
+            self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size or hosts file)")
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
@@ -117,10 +120,13 @@ class Supervisor:
             as_root=os.geteuid() == 0, notices=(note,) if note else ())
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
+        self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
+                                                    self.logs.platform)
+        online = self.link.env if self.link else {}  # in the nodes' env files only, not in the plan
         rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
-                              [self.plan.node_environment(n) for n in self.plan.nodes],
+                              [{**self.plan.node_environment(n), **online} for n in self.plan.nodes],
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
-                              self.job.display_name or self.run_id)
+                              self.job.display_name or self.run_id, self.link.files if self.link else None)
         self.prepare_data()
         plan = agent_plan(self.backend, self.requests, self.run_id,
                           sandbox_root=self.home.root / "process-nodes" / ".root")
@@ -181,7 +187,8 @@ class Supervisor:
         mirror.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
-        policy_preemptions = self.policy_preemptions()
+        policy_preemptions = policy_schedule(self.store, self.cluster.spec.name, self.run_id,
+                                             [r.name for r in self.requests])
         while proc.poll() is None:
             if self.canceled():
                 outcome = "canceled"
@@ -223,16 +230,6 @@ class Supervisor:
     def partitioned_too_long(self) -> bool:
         return any(time.time() - f["ts"] > PARTITION_TIMEOUT
                    for f in self.store.faults(self.run_id, "partition", since=self.attempt_since))
-
-    def policy_preemptions(self) -> list[tuple[float, str]]:
-        """(seconds after Running, node) of this attempt's preemptions under the cluster's policy."""
-        policy = self.store.preemption_policy(self.cluster.spec.name)
-        if not policy or policy["rate_per_node_hour"] <= 0:
-            return []
-        record = self.store.run(self.run_id)
-        delays = preemption_delays(policy["rate_per_node_hour"], policy["seed"], record.seq, record.preemptions,
-                                   len(self.requests))
-        return [(d, r.name) for d, r in zip(delays, self.requests) if d != float("inf")]
 
     def restart(self) -> bool:
         """Preempted: outputs and logs so far are kept, the run's nodes go, and the run waits for

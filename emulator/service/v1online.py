@@ -139,9 +139,16 @@ def upload(call: Call) -> Reply:
     ms = {"x-ms-request-id": str(uuid.uuid4()), "x-ms-version": "2021-08-06", "ETag": '"0x1"'}
     if not call.ctx.auth.check_signature(f"upload/{run_id}", call.query.get("sig")):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
-    if call.method != "PUT":
-        return Reply(404, b"", {**ms, "x-ms-error-code": "BlobNotFound"})
     run_dir = _run_dir(call, run_id)
+    if call.method != "PUT":  # the SDK checks the size it uploaded (a HEAD): the file as kept
+        try:
+            target = runhistory.artifact_path(run_dir, path)
+        except runhistory.HistoryError:
+            target = None
+        if target is None or target.is_symlink() or not target.is_file():
+            return Reply(404, b"", {**ms, "x-ms-error-code": "BlobNotFound"})
+        return Reply(200, target.read_bytes(), {**ms, "x-ms-blob-type": "BlockBlob",
+                                                 "Content-Type": "application/octet-stream"})
     active = getattr(call.st, "run_active", None)
     if active is None or not active(run_id):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
