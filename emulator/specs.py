@@ -197,6 +197,9 @@ class JobSpec:
     max_run_duration_seconds: int | None = None
     name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
     shm_size: str | None = None  # resources.shm_size: each node's /dev/shm (None: DEFAULT_SHM_SIZE)
+    # Where the processes' logs go: "v2" (user_logs/std_log*.txt) or "v1" (azureml-logs/70_driver_log*.txt,
+    # the v1 runtime's layout: runs submitted with azureml-core through `amlemu serve`).
+    log_layout: str = "v2"
 
     def __post_init__(self) -> None:
         if not self.command.strip():

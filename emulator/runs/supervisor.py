@@ -45,7 +45,7 @@ class Supervisor:
         self.cluster = self.store.cluster(record.cluster)
         self.backend = get_backend(self.cluster.backend, home)
         self.run_dir = home.run_dir(run_id)
-        self.logs = RunLogs(self.run_dir, self.job.process_count)
+        self.logs = RunLogs(self.run_dir, self.job.process_count, self.job.log_layout)
         self.requests: list[NodeRequest] = []
         self.data: RunData | None = None
         self.attempt_since = 0.0
@@ -301,9 +301,9 @@ class Supervisor:
             self.set(RunStatus.COMPLETED, exit_code=0)
         else:
             layout = list(self.plan.ranks)
-            mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
+            mpi_log = self.logs.mpi_path.read_text(errors="replace")
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
-            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
+            reason = failure_reason(mpi_log, layout, self.run_dir, exit_code, lost, killed)
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
 
     def end_with_error(self, reason: str) -> None:

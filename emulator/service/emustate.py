@@ -21,6 +21,7 @@ from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
+from amlemu.runs.runlogs import log_files
 from amlemu.service import emublobs, emujobs
 from amlemu.service.emuv1 import EmulatorV1
 from amlemu.service.routes import ACCOUNT
@@ -232,8 +233,7 @@ class EmulatorState:
         self.emu.reconcile()
         record = self.emu.store.run(name)
         events = self.emu.store.events(name)
-        logs = self.home.run_dir(name) / "user_logs"
-        files = sorted(f"user_logs/{p.name}" for p in logs.glob("*.txt")) if logs.is_dir() else []
+        files = log_files(self.home.run_dir(name))
         started = next((ts for ts, status, _ in events if status.value == "Running"), None)
         error = record.error
         if record.status.value == "Failed" and record.exit_code is not None and "exit" not in (error or ""):

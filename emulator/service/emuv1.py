@@ -93,7 +93,7 @@ class EmulatorV1:
             shutil.rmtree(code, ignore_errors=True)
             raise bad_request(exc.field, str(exc)) from None
         self.create_experiment(experiment)
-        self.state.submit_spec(dataclasses.replace(spec, name=run_id), {"properties": {
+        self.state.submit_spec(dataclasses.replace(spec, name=run_id, log_layout="v1"), {"properties": {
             "jobType": "Command", "command": spec.command, "experimentName": experiment, "v1": True}})
         return self.run_dto(experiment, run_id)
 
