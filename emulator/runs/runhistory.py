@@ -110,7 +110,7 @@ def artifact_path(run_dir: Path, name: str) -> Path:
     """Where an uploaded file named `name` goes in the run's record: outputs/ and logs/ as named
     (what `job download` and the studio page read), any other name under artifacts/. Refused:
     names that leave the record or would replace the platform's logs."""
-    clean = name.strip().lstrip("/") if isinstance(name, str) else ""
+    clean = name.strip() if isinstance(name, str) else ""
     parts = clean.split("/")
     if not clean or len(clean) > MAX_NAME or "\0" in clean or "\\" in clean or any(p in ("", ".", "..") for p in parts):
         raise HistoryError("name", f"name: '{str(name)[:200]}' is not a relative file name within the run; "
