@@ -38,6 +38,12 @@ run.log("accuracy", 0.5 + rank / 10)
 run.log_list("losses", [0.5, 0.25])
 run.log_row("epochs", epoch=rank, loss=0.125)
 run.tag(f"rank{rank}", "done")
+if rank == 0:
+    run.log_table("table", {"a": [1, 2], "b": [0.5, 0.25]})
+    with open("dot.png", "wb") as out:  # a 1x1 PNG: log_image uploads it and logs a reference to it
+        out.write(bytes.fromhex("89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+                                "1f15c4890000000d49444154789c63f8ffff3f0005fe02fe0def46b80000000049454e44ae426082"))
+    run.log_image("dot", path="dot.png")
 with open("note.txt", "w") as out:
     out.write(f"note of rank {rank}\\n")
 run.upload_file(name=f"outputs/note_{rank}.txt", path_or_stream="note.txt")
@@ -122,6 +128,8 @@ def test_a_v1_jobs_ranks_log_to_the_online_run_on_both_backends(backend: str, tm
         assert sorted(metrics["accuracy"]) == [0.5, 0.6]
         assert metrics["losses"] == [0.5, 0.25, 0.5, 0.25]
         assert sorted(metrics["epochs"]["epoch"]) == [0, 1] and metrics["epochs"]["loss"] == [0.125, 0.125]
+        assert metrics["table"] == {"a": [1, 2], "b": [0.5, 0.25]}
+        assert "dot" in metrics  # an image: its value is the reference to the file log_image uploaded
         assert {k: v for k, v in _line(out, "tags").items() if k.startswith("rank")} == {"rank0": "done",
                                                                                          "rank1": "done"}
         files = _line(out, "files")

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from amlemu.servicekeys import RUN_CLAIM
 from amlemu.service.auth import Auth
 from amlemu.service.blocks import Blocks
 from amlemu.service.state import ServiceError, State
+from amlemu.servicekeys import RUN_CLAIM
 
 
 @dataclass
