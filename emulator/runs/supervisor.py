@@ -105,7 +105,7 @@ class Supervisor:
                          for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
-            self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size or hosts file)")
+            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size)")
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
