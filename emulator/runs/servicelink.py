@@ -9,7 +9,8 @@ run's lifetime only, the supervisor listens on the one address the nodes reach t
 (backend.host_address: the cluster network's gateway; process nodes share this machine's network:
 loopback) on a port of its own, terminates TLS there with a certificate the home's CA signs for
 that address and SERVICE_HOST (the name each node resolves to it), and relays every connection
-to the service over TLS. The job trusts the CA through a copy of the home's bundle in its own run
+to the service over TLS (a host address is reachable from other containers of this machine too: the
+service still asks every request for a token). The job trusts the CA through a copy of the home's bundle in its own run
 folder (REQUESTS_CA_BUNDLE, SSL_CERT_FILE). The link closes when the run ends, and the token it
 hands the job is the run's own: the service refuses it for any other run or route, and once the
 run has ended (emulator/service/calls.py). The token is written to the node's environment file
