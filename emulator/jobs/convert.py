@@ -253,9 +253,12 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
     if job.environment_variables:
         data["environment_variables"] = dict(job.environment_variables)
     data["compute"] = f"azureml:{job.compute}"
-    if job.distribution.type is not DistributionType.NONE:
-        data["distribution"] = {"type": job.distribution.type.value,
-                                "process_count_per_instance": job.distribution.process_count_per_instance}
+    dist = job.distribution
+    if dist.type is DistributionType.TENSORFLOW:
+        data["distribution"] = {"type": dist.type.value, "parameter_server_count": dist.parameter_server_count,
+                                **({"worker_count": dist.worker_count} if dist.worker_count else {})}
+    elif dist.type is not DistributionType.NONE:
+        data["distribution"] = {"type": dist.type.value, "process_count_per_instance": dist.process_count_per_instance}
     data["resources"] = {"instance_count": job.instance_count}
     if job.shm_size:
         data["resources"]["shm_size"] = job.shm_size
