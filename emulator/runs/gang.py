@@ -29,9 +29,10 @@ class Gang:
         self.pgid = 0
         try:
             for rank, argv in commands:
-                group = {"process_group": self.pgid} if self.pgid else {"start_new_session": True}
+                # A group of its own in the supervisor's session (itself a session leader): a group
+                # of another session could not be joined by the next process.
                 proc = subprocess.Popen(list(argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                        text=True, errors="replace", **group)  # type: ignore[call-overload]
+                                        text=True, errors="replace", process_group=self.pgid)
                 self.pgid = self.pgid or proc.pid
                 self._procs.append(proc)
                 self._start(logs.pump, proc.stdout, rank is None, rank or 0)

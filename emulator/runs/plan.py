@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from amlemu.backends.base import NodeBackend, NodeRequest, software_paths
+from amlemu.backends.base import NodeBackend, NodeRequest, node_base_env, software_paths
 from amlemu.runs.contract import (
     Binding,
     NodeSlot,
@@ -98,7 +98,7 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
     how = launcher(job)
     # The node image's OMPI_* defaults serve the platform's mpirun: torch's and TF's processes,
     # started without it, see none (a docker node's container has them: the command unsets them).
-    hidden = tuple(sorted({k for base in base_env for k in base if k.startswith("OMPI_")})) \
+    hidden = tuple(sorted({k for base in (node_base_env(None), *base_env) for k in base if k.startswith("OMPI_")})) \
         if job.distribution.type in (DistributionType.PYTORCH, DistributionType.TENSORFLOW) else ()
     nodes = tuple(NodePlan(r.name, r.index, s.address, r.cpus, r.memory_bytes, tuple(r.gpus),
                            {k: v for k, v in base.items() if k not in hidden}, node_env(job, s))
