@@ -10,8 +10,9 @@ How the processes start depends on the distribution, as on AmlCompute (runs/laun
   global rank, its node, the argv it runs there, the variables of its own (RANK/LOCAL_RANK,
   TF_CONFIG) and the agent command the host runs to start it on its node. No OMPI_* reaches them.
 Either way every process sees `env` (the run's) + its node's `node_env`, over the node's
-`node_base_env` (less OMPI_* for node-launched jobs), and logs to
-user_logs/std_log_process_<rank>.txt (std_log.txt for a single process).
+`node_base_env` (less the image's OMPI_* for pytorch and tensorflow jobs), and logs to
+user_logs/std_log_process_<rank>.txt (std_log.txt for a single process). The supervisor starts
+the host's side of it as one gang (runs/gang.py): the first process to fail ends them all.
 """
 from __future__ import annotations
 
