@@ -25,7 +25,8 @@ class Gang:
         self.failure: tuple[int | None, int] | None = None  # (rank, exit code) of the first to fail
         self._lock = threading.Lock()
         self._procs: list[subprocess.Popen] = []
-        self._threads: list[threading.Thread] = []
+        self._threads: list[threading.Thread] = []  # the output pumps
+        self._watchers: list[threading.Thread] = []  # one per process: reaps it, records a failure
         self.pgid = 0
         try:
             for rank, argv in commands:
@@ -35,16 +36,17 @@ class Gang:
                                         text=True, errors="replace", process_group=self.pgid)
                 self.pgid = self.pgid or proc.pid
                 self._procs.append(proc)
-                self._start(logs.pump, proc.stdout, rank is None, rank or 0)
-                self._start(self._watch, proc, rank)
+                self._threads.append(self._start(logs.pump, proc.stdout, rank is None, rank or 0))
+                self._watchers.append(self._start(self._watch, proc, rank))
         except BaseException:
             self.stop()
             raise
 
-    def _start(self, target: Callable[..., None], *args: object) -> None:
+    @staticmethod
+    def _start(target: Callable[..., None], *args: object) -> threading.Thread:
         thread = threading.Thread(target=target, args=args, daemon=True)
         thread.start()
-        self._threads.append(thread)
+        return thread
 
     def _watch(self, proc: subprocess.Popen, rank: int | None) -> None:
         code = proc.wait()
@@ -58,7 +60,9 @@ class Gang:
         with self._lock:
             if self.failure is not None:
                 return self.failure[1]
-        return 0 if all(p.poll() is not None for p in self._procs) else None
+        codes = [p.returncode for p in self._procs]  # set by the watchers as they reap
+        failed = [code for code in codes if code not in (None, 0)]
+        return failed[0] if failed else 0 if None not in codes else None
 
     def stop(self, grace: float = 2.0) -> None:
         """SIGTERM the group (mpirun passes it to every rank), SIGKILL what is left after a grace.
@@ -83,6 +87,8 @@ class Gang:
         """Until every launch process has ended and its output is in the logs; the exit code."""
         for proc in self._procs:
             proc.wait()
+        for thread in self._watchers:
+            thread.join()  # each ends as soon as its process is reaped: the first failure is known
         for thread in self._threads:
             thread.join(timeout=output_timeout)
         code = self.poll()
