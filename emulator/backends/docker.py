@@ -296,7 +296,12 @@ class DockerBackend(NodeBackend):
                      or c.cmdline()[-2:] == ["sleep", "infinity"]}
         except psutil.NoSuchProcess:
             return 0
-        titles = container.top(ps_args="-eo pid").get("Processes") or []
+        try:
+            titles = container.top(ps_args="-eo pid").get("Processes") or []
+        except docker.errors.APIError:  # the node died meanwhile (a kill, a preemption): nothing runs on it
+            if self._running(container):
+                raise
+            return 0
         victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
         for pid in victims:
             try:
@@ -304,6 +309,16 @@ class DockerBackend(NodeBackend):
             except ProcessLookupError:
                 pass
         return len(victims)
+
+    @staticmethod
+    def _running(container) -> bool:  # type: ignore[no-untyped-def]
+        import docker  # noqa: PLC0415
+
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return False
+        return container.status == "running"
 
     def _container(self, request: NodeRequest):  # type: ignore[no-untyped-def]
         import docker  # noqa: PLC0415

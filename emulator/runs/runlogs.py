@@ -59,14 +59,15 @@ class RunLogs:
     def platform(self, line: str) -> None:
         self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
 
-    def pump(self, stream, tagged: bool) -> None:  # type: ignore[no-untyped-def]
-        """Split mpirun's --tag-output stream into per-rank files. Open MPI tags each chunk a rank
-        writes, not each line, so a line can hold several tags, and text before the first tag
-        continues the previous chunk unless that chunk ended its line (then it is mpirun's own)."""
+    def pump(self, stream, tagged: bool, rank: int = 0) -> None:  # type: ignore[no-untyped-def]
+        """Untagged: one process's output into its rank's file. Tagged: split mpirun's --tag-output
+        stream into per-rank files. Open MPI tags each chunk a rank writes, not each line, so a line
+        can hold several tags, and text before the first tag continues the previous chunk unless
+        that chunk ended its line (then it is mpirun's own)."""
         current, open_chunk = None, False
         for line in stream:
             if not tagged:
-                self._files[0].write(line)
+                self._files[rank].write(line)
                 continue
             parts = TAG_SPLIT_RE.split(line)
             if parts[0]:
@@ -90,21 +91,29 @@ def tail(path: Path, lines: int = 10) -> str:
         return ""
 
 
+def _rank_failed(rank: int, what: str, layout: list, run_dir: Path) -> str:
+    node = next((r.node for r in layout if r.rank == rank), "?")
+    log = rank_log(run_dir, rank)
+    return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
+            f"Last lines of {log.name}:\n{tail(log)}")
+
+
 def failure_reason(mpi_log: str, layout: list, run_dir: Path, exit_code: int, lost: list[str],
-                   killed: frozenset[str] = frozenset()) -> str:
-    """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log."""
+                   killed: frozenset[str] = frozenset(), failed_rank: int | None = None) -> str:
+    """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log.
+    `failed_rank`: the first process of a node-launched job that failed (mpirun's log names it for MPI)."""
     if lost:
         how = "was killed (an injected fault)" if set(lost) <= killed else \
             "was lost (its container or processes stopped)"
         return f"node {', '.join(lost)} {how} while the job ran; the job was stopped on all nodes"
+    if failed_rank is not None and len(layout) > 1:
+        what = f"exit code {exit_code}" if exit_code >= 0 else f"signal {-exit_code}"
+        return _rank_failed(failed_rank, what, layout, run_dir)
     match = MPI_EXIT_RE.search(mpi_log)
     signal_match = MPI_SIGNAL_RE.search(mpi_log)
     if match or signal_match:
         rank = int((match or signal_match).group(1))
         what = f"exit code {match.group(2)}" if match else f"signal {signal_match.group(3)}"
-        node = next((r.node for r in layout if r.rank == rank), "?")
-        log = rank_log(run_dir, rank)
-        return (f"rank {rank} on node {node} failed with {what}; the job was stopped on all nodes. "
-                f"Last lines of {log.name}:\n{tail(log)}")
+        return _rank_failed(rank, what, layout, run_dir)
     log = rank_log(run_dir, 0)
     return f"the job exited with code {exit_code}. Last lines of {log.name}:\n{tail(log)}"

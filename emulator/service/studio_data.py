@@ -37,8 +37,11 @@ def _finite(value: float) -> float | None:
 
 def _processes(job: dict[str, Any]) -> int:
     dist = job.get("distribution") or {}
+    nodes = int(job.get("instance_count", 1))
+    if dist.get("type") == "tensorflow":  # a process per task: the workers and the parameter servers
+        return int(dist.get("worker_count") or nodes) + int(dist.get("parameter_server_count") or 0)
     per_node = 1 if dist.get("type", "none") == "none" else int(dist.get("process_count_per_instance", 1))
-    return int(job.get("instance_count", 1)) * per_node
+    return nodes * per_node
 
 
 def _thin(points: list[tuple[int, float]]) -> list[list[float | None]]:
