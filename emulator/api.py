@@ -78,7 +78,7 @@ class Run:
         return self._emu.store.events(self.id)
 
     def log_path(self, process: int = 0) -> Path:
-        return rank_log(self.dir / "user_logs", process)
+        return rank_log(self.dir, process)
 
     def logs(self, process: int = 0) -> str:
         path = self.log_path(process)
@@ -115,7 +115,7 @@ class Run:
         if record.error:
             lines.append(f"Error: {record.error}")
         lines.append(f"Outputs: {self.outputs}")
-        lines.append(f"Logs: {self.dir / 'user_logs'}")
+        lines.append(f"Logs: {self.log_path(0).parent}")
         return "\n".join(lines)
 
     def metrics(self) -> dict[str, Any]:
@@ -137,7 +137,7 @@ class Run:
         dest = Path(dest) / self.id
         if dest.exists() and not dest.is_dir():
             raise ConfigError("--download-path", f"{dest} is a file", "move it away or download elsewhere")
-        for sub in ("outputs", "logs", "user_logs", "system_logs"):
+        for sub in ("outputs", "logs", "user_logs", "azureml-logs", "system_logs"):
             if (self.dir / sub).exists():
                 shutil.copytree(self.dir / sub, dest / sub, dirs_exist_ok=True)
         if self.plot_path is not None:

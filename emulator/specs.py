@@ -134,17 +134,28 @@ class DistributionType(str, enum.Enum):
     NONE = "none"
     MPI = "mpi"
     PYTORCH = "pytorch"
+    TENSORFLOW = "tensorflow"
 
 
 @dataclass(frozen=True)
 class Distribution:
+    """az ml's distribution: mpi/pytorch take process_count_per_instance; tensorflow takes
+    worker_count (None: the instance count, as az ml defaults it) and parameter_server_count."""
+
     type: DistributionType = DistributionType.NONE
     process_count_per_instance: int = 1
+    worker_count: int | None = None
+    parameter_server_count: int = 0
 
     def __post_init__(self) -> None:
         if self.process_count_per_instance < 1:
             raise ConfigError("distribution.process_count_per_instance",
                               f"must be at least 1, got {self.process_count_per_instance}")
+        if self.worker_count is not None and self.worker_count < 1:
+            raise ConfigError("distribution.worker_count", f"must be at least 1, got {self.worker_count}")
+        if self.parameter_server_count < 0:
+            raise ConfigError("distribution.parameter_server_count",
+                              f"must be 0 or more, got {self.parameter_server_count}")
 
 
 class DataMode(str, enum.Enum):
@@ -197,6 +208,9 @@ class JobSpec:
     max_run_duration_seconds: int | None = None
     name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
     shm_size: str | None = None  # resources.shm_size: each node's /dev/shm (None: DEFAULT_SHM_SIZE)
+    # Where the processes' logs go: "v2" (user_logs/std_log*.txt) or "v1" (azureml-logs/70_driver_log*.txt,
+    # the v1 runtime's layout: runs submitted with azureml-core through `amlemu serve`).
+    log_layout: str = "v2"
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -205,7 +219,11 @@ class JobSpec:
             raise ConfigError("resources.instance_count", f"must be at least 1, got {self.instance_count}")
         if self.distribution.type is DistributionType.NONE and self.instance_count > 1:
             raise ConfigError("distribution", f"instance_count {self.instance_count} needs a distribution",
-                              "add distribution: {type: mpi} or {type: pytorch}")
+                              "add distribution: {type: mpi}, {type: pytorch} or {type: tensorflow}")
+        if self.process_count % self.instance_count:
+            raise ConfigError("distribution.worker_count", f"{self.process_count} TensorFlow tasks (workers and "
+                              f"parameter servers) do not divide over {self.instance_count} instances",
+                              "make worker_count + parameter_server_count a multiple of instance_count")
         if self.shm_size is not None:
             shm_bytes(self.shm_size)
         if self.max_run_duration_seconds is not None and self.max_run_duration_seconds < 1:
@@ -225,6 +243,7 @@ class JobSpec:
 
     @property
     def process_count(self) -> int:
-        per_node = 1 if self.distribution.type is DistributionType.NONE else \
-            self.distribution.process_count_per_instance
-        return self.instance_count * per_node
+        dist = self.distribution
+        if dist.type is DistributionType.TENSORFLOW:  # one process per task, spread evenly over the nodes
+            return (dist.worker_count or self.instance_count) + dist.parameter_server_count
+        return self.instance_count * (1 if dist.type is DistributionType.NONE else dist.process_count_per_instance)

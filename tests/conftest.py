@@ -201,13 +201,13 @@ def job_processes(marker: str) -> list[int]:
     return [p.pid for p in psutil.process_iter(["cmdline"]) if any(marker in part for part in (p.info["cmdline"] or []))]
 
 
-def service_cli(home: Path, cwd: Path, *args: str):  # type: ignore[no-untyped-def]
-    """`amlemu --home HOME ARGS` on docker nodes, as a user runs it in the project folder; it must succeed."""
+def service_cli(home: Path, cwd: Path, *args: str, backend: str = "docker"):  # type: ignore[no-untyped-def]
+    """`amlemu --home HOME ARGS` on `backend` nodes, as a user runs it in the project folder; it must succeed."""
     import os  # noqa: PLC0415
     import subprocess  # noqa: PLC0415
 
     done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=180, env={**os.environ, "AMLEMU_BACKEND": "docker"})
+                          text=True, timeout=180, env={**os.environ, "AMLEMU_BACKEND": backend})
     assert done.returncode == 0, done.stdout + done.stderr
     return done
 

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 REPORT = """
 import json, os, socket
-rank = os.environ.get("OMPI_COMM_WORLD_RANK", "solo")
-keys = [k for k in os.environ if k.startswith(("AZ", "OMPI_COMM_WORLD", "MASTER_", "WORLD_SIZE", "RANK",
+rank = os.environ.get("OMPI_COMM_WORLD_RANK", os.environ.get("RANK", "solo"))
+keys = [k for k in os.environ if k.startswith(("AZ", "OMPI_", "MASTER_", "WORLD_SIZE", "RANK",
                                                "LOCAL_RANK", "NODE_RANK", "MLFLOW", "OMP_NUM"))]
 os.makedirs("outputs", exist_ok=True)
 with open(f"outputs/rank-{rank}.json", "w") as fh:
@@ -76,15 +76,22 @@ def test_every_rank_sees_the_amlcompute_contract(emu: Emulator, cluster, make_jo
                         RunStatus.FINALIZING, RunStatus.COMPLETED]
 
 
-def test_pytorch_distribution_gets_torch_variables(emu: Emulator, cluster, make_job) -> None:
+def test_pytorch_distribution_is_started_by_each_node_with_torchs_variables(emu: Emulator, cluster,
+                                                                          make_job) -> None:
+    """No mpirun, as on AmlCompute: each node starts its processes (runs/launchers.py); they see torch's
+    variables and no OMPI_* (tests/test_node_launch.py trains with DDP over them)."""
     cluster()
-    run = emu.submit(make_job(REPORT, nodes=2, per_node=1, distribution="pytorch"))
+    run = emu.submit(make_job(REPORT, nodes=2, per_node=2, distribution="pytorch"))
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
-    envs = {r["env"]["RANK"]: r["env"] for r in _reports(run).values()}
-    assert sorted(envs) == ["0", "1"]
-    for rank, env in envs.items():
-        assert (env["WORLD_SIZE"], env["LOCAL_RANK"], env["NODE_RANK"], env["MASTER_PORT"]) == ("2", "0", rank, "6105")
-        assert env["MASTER_ADDR"] == envs["0"]["AZ_BATCH_MASTER_NODE"].split(":")[0]
+    reports = _reports(run)
+    assert sorted(reports) == ["0", "1", "2", "3"]
+    for rank, report in reports.items():
+        env = report["env"]
+        assert report["host"] == f"c1-node-{int(rank) // 2}" and [k for k in env if k.startswith("OMPI_")] == []
+        assert (env["WORLD_SIZE"], env["RANK"], env["LOCAL_RANK"], env["NODE_RANK"], env["MASTER_PORT"]) == (
+            "4", rank, str(int(rank) % 2), str(int(rank) // 2), "6105")
+        assert env["MASTER_ADDR"] == env["AZ_BATCHAI_JOB_MASTER_NODE_IP"] and "AZ_BATCH_MASTER_NODE" not in env
+        assert f"hello from rank {rank} on c1-node-{int(rank) // 2}" in run.logs(int(rank))
 
 
 MLFLOW_JOB = REPORT + """

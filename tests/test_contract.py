@@ -14,6 +14,7 @@ from amlemu.backends.process import SANDBOX
 from amlemu.errors import ConfigError
 from amlemu.runs import contract
 from amlemu.runs.agent import AgentError, agent_command
+from amlemu.runs.launchers import node_processes
 from amlemu.runs.contract import (
     LOCAL_SOURCE,
     NodeSlot,
@@ -89,6 +90,10 @@ def test_per_node_variables() -> None:
 def test_pytorch_distribution_variables() -> None:
     env = run_env(_job(DistributionType.PYTORCH, per_node=2), "r", WS, NODES, node_cpus=4)
     assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"]) == ("10.0.0.2", "6105", "4")
+    # torch's launch is not MPI's: AmlCompute sets no MPI master for it (nor any OMPI_*)
+    assert "AZ_BATCH_MASTER_NODE" not in env and "AZ_BATCHAI_MPI_MASTER_NODE" not in env
+    tf = run_env(_job(DistributionType.TENSORFLOW), "r", WS, NODES, node_cpus=4)
+    assert not {"AZ_BATCH_MASTER_NODE", "MASTER_ADDR", "WORLD_SIZE"} & set(tf)
 
 
 def test_ranks_fill_nodes_in_order() -> None:
@@ -109,22 +114,23 @@ def test_mpi_launch_is_built_by_the_platform() -> None:
     assert argv[-3:] == ["/bin/bash", "-c", "python train.py"]
 
 
-def test_pytorch_launch_maps_ranks_for_each_process() -> None:
-    argv = launch_argv(_job(DistributionType.PYTORCH), "r", NODES, agent="a", as_root=False)
-    assert "--allow-run-as-root" not in argv
-    assert argv[-5:-2] == ["/bin/bash", "-c", 'export RANK="$OMPI_COMM_WORLD_RANK" '
-                           'LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"']
-    assert argv[-1] == "python train.py"
+def test_only_mpi_jobs_are_launched_by_mpirun() -> None:
+    for kind in (DistributionType.PYTORCH, DistributionType.TENSORFLOW, DistributionType.NONE):
+        with pytest.raises(ValueError, match="not launched by mpirun"):
+            launch_argv(_job(kind, nodes=1), "r", NODES[:1], agent="a", as_root=True)
 
 
 def test_non_distributed_jobs_run_without_mpi() -> None:
-    argv = launch_argv(_job(DistributionType.NONE, nodes=1), "r", NODES[:1], agent="a", as_root=True)
-    assert argv == ["a", "c1-node-0", f"cd /mnt/azureml/cr/j/{R}/exe/wd && exec /bin/bash -c 'python train.py'"]
+    [only] = node_processes(_job(DistributionType.NONE, nodes=1), "r", NODES[:1], agent="a")
+    assert only.launch == ("a", "c1-node-0", f"cd /mnt/azureml/cr/j/{R}/exe/wd && exec /bin/bash -c 'python train.py'")
+    assert (only.rank, only.env, only.argv) == (0, {}, ("/bin/bash", "-c", "python train.py"))
 
 
 def test_launch_refuses_the_wrong_node_count() -> None:
     with pytest.raises(ValueError, match="2 nodes needed, 1 given"):
         launch_argv(_job(), "r", NODES[:1], agent="a", as_root=True)
+    with pytest.raises(ValueError, match="2 nodes needed, 1 given"):
+        node_processes(_job(DistributionType.PYTORCH), "r", NODES[:1], agent="a")
 
 
 PLAN = {"backend": "docker", "as_root": True, "tools": {"docker": "/usr/bin/docker", "unshare": "/usr/bin/unshare",

@@ -35,10 +35,10 @@ while attempt == 0:
     time.sleep(0.05)
 """
 
-# Writes something to ./outputs, then blocks (until killed).
+# Writes something to ./outputs, then blocks (until killed). MPI's rank, or torch's (a node-launched job).
 PARTIAL = """
 import os, time
-rank = os.environ["OMPI_COMM_WORLD_RANK"]
+rank = os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["RANK"]
 os.makedirs("outputs", exist_ok=True)
 open(f"outputs/partial-{rank}.txt", "w").write("written before the fault")
 print("started", flush=True)
@@ -97,7 +97,7 @@ def test_a_preempted_run_restarts_on_fresh_nodes_with_its_outputs(emu: Emulator,
 def test_a_run_preempted_more_often_than_allowed_fails_keeping_its_outputs(emu: Emulator, cluster, make_job) -> None:
     cluster(**LOW)
     emu.faults.set_preemption_policy("c1", rate_per_node_hour=0, max_preemptions=1)
-    job = make_job(PARTIAL, nodes=2)
+    job = make_job(PARTIAL, nodes=2, distribution="pytorch")  # restarts of a job its nodes start themselves
     run = emu.submit(job)
     for attempt in (1, 2):
         wait_until(lambda: run.logs(0).count("started") == attempt and run.status is RunStatus.RUNNING, 60,
@@ -122,7 +122,7 @@ def test_a_seeded_policy_preempts_busy_nodes_on_its_own(emu: Emulator, cluster, 
 
 def test_a_killed_node_fails_the_run_within_10_s_and_keeps_outputs(emu: Emulator, cluster, make_job) -> None:
     cluster()
-    job = make_job(PARTIAL, nodes=2)
+    job = make_job(PARTIAL, nodes=2, distribution="pytorch")  # test_cluster kills a node under mpirun
     run = emu.submit(job)
     _both_started(run)
     assert emu.faults.kill_node("c1", "c1-node-1") == "c1-node-1"

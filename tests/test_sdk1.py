@@ -25,7 +25,7 @@ with warnings.catch_warnings():  # azureml.data warns about its own enums on imp
     warnings.simplefilter("ignore", DeprecationWarning)
     from azureml.core import Environment, ScriptRunConfig  # the dev environment installs the sdk1 extra
     from azureml.core.compute import AmlCompute
-    from azureml.core.runconfig import MpiConfiguration, PyTorchConfiguration
+    from azureml.core.runconfig import MpiConfiguration, PyTorchConfiguration, TensorflowConfiguration
     from azureml.data.azure_storage_datastore import AzureBlobDatastore
 
 # The SDK's own deprecation noise (ruamel, FileType), raised by the objects these tests build.
@@ -89,6 +89,19 @@ def test_pytorch_configuration_spreads_processes_over_nodes() -> None:
     assert (spec.instance_count, spec.distribution) == (2, Distribution(DistributionType.PYTORCH, 2))
     with pytest.raises(ConfigError, match="process_count.*3 processes do not divide over 2 nodes"):
         job(3)
+
+
+def test_tensorflow_configuration_is_a_tensorflow_distribution() -> None:
+    def job(workers: int, ps: int):  # type: ignore[no-untyped-def]
+        return sdk1.job_from_v1(ScriptRunConfig(
+            str(TRAINER), script="train.py", compute_target="gpucluster",
+            distributed_job_config=TensorflowConfiguration(worker_count=workers, parameter_server_count=ps)))
+
+    spec = job(2, 0)  # v1 sets node_count to the worker count
+    assert (spec.instance_count, spec.distribution) == (2, Distribution(DistributionType.TENSORFLOW, 1, 2, 0))
+    assert spec.process_count == 2
+    with pytest.raises(ConfigError, match="4 TensorFlow tasks .* do not divide over 3 instances"):
+        job(3, 1)
 
 
 def test_command_forms() -> None:

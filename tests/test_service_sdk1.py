@@ -84,13 +84,15 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     assert status["provisioningState"] == "Succeeded"
     # wait_for_completion(show_output=True) streamed the real rank-0 log and ended with its summary.
     name = _run_id(out)
-    assert "Streaming user_logs/std_log_process_0.txt" in out
+    # v1's log layout (the v1 runtime's names): the SDK streams rank 0's driver log.
+    assert "Streaming azureml-logs/70_driver_log_0.txt" in out
     assert "hello from rank 0 of 2 on gpucluster-node-" in out
     assert out.index("hello from rank 0 of 2") < out.index("Execution Summary")
     assert "status: Completed" in out
     assert f"details: {name} Completed gpucluster" in out
     files = re.search(r"^files: (.*)$", out, re.M)[1]
-    assert "'outputs/greeting.txt'" in files and "'user_logs/std_log_process_1.txt'" in files
+    assert "'outputs/greeting.txt'" in files and "'azureml-logs/70_driver_log_1.txt'" in files
+    assert "user_logs/" not in files  # v2's layout is v2 jobs' only
     assert "experiments: ['pytorch-distr-hvd']" in out
     # The run's "Web View" link opens the studio page the service serves beside the API.
     web = re.search(r"^Web View: (\S+)$", out, re.M)[1]
@@ -101,8 +103,8 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
     assert (shown["status"], shown["compute"], shown["experiment"]) == ("Completed", "gpucluster", "pytorch-distr-hvd")
     run_dir = service.home / "runs" / name
-    assert sorted(p.name for p in (run_dir / "user_logs").glob("std_log_process_*.txt")) == \
-        ["std_log_process_0.txt", "std_log_process_1.txt"]
+    assert sorted(p.name for p in (run_dir / "azureml-logs").glob("70_driver_log_*.txt")) == \
+        ["70_driver_log_0.txt", "70_driver_log_1.txt"]
     assert (service.project / "downloads" / "outputs" / "greeting.txt").read_text() == "hello from 2 ranks\n"
     # No credential in the service's log; the user's Azure CLI folder was never touched.
     log = (service.home / "service" / "service.log").read_text()
@@ -117,7 +119,7 @@ def test_the_articles_pytorch_estimator_runs_on_two_nodes(service: Service) -> N
     name = _run_id(done.stdout)
     # Rank 0's log from the run's record: whether wait_for_completion streamed it depends on the job
     # not ending before the SDK's first poll (the ScriptRunConfig test checks the stream).
-    log = (service.home / "runs" / name / "user_logs" / "std_log_process_0.txt").read_text()
+    log = (service.home / "runs" / name / "azureml-logs" / "70_driver_log_0.txt").read_text()
     assert "hello from rank 0 of 2 on gpucluster-node-" in log
     assert "status: Completed" in done.stdout
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)

@@ -16,6 +16,11 @@ LABEL = "amlemu"  # every container and network carries amlemu=1 and the labels 
 # contract's paths (emulator/runs/contract.py holds the same; this layer cannot import it).
 NODE_ROOT = "/mnt/azureml"
 CACHE_ROOT = "/mnt/amlemu/cache"
+# The name every node resolves to its run's link to the home's Azure ML service
+# (emulator/runs/servicelink.py; process nodes: sandbox.sh's /etc/hosts holds the same). Shaped as
+# a blob host: azureml-core's Run.upload_file rebuilds `<account>.blob.<suffix>` from the URL it
+# is handed, so the one name serves the API and the uploads.
+SERVICE_HOST = "amlemu-service.blob.internal"
 
 
 def software_paths() -> list[str]:
@@ -142,6 +147,11 @@ class NodeBackend(abc.ABC):
         """Whether an existing node serves `request` as it is (else it is made again for the job):
         what is fixed at a node's creation and differs from job to job (docker: /dev/shm's size)."""
         return True
+
+    def host_address(self, request: NodeRequest) -> str | None:
+        """The address of this machine that the node reaches (where a run's service link
+        listens, and SERVICE_HOST resolves to on the node); None: the backend has no such link."""
+        return None
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         """Variables the node's shell has before the run's (a container's image defaults)."""

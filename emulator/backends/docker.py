@@ -33,6 +33,7 @@ from amlemu.backends.base import (
     CACHE_ROOT,
     LABEL,
     NODE_ROOT,
+    SERVICE_HOST,
     NodeBackend,
     NodeInfo,
     NodeRequest,
@@ -213,7 +214,8 @@ class DockerBackend(NodeBackend):
             binds=plan["volumes"], cpu_period=plan["cpu_period"], cpu_quota=plan["cpu_quota"], mem_limit=plan["mem_limit"],
             shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests,
             devices=plan["devices"] or None,
-            read_only=plan["read_only"], tmpfs=plan["tmpfs"], security_opt=plan["security_opt"])
+            read_only=plan["read_only"], tmpfs=plan["tmpfs"], security_opt=plan["security_opt"],
+            extra_hosts={SERVICE_HOST: self.host_address(request)})  # the run's service link
         networking = api.create_networking_config(
             {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})
         try:
@@ -241,12 +243,21 @@ class DockerBackend(NodeBackend):
         return {"container": self.container_name(request)}
 
     def fits(self, request: NodeRequest) -> bool:
-        """/dev/shm is sized as a container is created (Azure ML: each job's container, --shm-size)."""
+        """/dev/shm is sized as a container is created (Azure ML: each job's container, --shm-size),
+        and so is its hosts file (SERVICE_HOST: a node made before the link had none)."""
         try:
-            return self.client.api.inspect_container(self.container_name(request))["HostConfig"]["ShmSize"] == \
-                request.shm_bytes
+            config = self.client.api.inspect_container(self.container_name(request))["HostConfig"]
+            return config["ShmSize"] == request.shm_bytes and \
+                any(h.startswith(f"{SERVICE_HOST}:") for h in config.get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
+
+    def host_address(self, request: NodeRequest) -> str | None:
+        """The cluster network's gateway: this machine as its nodes reach it (not its 127.0.0.1)."""
+        with self._lock:
+            self._ensure_network(self.network_name(request.cluster), request.cluster)
+        configs = self._networks(request.cluster)[0].attrs.get("IPAM", {}).get("Config") or []
+        return next((c["Gateway"] for c in configs if c.get("Gateway")), None)
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
@@ -285,7 +296,12 @@ class DockerBackend(NodeBackend):
                      or c.cmdline()[-2:] == ["sleep", "infinity"]}
         except psutil.NoSuchProcess:
             return 0
-        titles = container.top(ps_args="-eo pid").get("Processes") or []
+        try:
+            titles = container.top(ps_args="-eo pid").get("Processes") or []
+        except docker.errors.APIError:  # the node died meanwhile (a kill, a preemption): nothing runs on it
+            if self._running(container):
+                raise
+            return 0
         victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
         for pid in victims:
             try:
@@ -293,6 +309,16 @@ class DockerBackend(NodeBackend):
             except ProcessLookupError:
                 pass
         return len(victims)
+
+    @staticmethod
+    def _running(container) -> bool:  # type: ignore[no-untyped-def]
+        import docker  # noqa: PLC0415
+
+        try:
+            container.reload()
+        except docker.errors.NotFound:
+            return False
+        return container.status == "running"
 
     def _container(self, request: NodeRequest):  # type: ignore[no-untyped-def]
         import docker  # noqa: PLC0415

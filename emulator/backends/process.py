@@ -91,6 +91,9 @@ class ProcessBackend(NodeBackend):
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
                 "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes}
 
+    def host_address(self, request: NodeRequest) -> str | None:
+        return "127.0.0.1"  # its nodes share this machine's network
+
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         # This machine's software with the emulator's venv first (as a docker node's mirror image
         # has it), and its own GPUs only ("" hides every GPU from a node that has none). The indices

@@ -48,7 +48,8 @@ mount -o remount,bind,ro "$root/sys" 2>/dev/null || true
 
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
-printf '127.0.0.1 localhost %s\n' "$host" >"$root/etc/hosts"
+# amlemu-service.blob.internal: the run's service link on this machine (backends/base.py SERVICE_HOST).
+printf '127.0.0.1 localhost %s amlemu-service.blob.internal\n' "$host" >"$root/etc/hosts"
 printf '%s\n' "$host" >"$root/etc/hostname"
 
 mount --bind "$disk" "$root/mnt/azureml"

@@ -35,6 +35,16 @@ def preemption_delays(rate_per_node_hour: float, seed: int, run_seq: int, attemp
             for n in range(nodes)]
 
 
+def policy_schedule(store: Store, cluster: str, run_id: str, nodes: list[str]) -> list[tuple[float, str]]:
+    """(seconds after Running, node) of a run attempt's preemptions under its cluster's policy."""
+    policy = store.preemption_policy(cluster)
+    if not policy or policy["rate_per_node_hour"] <= 0:
+        return []
+    record = store.run(run_id)
+    delays = preemption_delays(policy["rate_per_node_hour"], policy["seed"], record.seq, record.preemptions, len(nodes))
+    return [(d, node) for d, node in zip(delays, nodes) if d != float("inf")]
+
+
 def fault_log(home: Home, run_id: str, line: str) -> None:
     folder = home.run_dir(run_id) / "system_logs"
     folder.mkdir(parents=True, exist_ok=True)

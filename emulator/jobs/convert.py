@@ -200,13 +200,17 @@ def _distribution(rc: dict[str, Any]) -> tuple[int, Distribution]:
             raise ConfigError("distributed_job_config.process_count", f"{total} processes do not divide over "
                               f"{nodes} nodes", "make process_count a multiple of node_count")
         return nodes, Distribution(DistributionType.PYTORCH, total // nodes)
+    if framework == "tensorflow" and communicator == "parameterserver":  # TensorflowConfiguration
+        tf = rc.get("tensorflow") or {}
+        return nodes, Distribution(DistributionType.TENSORFLOW, worker_count=int(tf.get("workerCount") or nodes),
+                                   parameter_server_count=int(tf.get("parameterServerCount") or 0))
     if framework == "python" and communicator == "none":
         if nodes > 1:
             raise ConfigError("node_count", f"{nodes} nodes without a distributed_job_config",
                               "pass distributed_job_config=MpiConfiguration(...) or PyTorchConfiguration(...)")
         return nodes, Distribution()
     raise ConfigError("distributed_job_config", f"{rc.get('framework')}/{rc.get('communicator')} is not emulated",
-                      "use MpiConfiguration or PyTorchConfiguration")
+                      "use MpiConfiguration, PyTorchConfiguration or TensorflowConfiguration")
 
 
 def _environment(env: dict[str, Any]) -> str | None:
@@ -253,9 +257,12 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
     if job.environment_variables:
         data["environment_variables"] = dict(job.environment_variables)
     data["compute"] = f"azureml:{job.compute}"
-    if job.distribution.type is not DistributionType.NONE:
-        data["distribution"] = {"type": job.distribution.type.value,
-                                "process_count_per_instance": job.distribution.process_count_per_instance}
+    dist = job.distribution
+    if dist.type is DistributionType.TENSORFLOW:
+        data["distribution"] = {"type": dist.type.value, "parameter_server_count": dist.parameter_server_count,
+                                **({"worker_count": dist.worker_count} if dist.worker_count else {})}
+    elif dist.type is not DistributionType.NONE:
+        data["distribution"] = {"type": dist.type.value, "process_count_per_instance": dist.process_count_per_instance}
     data["resources"] = {"instance_count": job.instance_count}
     if job.shm_size:
         data["resources"]["shm_size"] = job.shm_size

@@ -16,7 +16,9 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "command": job.command, "code": str(job.code), "compute": job.compute,
         "experiment_name": job.experiment_name, "instance_count": job.instance_count,
         "distribution": {"type": job.distribution.type.value,
-                         "process_count_per_instance": job.distribution.process_count_per_instance},
+                         "process_count_per_instance": job.distribution.process_count_per_instance,
+                         "worker_count": job.distribution.worker_count,
+                         "parameter_server_count": job.distribution.parameter_server_count},
         "environment": job.environment, "environment_variables": dict(job.environment_variables),
         "inputs": {k: _data(v) if isinstance(v, DataInput) else v for k, v in job.inputs.items()},
         "outputs": {k: _data(v) for k, v in job.outputs.items()},
@@ -24,6 +26,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "max_run_duration_seconds": job.max_run_duration_seconds,
         "name": job.name,
         "shm_size": job.shm_size,
+        "log_layout": job.log_layout,
     }
 
 
@@ -36,5 +39,5 @@ def job_from_record(data: dict[str, Any]) -> JobSpec:
     inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
     outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
     return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs, "outputs": outputs,
-                      "distribution": Distribution(DistributionType(dist["type"]),
-                                                   dist["process_count_per_instance"])})
+                      "distribution": Distribution(DistributionType(dist["type"]), dist["process_count_per_instance"],
+                                                   dist.get("worker_count"), dist.get("parameter_server_count", 0))})

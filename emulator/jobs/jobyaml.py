@@ -22,7 +22,8 @@ KNOWN_FIELDS = {
     "code", "command", "environment", "compute", "distribution", "resources", "environment_variables",
     "inputs", "outputs", "limits", "services", "identity", "queue_settings",
 }
-DISTRIBUTION_FIELDS = {"type", "process_count_per_instance"}
+DISTRIBUTION_FIELDS = {"type", "process_count_per_instance", "worker_count", "parameter_server_count"}
+TENSORFLOW_FIELDS = {"worker_count", "parameter_server_count"}  # az ml's TensorFlowDistribution, only there
 RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
 BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
 INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
@@ -201,9 +202,17 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         kind = DistributionType(dist_type)
     except ValueError:
         raise ConfigError("distribution.type", f"'{dist_type}' is not supported",
-                          "use mpi or pytorch (tensorflow and ray are not emulated)") from None
+                          "use mpi, pytorch or tensorflow (ray is not emulated)") from None
+    misplaced = sorted((set(dist_data) & TENSORFLOW_FIELDS) if kind is not DistributionType.TENSORFLOW else
+                       (set(dist_data) & {"process_count_per_instance"}))
+    if misplaced:
+        raise ConfigError(f"distribution.{misplaced[0]}", f"is not a field of a {kind.value} distribution",
+                          "tensorflow takes worker_count and parameter_server_count, mpi and pytorch "
+                          "process_count_per_instance")
     per_node = _int(dist_data.get("process_count_per_instance", 1), "distribution.process_count_per_instance")
-    distribution = Distribution(kind, per_node)
+    workers = dist_data.get("worker_count")
+    distribution = Distribution(kind, per_node, None if workers is None else _int(workers, "distribution.worker_count"),
+                                _int(dist_data.get("parameter_server_count", 0), "distribution.parameter_server_count"))
 
     resources = _mapping(data.get("resources"), "resources")
     _check_fields(resources, RESOURCE_FIELDS, "resources.")

@@ -91,8 +91,9 @@ def job_dict(job: Any) -> dict[str, Any]:
     if dist is not None:
         kind = str(getattr(dist, "type", "")).lower()
         data["distribution"] = {"type": kind}
-        if getattr(dist, "process_count_per_instance", None):
-            data["distribution"]["process_count_per_instance"] = dist.process_count_per_instance
+        for field in ("process_count_per_instance", "worker_count", "parameter_server_count"):
+            if getattr(dist, field, None):
+                data["distribution"][field] = getattr(dist, field)
     if job.resources is not None and getattr(job.resources, "instance_count", None):
         data["resources"] = {"instance_count": job.resources.instance_count}
     if job.resources is not None and getattr(job.resources, "shm_size", None):
@@ -135,21 +136,26 @@ def amlcompute(spec: ClusterSpec) -> Any:
 def command_from_spec(spec: JobSpec) -> Any:
     """A JobSpec (from the Python API) -> the azure.ai.ml `command(...)` that sends the same job."""
     require()
-    from azure.ai.ml import Input, MpiDistribution, Output, PyTorchDistribution, command  # noqa: PLC0415
+    from azure.ai.ml import (  # noqa: PLC0415
+        Input, MpiDistribution, Output, PyTorchDistribution, TensorFlowDistribution, command)
     from azure.ai.ml.entities import Environment  # noqa: PLC0415
 
     def data(value: DataInput, cls: Any) -> Any:
         return cls(type=value.type, path=value.path or None, mode=value.mode.value)
 
-    distribution = {DistributionType.MPI: MpiDistribution, DistributionType.PYTORCH: PyTorchDistribution}.get(
-        spec.distribution.type)
+    dist = spec.distribution
+    per_node = dist.process_count_per_instance
+    distribution = {DistributionType.MPI: MpiDistribution(process_count_per_instance=per_node),
+                    DistributionType.PYTORCH: PyTorchDistribution(process_count_per_instance=per_node),
+                    DistributionType.TENSORFLOW: TensorFlowDistribution(
+                        worker_count=dist.worker_count, parameter_server_count=dist.parameter_server_count),
+                    }.get(dist.type)
     env = spec.environment
     return command(
         command=spec.command, code=str(spec.code), compute=spec.compute, experiment_name=spec.experiment_name,
         display_name=spec.display_name, environment_variables=dict(spec.environment_variables),
         environment=Environment(image=env) if env and not env.startswith("azureml:") else env,
-        distribution=distribution(process_count_per_instance=spec.distribution.process_count_per_instance)
-        if distribution else None,
+        distribution=distribution,
         instance_count=spec.instance_count, timeout=spec.max_run_duration_seconds,
         inputs={k: data(v, Input) if isinstance(v, DataInput) else v for k, v in spec.inputs.items()},
         outputs={k: data(v, Output) for k, v in spec.outputs.items()})

@@ -1,9 +1,10 @@
-"""The remote-launch agent Open MPI calls instead of ssh: `amlemu-agent <host> <command...>`.
+"""The remote-launch agent: `amlemu-agent <host> <command...>`, run as `ssh <host> <command>` would be.
 
-mpirun (on the host) runs it once per node with the node's MPI daemon command, as it would run
-`ssh <host> <command>`. The agent looks the host up in the run's launch plan (a JSON file named by
-AMLEMU_AGENT_PLAN, written by the run's supervisor, owner-only) and runs the command on that node
-as the plan's backend says (`agent_argv` on its class in emulator/backends/: `docker exec -i` into
+mpirun (on the host) runs it once per node with the node's MPI daemon command (MPI jobs, in place
+of ssh); the supervisor runs it once per process of a job whose nodes start their processes
+themselves (pytorch, tensorflow, a single process: runs/launchers.py). The agent looks the host
+up in the run's launch plan (a JSON file named by AMLEMU_AGENT_PLAN, written by the run's
+supervisor, owner-only) and runs the command on that node as the plan's backend says (`agent_argv` on its class in emulator/backends/: `docker exec -i` into
 a container, or a process node's sandbox in namespaces of its own).
 
 The job is untrusted code, so nothing it declared touches the host side: the agent runs the

@@ -1,5 +1,6 @@
 """The AmlCompute node contract, as pure functions: paths on a node, the environment every process
-sees, the placement of ranks, and the launch command the platform builds (users never write mpirun).
+sees, the placement of ranks, and the mpirun the platform builds for MPI jobs (users never write
+mpirun; runs/launchers.py: how other distributions start).
 
 Both backends give every node the same view: its local disk at /mnt/azureml (which holds only the
 folder of the run it serves) and its own blob cache, read-only, at /mnt/amlemu/cache; so a path
@@ -201,11 +202,13 @@ def run_env(job: JobSpec, run_id: str, workspace: dict[str, str], nodes: list[No
     }
     # v1's DataReference.as_mount() puts $AZUREML_DATAREFERENCE_<name> in the arguments.
     env.update({f"AZUREML_DATAREFERENCE_{b.name}": b.node_path for b in bindings(job, run_id)})
-    if job.instance_count > 1:
-        env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
-    else:
-        env["AZ_BATCHAI_MPI_MASTER_NODE"] = head.address
-    if job.distribution.type is DistributionType.PYTORCH:
+    kind = job.distribution.type
+    if kind in (DistributionType.MPI, DistributionType.NONE):  # the MPI master: not for torch's or TF's launch
+        if job.instance_count > 1:
+            env["AZ_BATCH_MASTER_NODE"] = f"{head.address}:{MASTER_PORT}"
+        else:
+            env["AZ_BATCHAI_MPI_MASTER_NODE"] = head.address
+    if kind is DistributionType.PYTORCH:
         env.update(MASTER_ADDR=head.address, MASTER_PORT=str(MASTER_PORT), WORLD_SIZE=str(job.process_count))
     env.update(job.environment_variables)  # the job's own variables win, as on AmlCompute
     return env
@@ -234,27 +237,20 @@ def node_env(job: JobSpec, node: NodeSlot) -> dict[str, str]:
     return env
 
 
-# bash runs the job's command, as AmlCompute does. For PyTorch distribution the platform gives
-# each process RANK and LOCAL_RANK; mpirun places the processes, this maps its numbering over.
-_PYTORCH_RANKS = 'export RANK="$OMPI_COMM_WORLD_RANK" LOCAL_RANK="$OMPI_COMM_WORLD_LOCAL_RANK"; eval "$1"'
-
-
 def process_argv(job: JobSpec, run_id: str) -> list[str]:
-    command = resolve_command(job, run_id)
-    if job.distribution.type is DistributionType.PYTORCH:
-        return ["/bin/bash", "-c", _PYTORCH_RANKS, "amlemu-rank", command]
-    return ["/bin/bash", "-c", command]
+    """Every process runs the job's command with bash, as AmlCompute does."""
+    return ["/bin/bash", "-c", resolve_command(job, run_id)]
 
 
 def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str, as_root: bool,
                 mpi_options: tuple[str, ...] = ()) -> list[str]:
-    """The command the platform runs on the host to start the job on its nodes. The agent gives each
+    """The mpirun the platform runs on the host to start an MPI job on its nodes (other
+    distributions are started by the nodes themselves: runs/launchers.py). The agent gives each
     node's processes run_env + node_env (ranks inherit them from the node's MPI daemon)."""
+    if job.distribution.type is not DistributionType.MPI:
+        raise ValueError(f"a {job.distribution.type.value} job is not launched by mpirun")
     if len(nodes) != job.instance_count:
         raise ValueError(f"{job.instance_count} nodes needed, {len(nodes)} given")
-    if job.distribution.type is DistributionType.NONE:
-        # One process, no MPI: the agent runs it on the node (the command travels as ssh's would).
-        return [agent, nodes[0].name, f"cd {shlex.quote(node_workdir(run_id))} && exec {shlex.join(process_argv(job, run_id))}"]
     per_node = job.process_count // job.instance_count
     launch = MpiLaunch(program=process_argv(job, run_id), nprocs=job.process_count,
                        hosts=[(node.name, per_node) for node in nodes], as_root=as_root,

@@ -14,6 +14,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
+from amlemu.runs.runhistory import numeric_history
+
 PLOT_NAME = "metrics.png"  # in the run's record, next to its mlflow.db
 LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each node's store
 # Tags of a source run that would be wrong in the combined store (the name is the emulator run
@@ -71,8 +73,9 @@ def metric_stores(run_dir: Path, active: bool) -> list[Path]:
 
 
 def metric_history(run_dir: Path, active: bool) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of every metric the job logged, across its attempts and nodes."""
-    history: dict[str, list[tuple[int, float]]] = {}
+    """(step, value) of every metric the job logged, across its attempts and nodes: with MLflow,
+    and with azureml-core's Run.log* (the run history the service keeps, runhistory.py)."""
+    history = numeric_history(run_dir)
     for db in metric_stores(run_dir, active):
         try:
             for name, step, value in read_metric_points(db):

@@ -2,6 +2,17 @@
 job and the nodes. `amlemu job create --dry-run` prints it with placeholder nodes; the supervisor
 builds it with the nodes allocation gave (their names and addresses, nothing else differs),
 executes it, and writes it to the run's system_logs/launch.json.
+
+How the processes start depends on the distribution, as on AmlCompute (runs/launchers.py):
+- `launcher: mpirun` (distribution mpi): `launch` is the platform's mpirun, run on the host; it
+  starts each node's MPI daemon through the launch agent, and the ranks get OMPI_COMM_WORLD_*.
+- `launcher: node` (pytorch, tensorflow, none): `launch` is empty and `processes` lists, per
+  global rank, its node, the argv it runs there, the variables of its own (RANK/LOCAL_RANK,
+  TF_CONFIG) and the agent command the host runs to start it on its node. No OMPI_* reaches them.
+Either way every process sees `env` (the run's) + its node's `node_env`, over the node's
+`node_base_env` (less the image's OMPI_* for pytorch and tensorflow jobs), and logs to
+user_logs/std_log_process_<rank>.txt (std_log.txt for a single process). The supervisor starts
+the host's side of it as one gang (runs/gang.py): the first process to fail ends them all.
 """
 from __future__ import annotations
 
@@ -11,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from amlemu.backends.base import NodeBackend, NodeRequest, software_paths
+from amlemu.backends.base import NodeBackend, NodeRequest, node_base_env, software_paths
 from amlemu.runs.contract import (
     Binding,
     NodeSlot,
@@ -23,7 +34,8 @@ from amlemu.runs.contract import (
     rank_layout,
     run_env,
 )
-from amlemu.specs import JobSpec
+from amlemu.runs.launchers import ProcessPlan, launcher, node_processes
+from amlemu.specs import DistributionType, JobSpec
 from amlemu.storage.nodecache import policy_from_env
 
 AGENT = str(Path(sys.prefix, "bin", "amlemu-agent"))  # the launch agent Open MPI runs instead of ssh
@@ -49,7 +61,9 @@ class LaunchPlan:
     compute: str
     backend: str
     nodes: tuple[NodePlan, ...]
-    argv: tuple[str, ...]  # what the host runs: mpirun through the agent, or the agent alone
+    launcher: str  # mpirun | node (runs/launchers.py)
+    argv: tuple[str, ...]  # mpirun: what the host runs (through the agent); node: empty
+    processes: tuple[ProcessPlan, ...]  # node: each process, started on its node; mpirun: empty
     env: dict[str, str]  # what every process of the run sees
     ranks: tuple[Rank, ...]
     data: tuple[Binding, ...]
@@ -62,7 +76,10 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "compute": self.compute, "backend": self.backend,
-            "launch": list(self.argv), "env": self.env,
+            "launcher": self.launcher, "launch": list(self.argv),
+            "processes": [{**asdict(p), "argv": list(p.argv), "unset": list(p.unset), "launch": list(p.launch)}
+                          for p in self.processes],
+            "env": self.env,
             "node_env": {n.name: n.env for n in self.nodes},
             "node_base_env": {n.name: n.base_env for n in self.nodes},
             "node_slots": [{k: v for k, v in asdict(n).items() if k not in ("env", "base_env")} for n in self.nodes],
@@ -79,11 +96,20 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
     reach them at). Pure: the same inputs give the same plan, in a dry run and in the supervisor."""
     slots = [NodeSlot(i, r.name, address) for i, (r, address) in enumerate(zip(requests, addresses))]
     _, cache_notices = policy_from_env(job.environment_variables, job_start=0.0)
-    nodes = tuple(NodePlan(r.name, r.index, s.address, r.cpus, r.memory_bytes, tuple(r.gpus), base, node_env(job, s))
+    how = launcher(job)
+    # The node image's OMPI_* defaults serve the platform's mpirun: torch's and TF's processes,
+    # started without it, see none (a docker node's container has them: the command unsets them).
+    hidden = tuple(sorted({k for base in (node_base_env(None), *base_env) for k in base if k.startswith("OMPI_")})) \
+        if job.distribution.type in (DistributionType.PYTORCH, DistributionType.TENSORFLOW) else ()
+    nodes = tuple(NodePlan(r.name, r.index, s.address, r.cpus, r.memory_bytes, tuple(r.gpus),
+                           {k: v for k, v in base.items() if k not in hidden}, node_env(job, s))
                   for r, s, base in zip(requests, slots, base_env))
+    mpirun = how == "mpirun"
     return LaunchPlan(
-        run_id=run_id, compute=compute, backend=backend, nodes=nodes,
-        argv=tuple(launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options)),
+        run_id=run_id, compute=compute, backend=backend, nodes=nodes, launcher=how,
+        argv=tuple(launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options))
+        if mpirun else (),
+        processes=() if mpirun else tuple(node_processes(job, run_id, slots, agent=AGENT, unset=hidden)),
         env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share, cluster=compute,
                     node_gpus=len(requests[0].gpus)),
         ranks=tuple(rank_layout(job, slots)), data=tuple(bindings(job, run_id)),

@@ -23,9 +23,9 @@ PLATFORM_LINKS = ("cap/", "mounts/")  # the platform's own links into the node's
 
 
 def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[dict[str, str]], restarted: bool,
-                  experiment: str, run_name: str) -> None:
+                  experiment: str, run_name: str, files: dict[str, bytes] | None = None) -> None:
     """Every node's run folder, each with a copy of one MLflow store seeded with the job's run
-    (seeding is the slow part: done once)."""
+    (seeding is the slow part: done once), and `files` (the platform's: the service link's CA bundle)."""
     seed = run_dir / f".seed-{time.time_ns()}.db"
     try:
         # One empty store per machine and MLflow version, like the other builds in the cache: made
@@ -34,7 +34,9 @@ def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[
         if seed_store(seed, experiment, run_id, run_name, template) != NODE_MLFLOW_EXPERIMENT_ID:
             raise RuntimeError("the seeded MLflow store numbers the experiment unlike MLFLOW_EXPERIMENT_ID")
         for node_dir, env in zip(node_dirs, envs):
-            lay_out(node_dir, run_id, run_dir, env, restarted, seed)
+            job_dir = lay_out(node_dir, run_id, run_dir, env, restarted, seed)
+            for name, data in (files or {}).items():
+                (job_dir / name).write_bytes(data)
     finally:
         seed.unlink(missing_ok=True)
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 import time
@@ -18,17 +16,18 @@ from concurrent.futures import ThreadPoolExecutor
 
 from amlemu.backends import NodeRequest, get_backend, nodefs
 from amlemu.cluster import allocation as autoscale
-from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, preemption_delays
+from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import rundisk
+from amlemu.runs import rundisk, servicelink
+from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.plan import LaunchPlan, agent_plan, plan_launch
 from amlemu.runs.runlogs import RunLogs, failure_reason
-from amlemu.specs import DistributionType, JobSpec, RunStatus
+from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 from amlemu.storage.nodecache import NodeCache, policy_from_env
 
@@ -45,13 +44,15 @@ class Supervisor:
         self.cluster = self.store.cluster(record.cluster)
         self.backend = get_backend(self.cluster.backend, home)
         self.run_dir = home.run_dir(run_id)
-        self.logs = RunLogs(self.run_dir, self.job.process_count)
+        self.logs = RunLogs(self.run_dir, self.job.process_count, self.job.log_layout)
         self.requests: list[NodeRequest] = []
         self.data: RunData | None = None
         self.attempt_since = 0.0
         self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
         self.plan: LaunchPlan | None = None
+        self.gang_failure: tuple[int | None, int] | None = None  # (rank, exit code) of the first to fail
         self.faults = FaultInjector(home, self.store)
+        self.link: servicelink.RunLink | None = None  # to the home's Azure ML service, while it runs
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -81,6 +82,8 @@ class Supervisor:
             self.logs.platform(f"emulator error: {type(exc).__name__}: {exc}")
             self.end_with_error(f"the emulator failed while running the job: {type(exc).__name__}: {exc}")
         finally:
+            if self.link:
+                self.link.stop()
             self.logs.close()
         self.linger()
 
@@ -117,10 +120,13 @@ class Supervisor:
             as_root=os.geteuid() == 0, notices=(note,) if note else ())
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
+        self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
+                                                    self.logs.platform)
+        online = self.link.env if self.link else {}  # in the nodes' env files only, not in the plan
         rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
-                              [self.plan.node_environment(n) for n in self.plan.nodes],
+                              [{**self.plan.node_environment(n), **online} for n in self.plan.nodes],
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
-                              self.job.display_name or self.run_id)
+                              self.job.display_name or self.run_id, self.link.files if self.link else None)
         self.prepare_data()
         plan = agent_plan(self.backend, self.requests, self.run_id,
                           sandbox_root=self.home.root / "process-nodes" / ".root")
@@ -166,13 +172,10 @@ class Supervisor:
         launch.write_text(json.dumps(plan.to_dict(), indent=2))
         env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
         # Running is set before the launch: a cancel racing with it then finds nothing started.
-        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)")
-        proc = subprocess.Popen(list(plan.argv), env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                start_new_session=True, errors="replace")
-        self.store.update_run(self.run_id, launch_pid=proc.pid)
-        tagged = self.job.distribution.type is not DistributionType.NONE
-        pump = threading.Thread(target=self.logs.pump, args=(proc.stdout, tagged), daemon=True)
-        pump.start()
+        self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
+                 + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
+        proc = Gang(plan, env, self.logs)
+        self.store.update_run(self.run_id, launch_pid=proc.pgid)
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
         refresher.start()
@@ -181,7 +184,8 @@ class Supervisor:
         mirror.start()
         started, outcome = time.monotonic(), None
         limit = self.job.max_run_duration_seconds
-        policy_preemptions = self.policy_preemptions()
+        policy_preemptions = policy_schedule(self.store, self.cluster.spec.name, self.run_id,
+                                             [r.name for r in self.requests])
         while proc.poll() is None:
             if self.canceled():
                 outcome = "canceled"
@@ -202,9 +206,10 @@ class Supervisor:
                     except AmlEmuError as exc:  # the node went meanwhile: nothing to preempt
                         self.logs.platform(f"preemption policy: {exc}")
             time.sleep(POLL)
+        if outcome is None and proc.poll():  # a process failed: the others are stopped, as mpirun stops its ranks
+            self.stop(proc)
         exit_code = proc.wait()
         stop_refresh.set()
-        pump.join(timeout=5)
         refresher.join(timeout=30)
         mirror.join(timeout=30)
         if outcome is None and self.preempted():  # the kill ended the job before a poll saw the fault
@@ -213,6 +218,7 @@ class Supervisor:
             self.stop(proc)
             return self.restart()
         lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
+        self.gang_failure = proc.failure
         self.finalize(outcome, exit_code, lost)
         return False
 
@@ -223,16 +229,6 @@ class Supervisor:
     def partitioned_too_long(self) -> bool:
         return any(time.time() - f["ts"] > PARTITION_TIMEOUT
                    for f in self.store.faults(self.run_id, "partition", since=self.attempt_since))
-
-    def policy_preemptions(self) -> list[tuple[float, str]]:
-        """(seconds after Running, node) of this attempt's preemptions under the cluster's policy."""
-        policy = self.store.preemption_policy(self.cluster.spec.name)
-        if not policy or policy["rate_per_node_hour"] <= 0:
-            return []
-        record = self.store.run(self.run_id)
-        delays = preemption_delays(policy["rate_per_node_hour"], policy["seed"], record.seq, record.preemptions,
-                                   len(self.requests))
-        return [(d, r.name) for d, r in zip(delays, self.requests) if d != float("inf")]
 
     def restart(self) -> bool:
         """Preempted: outputs and logs so far are kept, the run's nodes go, and the run waits for
@@ -258,20 +254,10 @@ class Supervisor:
                  f"{limit} on fresh nodes", preemptions=count)
         return True
 
-    def stop(self, proc: subprocess.Popen) -> None:
-        """SIGTERM the launch (mpirun passes it to every rank), SIGKILL what is left after a grace."""
-        for sig, wait in ((signal.SIGTERM, KILL_GRACE), (signal.SIGKILL, 5)):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                proc.wait(timeout=wait)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        for request in self.requests:
-            self.backend.stop_processes(request)
+    def stop(self, proc: Gang) -> None:
+        """End the launch on the host, then every job process left on the nodes."""
+        proc.stop(grace=KILL_GRACE)
+        self._each_node(self.backend.stop_processes)
 
     def node_states(self) -> list[bool]:
         alive = {n.name: n.running for n in self.backend.list_nodes() if n.cluster == self.cluster.spec.name}
@@ -304,9 +290,10 @@ class Supervisor:
             self.set(RunStatus.COMPLETED, exit_code=0)
         else:
             layout = list(self.plan.ranks)
-            mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
+            mpi_log = self.logs.mpi_path.read_text(errors="replace")
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
-            reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
+            failed = self.gang_failure[0] if self.gang_failure else None
+            reason = failure_reason(mpi_log, layout, self.run_dir, exit_code, lost, killed, failed)
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
 
     def end_with_error(self, reason: str) -> None:

@@ -8,31 +8,21 @@ The identity header is what `amlemu env` prints (IDENTITY_HEADER): whoever has i
 """
 from __future__ import annotations
 
-import base64
 import hashlib
 import hmac
 import json
 import secrets
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from amlemu import servicekeys
 from amlemu.servicefile import owner_only_write
 
 TOKEN_SECONDS = 3600
-ISSUER = "amlemu"
-# Tokens are JWTs (HS256 under the home's key): azureml-core decodes its ARM token, unverified, for
-# the tenant and expiry, so an opaque string would fail there; nothing else in them is read.
-_HEADER = base64.urlsafe_b64encode(b'{"alg":"HS256","typ":"JWT"}').rstrip(b"=").decode()
-TENANT = "00000000-0000-0000-0000-000000000000"
-
-
-def _b64(data: bytes) -> str:
-    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
-
-
-def _unb64(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+# azureml-core decodes its ARM token, unverified, for the tenant and expiry: tokens are JWTs
+# (amlemu.servicekeys), not opaque strings.
+TENANT = servicekeys.TENANT
 
 
 @dataclass
@@ -62,31 +52,26 @@ class Auth:
     def check_identity(self, header: str | None) -> bool:
         return header is not None and hmac.compare_digest(header, self.identity_header)
 
-    def _jwt_mac(self, signing_input: str) -> str:
-        return _b64(hmac.new(self.key, signing_input.encode(), hashlib.sha256).digest())
-
     def issue(self, resource: str = "") -> tuple[str, int]:
-        now = int(time.time())
-        expires = now + TOKEN_SECONDS
-        claims = {"iss": ISSUER, "aud": resource, "iat": now, "nbf": now, "exp": expires, "tid": TENANT,
-                  "oid": TENANT, "jti": secrets.token_hex(8)}
-        body = f"{_HEADER}.{_b64(json.dumps(claims, separators=(',', ':')).encode())}"
-        token = f"{body}.{self._jwt_mac(body)}"
+        token, expires = servicekeys.encode(self.key, TOKEN_SECONDS, audience=resource)
         self.issued.add(token)
         return token, expires
 
+    def issue_for_run(self, run_id: str, seconds: int) -> tuple[str, int]:
+        """A run's token (AZUREML_RUN_TOKEN), good for its own routes only."""
+        token, expires = servicekeys.run_token(self.key, run_id, seconds)
+        self.issued.add(token)
+        return token, expires
+
+    def claims(self, authorization: str | None) -> dict[str, Any] | None:
+        """The claims of the bearer token in an Authorization header, if this home issued it and
+        it has not expired; a run token's name its run (servicekeys.RUN_CLAIM)."""
+        return servicekeys.decode(self.key, (authorization or "").removeprefix("Bearer ").strip())
+
     def check_token(self, authorization: str | None) -> bool:
-        token = (authorization or "").removeprefix("Bearer ").strip()
-        parts = token.split(".")
-        if len(parts) != 3 or parts[0] != _HEADER:
-            return False
-        if not hmac.compare_digest(parts[2], self._jwt_mac(f"{parts[0]}.{parts[1]}")):
-            return False
-        try:
-            claims = json.loads(_unb64(parts[1]))
-        except ValueError:
-            return False
-        return isinstance(claims, dict) and claims.get("iss") == ISSUER and int(claims.get("exp", 0)) > time.time()
+        """A workspace token (not a run's) this home issued, not expired."""
+        found = self.claims(authorization)
+        return found is not None and servicekeys.RUN_CLAIM not in found
 
     def sign(self, resource: str) -> str:
         """The `sig` of a URL the service hands out (a blob container's SAS, a log file)."""

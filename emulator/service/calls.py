@@ -2,6 +2,7 @@
 `Context`) and a `Reply`. Shared by the route modules (routes.py, downloads.py)."""
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 from amlemu.service.auth import Auth
 from amlemu.service.blocks import Blocks
 from amlemu.service.state import ServiceError, State
+from amlemu.servicekeys import RUN_CLAIM
 
 
 @dataclass
@@ -41,7 +43,11 @@ class Call:
 
     @property
     def base(self) -> str:
-        return self.ctx.url
+        """The service's URL as this client reached it: the URLs handed back (discovery, blob and
+        log URLs) must work from where it is, e.g. a docker node that reaches the service through
+        its run's link (emulator/runs/servicelink.py) at the cluster network's gateway."""
+        host = self.headers.get("host", "")
+        return f"https://{host}" if HOST_RE.fullmatch(host) else self.ctx.url
 
     @property
     def props(self) -> dict[str, Any]:
@@ -57,6 +63,7 @@ class Reply:
     headers: dict[str, str] = field(default_factory=dict)
 
 
+HOST_RE = re.compile(r"[A-Za-z0-9.-]{1,253}:\d{1,5}|\[[0-9a-fA-F:]{2,39}\]:\d{1,5}")
 SECRET_HEADERS = frozenset({"authorization", "x-identity-header", "secret"})
 
 
@@ -64,3 +71,33 @@ def arm_error(status: int, code: str, message: str) -> Reply:
     return Reply(status, ServiceError(status, code, message).body())
 
 
+
+
+def run_of(params: dict[str, str]) -> str | None:
+    """The run a route acts on: its `name` (run history) or `dcid.<run>` artifact container."""
+    if "container" in params:
+        return params["container"].removeprefix("dcid.") if params["container"].startswith("dcid.") else None
+    return params.get("name")
+
+
+def authorize(call: Call, scope: bool | str) -> Reply | None:
+    """None when the caller may use a route of this scope, else ARM's 401/403 reply. True: a
+    workspace token; "run": also the route's own run's token (AZUREML_RUN_TOKEN), while that run
+    is active. A run token opens nothing else: not another run, not the workspace's routes."""
+    if scope is False:
+        return None
+    claims = call.ctx.auth.claims(call.headers.get("authorization"))
+    if claims is None:
+        return Reply(401, ServiceError(401, "InvalidAuthenticationToken", "no bearer token issued by this service, "
+                                       "or it has expired").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    run = claims.get(RUN_CLAIM)
+    if run is None:
+        return None
+    if scope != "run" or run_of(call.params) != run:
+        return arm_error(403, "AuthorizationFailed", f"the token of run {run} does not have authorization to "
+                         f"perform {call.method} on {call.path}: a run's token opens its own run only")
+    active = getattr(call.st, "run_active", None)
+    if active is None or not active(run):
+        return Reply(401, ServiceError(401, "ExpiredAuthenticationToken", f"the token of run {run} expired with "
+                                       "the run").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+    return None

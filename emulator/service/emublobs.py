@@ -13,11 +13,13 @@ from typing import Any
 from amlemu.errors import AmlEmuError
 from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.names import JOB_NAME_RE
+from amlemu.runs import runhistory
 from amlemu.runs.contract import bindings
 from amlemu.service.state import bad_request, not_found
 
 ARTIFACT_STORE, ARTIFACT_CONTAINER = "workspaceartifactstore", "azureml"
-RUN_FOLDERS = ("outputs", "logs", "user_logs", "system_logs")
+# v2's and v1's log folders, and the files Run.upload_file sent under names of their own.
+RUN_FOLDERS = ("outputs", "logs", "user_logs", "system_logs", "azureml-logs", runhistory.ARTIFACTS)
 
 
 def run_outputs(emu: Any, name: str) -> dict[str, str]:
@@ -37,7 +39,7 @@ def _run_files(emu: Any, prefix: str) -> list[tuple[str, Path]]:
         return []
     run_dir = emu.home.run_dir(run)
     files = [p for sub in RUN_FOLDERS for p in sorted((run_dir / sub).rglob("*")) if p.is_file() and not p.is_symlink()]
-    named = [(f"ExperimentRun/dcid.{run}/{p.relative_to(run_dir).as_posix()}", p) for p in files]
+    named = [(f"ExperimentRun/dcid.{run}/{runhistory.listed_name(run_dir, p)}", p) for p in files]
     return [(n, p) for n, p in named if n.startswith(prefix)]
 
 

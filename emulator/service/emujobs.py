@@ -115,8 +115,10 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
     dist = props.get("distribution")
     if isinstance(dist, dict) and dist.get("distributionType"):
         data["distribution"] = {"type": str(dist["distributionType"]).lower()}
-        if dist.get("processCountPerInstance"):
-            data["distribution"]["process_count_per_instance"] = dist["processCountPerInstance"]
+        for rest, field in (("processCountPerInstance", "process_count_per_instance"),
+                            ("workerCount", "worker_count"), ("parameterServerCount", "parameter_server_count")):
+            if dist.get(rest):  # the REST body's TensorFlow fields are workerCount / parameterServerCount
+                data["distribution"][field] = dist[rest]
     resources = props.get("resources") or {}
     if resources.get("instanceCount"):
         data["resources"] = {"instance_count": resources["instanceCount"]}

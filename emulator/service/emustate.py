@@ -20,6 +20,8 @@ from amlemu import servicefile, validate
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
+from amlemu.runs import runhistory
+from amlemu.runs.runlogs import log_files
 from amlemu.service import emublobs, emujobs
 from amlemu.service.emuv1 import EmulatorV1
 from amlemu.service.routes import ACCOUNT
@@ -231,8 +233,7 @@ class EmulatorState:
         self.emu.reconcile()
         record = self.emu.store.run(name)
         events = self.emu.store.events(name)
-        logs = self.home.run_dir(name) / "user_logs"
-        files = sorted(f"user_logs/{p.name}" for p in logs.glob("*.txt")) if logs.is_dir() else []
+        files = log_files(self.home.run_dir(name))
         started = next((ts for ts, status, _ in events if status.value == "Running"), None)
         error = record.error
         if record.status.value == "Failed" and record.exit_code is not None and "exit" not in (error or ""):
@@ -240,9 +241,18 @@ class EmulatorState:
         return RunView(record.status.value, record.cluster, files, error if record.status.value == "Failed" else None,
                        started, events[-1][0] if record.status.is_terminal and events else None)
 
+    def run_active(self, name: str) -> bool:
+        """A run's own token (AZUREML_RUN_TOKEN) is good while the run has not ended."""
+        try:
+            return not self.emu.store.run(name).status.is_terminal
+        except NotFoundError:
+            return False
+
     def read_log(self, name: str, path: str) -> bytes:
         run_dir = self.home.run_dir(name).resolve()
         target = (run_dir / path).resolve()
+        if not target.is_file():  # a file Run.upload_file sent under a name of its own
+            target = (run_dir / runhistory.ARTIFACTS / path).resolve()
         if not target.is_relative_to(run_dir) or not target.is_file():
             raise not_found(f"log {path} of job {name}")
         return target.read_bytes()

@@ -19,6 +19,8 @@ from typing import Any
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
 from amlemu.names import JOB_NAME_RE
+from amlemu.runs import runhistory
+from amlemu.runs.contract import experiment_guid
 from amlemu.service.auth import TENANT
 from amlemu.service.state import bad_request, not_found
 
@@ -29,8 +31,6 @@ def _iso(ts: float | None) -> str | None:
     return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%S.000Z", time.gmtime(ts))
 
 
-def experiment_id(name: str) -> str:
-    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"amlemu/experiments/{name}"))
 
 
 class EmulatorV1:
@@ -57,9 +57,12 @@ class EmulatorV1:
             created.setdefault(run.experiment, run.created_at)
         return [self.experiment_dto(name, ts) for name, ts in sorted(created.items(), key=lambda kv: kv[1])]
 
-    @staticmethod
-    def experiment_dto(name: str, created: float) -> dict[str, Any]:
-        return {"experimentId": experiment_id(name), "name": name, "description": None,
+    def experiment_id(self, name: str) -> str:
+        """The GUID a run's AZUREML_EXPERIMENT_ID holds (runs.contract): one id on both sides."""
+        return experiment_guid(self.state.emu.workspace(), name)
+
+    def experiment_dto(self, name: str, created: float) -> dict[str, Any]:
+        return {"experimentId": self.experiment_id(name), "name": name, "description": None,
                 "createdUtc": _iso(created), "tags": {}}
 
     def get_experiment(self, name: str) -> dict[str, Any]:
@@ -90,7 +93,7 @@ class EmulatorV1:
             shutil.rmtree(code, ignore_errors=True)
             raise bad_request(exc.field, str(exc)) from None
         self.create_experiment(experiment)
-        self.state.submit_spec(dataclasses.replace(spec, name=run_id), {"properties": {
+        self.state.submit_spec(dataclasses.replace(spec, name=run_id, log_layout="v1"), {"properties": {
             "jobType": "Command", "command": spec.command, "experimentName": experiment, "v1": True}})
         return self.run_dto(experiment, run_id)
 
@@ -132,13 +135,21 @@ class EmulatorV1:
         number = next((i for i, r in enumerate(self.state.emu.store.runs(), 1) if r.id == run_id), 0)
         error = {"error": {"code": "UserError", "message": view.error}} if view.error else None
         return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
-                "rootRunId": run_id, "experimentId": experiment_id(record.experiment), "status": view.status,
+                "rootRunId": run_id, "experimentId": self.experiment_id(record.experiment), "status": view.status,
                 "target": view.target, "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time),
                 "createdUtc": _iso(record.created_at), "runType": "azureml.scriptrun",
                 "dataContainerId": f"dcid.{run_id}",  # the artifact container of the run's files
-                "name": run_id, "displayName": run_id, "properties": {}, "tags": {}, "hidden": False,
+                "name": run_id, "displayName": run_id, **runhistory.properties(self.state.home.run_dir(run_id)),
+                "hidden": False,
                 "createdBy": {"userName": "amlemu", "userObjectId": TENANT, "userTenantId": TENANT},
                 "error": error, "warnings": []}
+
+    def run_by_experiment_id(self, experiment_id: str, run_id: str) -> dict[str, Any]:
+        """A run addressed as the SDK inside a job addresses it (AZUREML_EXPERIMENT_ID)."""
+        dto = self.run_dto(None, run_id)
+        if dto["experimentId"] != experiment_id:
+            raise not_found(f"run {run_id} in experiment {experiment_id}")
+        return dto
 
     def runs(self, experiment: str) -> list[dict[str, Any]]:
         return [self.run_dto(experiment, r.id) for r in self.state.emu.store.runs() if r.experiment == experiment]

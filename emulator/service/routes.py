@@ -28,7 +28,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from amlemu.service import datablobs, v1routes
-from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
+from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error, authorize
 from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
 
 CLOUD_NAME = "AmlEmuCloud"  # anything but the built-in names, or the SDK ignores the metadata URL
@@ -258,7 +258,7 @@ def no_route(call: Call) -> Reply:
 
 
 H = "/history/v1.0" + WS
-ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
+ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET", "/metadata/endpoints", metadata, False),
     ("GET", "/msi/token", token, False),  # checks the identity header itself
     ("GET", "/msi/v1/", token_v1, False),  # checks the secret header itself
@@ -274,8 +274,8 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
     ("GET", WS + "/jobs", job_list, True),
     ("GET|PUT", WS + "/jobs/{name}", job, True),
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
-    ("GET", H + "/runs/{name}/details", run_details, True),
-    ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, True),
+    ("GET", H + "/runs/{name}/details", run_details, "run"),
+    ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, "run"),
     ("POST", H + "/rundata", datablobs.run_data, True),
     ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", datablobs.resolved_uris, True),
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs
@@ -294,7 +294,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
 ]
 
 
-def _endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool) -> Callable[[Request], Any]:
+def _endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str) -> Callable[[Request], Any]:
     async def endpoint(request: Request) -> Response:
         raw = await request.body()
         body: Any = raw or None  # blob content stays bytes even when it is a .json file
@@ -314,16 +314,13 @@ def _endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool) -> Callable
     return endpoint
 
 
-def _handle(call: Call, fn: Callable[[Call], Reply], auth: bool) -> Reply:
+def _handle(call: Call, fn: Callable[[Call], Reply], auth: bool | str) -> Reply:
     try:
         p = call.params
         if "ws" in p and not call.st.workspace.matches(p["sub"], p["rg"], p["ws"]):
             raise not_found(f"workspace {p['sub']}/{p['rg']}/{p['ws']}")
-        if auth and not call.ctx.auth.check_token(call.headers.get("authorization")):
-            return Reply(401, ServiceError(401, "InvalidAuthenticationToken",
-                                           "no bearer token issued by this service").body(),
-                         {"WWW-Authenticate": 'Bearer error="invalid_token"'})
-        return fn(call)
+        refused = authorize(call, auth)
+        return refused if refused is not None else fn(call)
     except ServiceError as exc:
         return Reply(exc.status, exc.body())
     except Exception:  # noqa: BLE001 - a bug must reach the client as a 500, its cause in the log

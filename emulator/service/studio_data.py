@@ -21,10 +21,10 @@ from amlemu.cluster.store import Node, RunRecord, Store
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
 from amlemu.runs.metrics import PLOT_NAME, metric_history
-from amlemu.runs.runlogs import rank_log_name
+from amlemu.runs.runlogs import LOG_FOLDERS, rank_log_name
 
 # What of a run's record the page lists and serves: what `amlemu job download` gives.
-DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs")
+DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs", "azureml-logs")
 MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
 MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
@@ -37,8 +37,11 @@ def _finite(value: float) -> float | None:
 
 def _processes(job: dict[str, Any]) -> int:
     dist = job.get("distribution") or {}
+    nodes = int(job.get("instance_count", 1))
+    if dist.get("type") == "tensorflow":  # a process per task: the workers and the parameter servers
+        return int(dist.get("worker_count") or nodes) + int(dist.get("parameter_server_count") or 0)
     per_node = 1 if dist.get("type", "none") == "none" else int(dist.get("process_count_per_instance", 1))
-    return int(job.get("instance_count", 1)) * per_node
+    return nodes * per_node
 
 
 def _thin(points: list[tuple[int, float]]) -> list[list[float | None]]:
@@ -171,7 +174,9 @@ class StudioData:
         if not 0 <= rank < _processes(record.job):
             raise NotFoundError("log", f"rank {rank} of job {run_id}",
                                 f"ranks are 0 to {_processes(record.job) - 1}")
-        fh = open_in_run(self.home.run_dir(run_id), f"user_logs/{rank_log_name(rank, _processes(record.job))}")
+        layout = record.job.get("log_layout", "v2")
+        fh = open_in_run(self.home.run_dir(run_id), f"{LOG_FOLDERS.get(layout, 'user_logs')}/"
+                         f"{rank_log_name(rank, _processes(record.job), layout)}")
         if fh is None:
             return {"offset": 0, "size": 0, "text": "", "skipped": 0, "terminal": record.status.is_terminal}
         with fh:

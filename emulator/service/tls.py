@@ -10,7 +10,6 @@ azure-ai-ml refuses bearer tokens over plain http, so TLS is not optional.
 from __future__ import annotations
 
 import datetime
-import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,9 +17,9 @@ import certifi
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from amlemu.servicefile import owner_only_write
+from amlemu.servicekeys import alt_names, cert_name, issue_server_cert, now_utc, pem_key
 
 CA_YEARS, SERVER_DAYS = 10, 365
 
@@ -33,51 +32,27 @@ class TlsFiles:
     key: Path  # the server's key (owner-only)
 
 
-def _name(common: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "amlemu"),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
-
-
-def _pem_key(key: ec.EllipticCurvePrivateKey) -> str:
-    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                             serialization.NoEncryption()).decode()
-
-
-def _now() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
 def _load_or_make_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert_path, key_path = folder / "ca.pem", folder / "ca-key.pem"
     if cert_path.exists() and key_path.exists():
         cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
         key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
-        if isinstance(key, ec.EllipticCurvePrivateKey) and cert.not_valid_after_utc > _now():
+        if isinstance(key, ec.EllipticCurvePrivateKey) and cert.not_valid_after_utc > now_utc():
             return cert, key
     key = ec.generate_private_key(ec.SECP256R1())
-    name = _name(f"amlemu local CA {folder.parent.name}")
+    name = cert_name(f"amlemu local CA {folder.parent.name}")
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(_now() - datetime.timedelta(hours=1))
-            .not_valid_after(_now() + datetime.timedelta(days=365 * CA_YEARS))
+            .serial_number(x509.random_serial_number()).not_valid_before(now_utc() - datetime.timedelta(hours=1))
+            .not_valid_after(now_utc() + datetime.timedelta(days=365 * CA_YEARS))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
                                          content_commitment=False, key_encipherment=False, data_encipherment=False,
                                          key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    owner_only_write(key_path, _pem_key(key))
+    owner_only_write(key_path, pem_key(key))
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
-
-
-def _alt_names(hosts: list[str]) -> list[x509.GeneralName]:
-    names: list[x509.GeneralName] = []
-    for host in dict.fromkeys(hosts):
-        try:
-            names.append(x509.IPAddress(ipaddress.ip_address(host)))
-        except ValueError:
-            names.append(x509.DNSName(host))
-    return names
 
 
 def _covers(cert_path: Path, hosts: list[str], ca: x509.Certificate) -> bool:
@@ -86,8 +61,8 @@ def _covers(cert_path: Path, hosts: list[str], ca: x509.Certificate) -> bool:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except (OSError, ValueError, x509.ExtensionNotFound):
         return False
-    fresh = cert.not_valid_after_utc > _now() + datetime.timedelta(days=7)
-    return fresh and cert.issuer == ca.subject and set(san) == set(_alt_names(hosts))
+    fresh = cert.not_valid_after_utc > now_utc() + datetime.timedelta(days=7)
+    return fresh and cert.issuer == ca.subject and set(san) == set(alt_names(hosts))
 
 
 def ensure(folder: Path, hosts: list[str]) -> TlsFiles:
@@ -97,19 +72,9 @@ def ensure(folder: Path, hosts: list[str]) -> TlsFiles:
     ca_cert, ca_key = _load_or_make_ca(folder)
     files = TlsFiles(folder / "ca.pem", folder / "ca-bundle.pem", folder / "server.pem", folder / "server-key.pem")
     if not (_covers(files.cert, hosts, ca_cert) and files.key.exists()):
-        key = ec.generate_private_key(ec.SECP256R1())
-        cert = (x509.CertificateBuilder().subject_name(_name(hosts[0])).issuer_name(ca_cert.subject)
-                .public_key(key.public_key()).serial_number(x509.random_serial_number())
-                .not_valid_before(_now() - datetime.timedelta(hours=1))
-                .not_valid_after(_now() + datetime.timedelta(days=SERVER_DAYS))
-                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-                .add_extension(x509.SubjectAlternativeName(_alt_names(hosts)), critical=False)
-                .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_key.public_key()),
-                               critical=False)
-                .sign(ca_key, hashes.SHA256()))
-        owner_only_write(files.key, _pem_key(key))
-        files.cert.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        cert_pem, key_pem = issue_server_cert(ca_cert, ca_key, hosts, SERVER_DAYS)
+        owner_only_write(files.key, key_pem)
+        files.cert.write_bytes(cert_pem)
     ours = files.ca.read_text()
     bundle = Path(certifi.where()).read_text() + "\n# amlemu local CA\n" + ours
     if not files.bundle.exists() or files.bundle.read_text() != bundle:

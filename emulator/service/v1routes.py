@@ -14,6 +14,7 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
+from amlemu.service import v1online
 from amlemu.service.auth import TENANT
 from amlemu.service.calls import Call, Reply
 from amlemu.service.datablobs import account_name
@@ -64,8 +65,8 @@ def _linked(call: Call, dto: dict[str, Any]) -> dict[str, Any]:
 
 
 def run(call: Call) -> Reply:
-    # A PATCH (add_properties, tags) is accepted and the run returned as it is: properties the
-    # SDK adds (git details of the source folder) are not kept.
+    if call.method == "PATCH":  # Run.tag, add_properties (and the git details the submit adds)
+        v1online.patch(call, call.params["name"])
     return Reply(body=_linked(call, _v1(call).run_dto(call.params["experiment"], call.params["name"])))
 
 
@@ -74,8 +75,8 @@ def run_query(call: Call) -> Reply:
 
 
 def metrics_ingested(call: Call) -> Reply:
-    # Run.cancel() and flush() wait for the metrics the client sent; this client sent none here
-    # (a job's MLflow metrics stay in its own store, as for v2 jobs).
+    # Run.cancel() and flush() wait for the metrics the client sent: the service keeps them as
+    # they come (v1online.post_metrics), so they are in already.
     _v1(call).run_dto(call.params["experiment"], call.params["name"])
     return Reply(body={})
 
@@ -180,22 +181,23 @@ def no_snapshot_run(call: Call) -> Reply:
                       "AML_FORCE_EXECUTE_WITH_ZIP=true (`amlemu env` prints it) to send the code with the run")
 
 
-ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool]] = [
+ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
+    *v1online.ROUTES,
     ("GET", "/subscriptions", subscriptions, True),
     ("POST", H + "/experiments:query", experiment_query, True),
     ("GET|POST", H + "/experiments/{experiment}", experiment, True),
-    ("GET|PATCH", H + "/experiments/{experiment}/runs/{name}", run, True),
+    ("GET|PATCH", H + "/experiments/{experiment}/runs/{name}", run, "run"),
     ("POST", H + "/experiments/{experiment}/runs:query", run_query, True),
-    ("GET", H + "/experiments/{experiment}/runs/{name}/metricsingest/wait", metrics_ingested, True),
+    ("GET", H + "/experiments/{experiment}/runs/{name}/metricsingest/wait", metrics_ingested, "run"),
     ("GET", "/content/v1.0" + WS + "/snapshots/latest/metadata", snapshot_latest, True),
     ("POST", "/content/v2.0" + WS + "/snapshots/getblob", snapshot_blobs, True),
     ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
-    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, True),
+    ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, "run"),
     ("GET", "/datastore/v1.0" + WS + "/datastores", datastore_list, True),
-    ("GET", A + "/{origin}/{container}", artifact_list, True),
-    ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, True),
-    ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, True),
-    ("GET", A + "/contentinfo/{origin}/{container}/{path:path}", artifact_content_info, True),
+    ("GET", A + "/{origin}/{container}", artifact_list, "run"),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, "run"),
+    ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, "run"),
+    ("GET", A + "/contentinfo/{origin}/{container}/{path:path}", artifact_content_info, "run"),
 ]

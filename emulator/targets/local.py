@@ -24,7 +24,7 @@ def run_data(run: Run) -> dict[str, Any]:
     record = run.record
     return {"name": run.id, "experiment": record.experiment, "compute": record.cluster,
             "status": record.status.value, "error": record.error, "outputs": str(run.outputs),
-            "logs": str(run.dir / "user_logs"),
+            "logs": str(run.log_path(0).parent),
             "history": [{"time": ts, "status": st.value, "detail": d} for ts, st, d in run.events()]}
 
 
@@ -99,7 +99,7 @@ class EmulatorTarget(Target):
             raise NotFoundError("output", output_name, f"job {name} has: {', '.join([DEFAULT_OUTPUT, *outputs])}")
         plan = []
         if output_name in (None, DEFAULT_OUTPUT) or everything:
-            parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "system_logs", PLOT_NAME)
+            parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "azureml-logs", "system_logs", PLOT_NAME)
                      if (run.dir / sub).exists()]
             plan.append(Action("copy", "run files", name, {"from": parts, "to": str(target)},
                                run=lambda: run.download(dest)))

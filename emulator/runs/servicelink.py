@@ -1,0 +1,152 @@
+"""A run's link to the home's Azure ML service (`amlemu serve`): when the service runs, every rank
+gets the variables the v1 runtime sets (AZUREML_SERVICE_ENDPOINT, AZUREML_RUN_TOKEN and its expiry,
+AZUREML_DISCOVERY_SERVICE_ENDPOINT, with the run's ids from runs/contract.py), so azureml-core's
+Run.get_context() in the job is the online run and its log*/tag/upload_file reach the service.
+
+Why a link of the run's own, opened by its supervisor: docker nodes cannot reach this machine's
+127.0.0.1, where the service listens, and the service must not listen wider for them. So for the
+run's lifetime only, the supervisor listens on the one address the nodes reach this machine at
+(backend.host_address: the cluster network's gateway; process nodes share this machine's network:
+loopback) on a port of its own, terminates TLS there with a certificate the home's CA signs for
+that address and SERVICE_HOST (the name each node resolves to it), and relays every connection
+to the service over TLS (a host address is reachable from other containers of this machine too: the
+service still asks every request for a token). The job trusts the CA through a copy of the home's bundle in its own run
+folder (REQUESTS_CA_BUNDLE, SSL_CERT_FILE). The link closes when the run ends, and the token it
+hands the job is the run's own: the service refuses it for any other run or route, and once the
+run has ended (emulator/service/calls.py). The token is written to the node's environment file
+only, never to the launch plan, a log or the run's record.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import ssl
+import tempfile
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from amlemu import servicefile, servicekeys
+from amlemu.backends import NodeBackend, NodeRequest
+from amlemu.backends.base import SERVICE_HOST
+from amlemu.runs.contract import node_job_dir
+
+TOKEN_SECONDS = 24 * 3600  # the SDK refreshes it before it ends (the service's token route)
+CERT_DAYS = 7
+BUNDLE = "amlemu-ca-bundle.pem"  # in the run's folder on each node
+LOOPBACK = "127.0.0.1"
+CHUNK = 256 * 1024
+
+
+class ServiceLink:
+    """A TLS relay from `bind`:<its port> to the service on this machine's loopback."""
+
+    def __init__(self, bind: str, service_port: int, server: ssl.SSLContext, client: ssl.SSLContext) -> None:
+        self.bind, self.service_port, self.server_ctx, self.client_ctx = bind, service_port, server, client
+        self.loop = asyncio.new_event_loop()
+        self.loop.set_exception_handler(lambda loop, context: None)  # a client that hangs up is no error
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._thread = threading.Thread(target=self.loop.run_forever, name="amlemu-service-link", daemon=True)
+
+    def start(self) -> int:
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._relay, self.bind, 0, ssl=self.server_ctx))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._thread.start()
+        return self.port
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.service_port, ssl=self.client_ctx,
+                                                                 server_hostname=LOOPBACK)
+        except OSError:
+            writer.close()
+            return
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    def stop(self) -> None:
+        async def close() -> None:
+            if self._server is not None:
+                self._server.close()
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    task.cancel()
+        if self._thread.is_alive():
+            asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=10)
+        self.loop.close()
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while data := await reader.read(CHUNK):
+            writer.write(data)
+            await writer.drain()
+    except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+def _server_context(ca_folder: Path, hosts: list[str]) -> ssl.SSLContext | None:
+    ca = servicekeys.load_ca(ca_folder)
+    if ca is None:
+        return None
+    cert_pem, key_pem = servicekeys.issue_server_cert(*ca, hosts, CERT_DAYS)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    fd, name = tempfile.mkstemp(prefix=".link-", suffix=".pem", dir=ca_folder)  # owner-only, gone at once
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(cert_pem.decode() + key_pem)
+        context.load_cert_chain(name)
+    finally:
+        os.unlink(name)
+    return context
+
+
+@dataclass
+class RunLink:
+    """What a run gets from its link: the variables every rank sees, the files its run folder
+    holds on each node (the CA bundle), and the relay to stop as the run ends."""
+
+    env: dict[str, str]
+    files: dict[str, bytes]
+    relay: ServiceLink
+
+    def stop(self) -> None:
+        self.relay.stop()
+
+
+def attach(home_root: Path, run_id: str, backend: NodeBackend, request: NodeRequest,
+           log: Callable[[str], None]) -> RunLink | None:
+    """The run's link when the home's service runs (else None: the run is offline, as before)."""
+    state = servicefile.read_state(home_root)
+    folder = servicefile.service_dir(home_root)
+    key = servicekeys.home_key(folder)
+    address = backend.host_address(request)
+    if state is None or key is None or address is None:
+        return None
+    server = _server_context(folder, [SERVICE_HOST, address])
+    bundle = folder / "ca-bundle.pem"
+    if server is None or not bundle.is_file():
+        return None
+    relay = ServiceLink(address, state.port, server, ssl.create_default_context(cafile=str(folder / "ca.pem")))
+    try:
+        port = relay.start()
+    except OSError as exc:  # the run goes on offline, as without a service
+        relay.stop()
+        log(f"warning: no link to the service on {address}: {exc.strerror or exc}; the run is offline")
+        return None
+    token, expires = servicekeys.run_token(key, run_id, TOKEN_SECONDS)
+    endpoint = f"https://{SERVICE_HOST}:{port}"
+    ca_path = f"{node_job_dir(run_id)}/{BUNDLE}"
+    env = {"AZUREML_SERVICE_ENDPOINT": endpoint, "AZUREML_DISCOVERY_SERVICE_ENDPOINT": f"{endpoint}/discovery",
+           "AZUREML_RUN_TOKEN": token, "AZUREML_RUN_TOKEN_EXPIRY": str(expires),
+           "REQUESTS_CA_BUNDLE": ca_path, "SSL_CERT_FILE": ca_path}
+    log(f"online: the run reaches the service at {endpoint} ({address}:{port} on this machine, for this run "
+        "only); its token is the run's own and expires with it")
+    return RunLink(env, {BUNDLE: bundle.read_bytes()}, relay)
