@@ -5,6 +5,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from amlemu import skus
 from amlemu.errors import ConfigError, StateError
@@ -197,6 +198,8 @@ class JobSpec:
     max_run_duration_seconds: int | None = None
     name: str | None = None  # the job's name, as az ml takes it from the YAML: the run id (None: generated)
     shm_size: str | None = None  # resources.shm_size: each node's /dev/shm (None: DEFAULT_SHM_SIZE)
+    # An inline environment (jobs.envyaml): image, conda_file (its content), build_path; None: by reference.
+    environment_def: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -215,6 +218,8 @@ class JobSpec:
     @property
     def image(self) -> str | None:
         """A Docker image reference, when the environment is one (not an `azureml:` registered env)."""
+        if self.environment_def is not None:
+            return self.environment_def.get("image")
         if not self.environment or self.environment.startswith("azureml:"):
             return None
         return self.environment

@@ -132,6 +132,8 @@ class DockerBackend(NodeBackend):
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         use_job_image = bool(request.image) and self._has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
+        if request.python_env and not use_job_image:  # the job's environment, at its own path
+            volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
         volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
         # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
         volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
@@ -139,7 +141,7 @@ class DockerBackend(NodeBackend):
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
             volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
-        env = node_base_env(None if use_job_image else software_bin())
+        env = node_base_env(None if use_job_image else software_bin(request))
         gpu_access, devices = None, []
         if request.gpus:
             gpu_access = "device_requests" if self.nvidia_runtime() else "device_nodes"
@@ -159,7 +161,7 @@ class DockerBackend(NodeBackend):
             "hostname": request.name,
             "network": self.network_name(request.cluster),
             "aliases": [request.name],
-            "labels": request.labels,
+            "labels": {**request.labels, f"{LABEL}.python_env": request.python_env or ""},
             # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
             "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
             "init": use_job_image,
@@ -241,10 +243,12 @@ class DockerBackend(NodeBackend):
         return {"container": self.container_name(request)}
 
     def fits(self, request: NodeRequest) -> bool:
-        """/dev/shm is sized as a container is created (Azure ML: each job's container, --shm-size)."""
+        """/dev/shm is sized and the job's environment mounted as a container is created (Azure ML: each
+        job's container, --shm-size, its image)."""
         try:
-            return self.client.api.inspect_container(self.container_name(request))["HostConfig"]["ShmSize"] == \
-                request.shm_bytes
+            attrs = self.client.api.inspect_container(self.container_name(request))
+            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and \
+                attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "")
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
 

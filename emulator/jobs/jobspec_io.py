@@ -24,6 +24,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "max_run_duration_seconds": job.max_run_duration_seconds,
         "name": job.name,
         "shm_size": job.shm_size,
+        "environment_def": job.environment_def,
     }
 
 
