@@ -4,7 +4,10 @@ package declared completes, two pins of one package are each job's own, and the 
 environment reuses its build. Packages come from tiny local wheels (find-links, no index)."""
 from __future__ import annotations
 
+import io
 import json
+import tarfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -67,3 +70,42 @@ def test_two_pins_are_each_jobs_own_and_a_second_run_reuses_the_build(emu: Emula
     assert "reused from the cache" in lifecycle(emu, runs[2]) and "built in" in lifecycle(emu, runs[0])
     first = next(r for r in records.values() if r["installed"].get("amlemupin") == "1.0")
     assert f"at {envs / first['key']}" in lifecycle(emu, runs[2])
+
+
+def test_where_the_engine_has_the_image_the_packages_are_a_docker_layer_on_it(tmp_path: Path, envs: Path) -> None:
+    """A base image present locally (imported here, as no registry is reachable): the environment's
+    packages are built onto it by `docker build`, under a tag named by content hash, built once."""
+    import docker
+
+    from amlemu.envs.layer import SITE
+    from amlemu.envs.software import software_for
+
+    client = docker.from_env()
+    base = f"amlemu-tests/base:{uuid.uuid4().hex[:12]}"
+    rootfs = io.BytesIO()
+    with tarfile.open(fileobj=rootfs, mode="w") as tar:
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = len(b"ID=amlemu-test\n")
+        tar.addfile(info, io.BytesIO(b"ID=amlemu-test\n"))
+    repository, tag = base.split(":")
+    client.api.import_image_from_data(rootfs.getvalue(), repository=repository, tag=tag)
+    made: list[str] = [base]
+    try:
+        definition = {"image": base, "conda_file": {"dependencies": ["python=3.11", {"pip": ["amlemupin==2.0"]}]}}
+        first = software_for(None, definition, lambda n, v: None, tmp_path, has_image=lambda i: bool(client.images.list(i)))
+        made.append(first.image)
+        again = software_for(None, definition, lambda n, v: None, tmp_path, has_image=lambda i: True)
+        assert first.prefix is None and first.image.startswith("amlemu/env:") and again.image == first.image
+        layered = client.images.get(first.image)
+        assert layered.attrs["RootFS"]["Layers"][0] == client.images.get(base).attrs["RootFS"]["Layers"][0]
+        assert f"PYTHONPATH={SITE}" in layered.attrs["Config"]["Env"]
+        container = client.containers.create(first.image, command=["none"])
+        try:
+            stream, _ = container.get_archive(f"{SITE}/amlemupin/__init__.py")
+            member = tarfile.open(fileobj=io.BytesIO(b"".join(stream)))
+            assert member.extractfile("__init__.py").read() == b"__version__ = '2.0'\n"
+        finally:
+            container.remove(force=True)
+    finally:
+        for image in reversed(made):
+            client.images.remove(image, force=True)

@@ -143,6 +143,10 @@ class NodeBackend(abc.ABC):
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         """What the launch agent needs to run a command on this node."""
 
+    def has_image(self, image: str) -> bool:
+        """Whether nodes can run this image (the engine has it); a backend without images never can."""
+        return False
+
     def fits(self, request: NodeRequest) -> bool:
         """Whether an existing node serves `request` as it is (else it is made again for the job):
         what is fixed at a node's creation and differs from job to job (docker: /dev/shm's size)."""

@@ -119,7 +119,7 @@ class DockerBackend(NodeBackend):
     def network_name(self, cluster: str) -> str:
         return f"amlemu-{self.home.id}-{cluster}"
 
-    def _has_image(self, image: str) -> bool:
+    def has_image(self, image: str) -> bool:
         import docker  # noqa: PLC0415
 
         try:
@@ -130,7 +130,7 @@ class DockerBackend(NodeBackend):
 
     # --- the dry run -------------------------------------------------------------------------
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
-        use_job_image = bool(request.image) and self._has_image(request.image)
+        use_job_image = bool(request.image) and self.has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
         if request.python_env and not use_job_image:  # the job's environment, at its own path
             volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
@@ -183,7 +183,7 @@ class DockerBackend(NodeBackend):
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str) -> None:
-        if image == MIRROR_IMAGE and not self._has_image(image):
+        if image == MIRROR_IMAGE and not self.has_image(image):
             repository, tag = image.split(":")
             self.client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
                                                    changes=[f"LABEL {LABEL}=1"])
@@ -247,7 +247,8 @@ class DockerBackend(NodeBackend):
         job's container, --shm-size, its image)."""
         try:
             attrs = self.client.api.inspect_container(self.container_name(request))
-            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and \
+            image = request.image if request.image and self.has_image(request.image) else MIRROR_IMAGE
+            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and attrs["Config"]["Image"] == image and \
                 attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "")
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False

@@ -143,26 +143,33 @@ def build(env: ResolvedEnvironment, cache: Path, source: PackageSource, *,
 
 def _build(env: ResolvedEnvironment, prefix: Path, log: Path, source: PackageSource,
            horovod_links: tuple[str, ...]) -> dict[str, Any]:
-    what = f"environment {env.label} could not be built"
     python = find_python(env.python, log)
-    _run([uv_binary(), "venv", "--quiet", "--python", python, str(prefix)], log, what)
+    _run([uv_binary(), "venv", "--quiet", "--python", python, str(prefix)], log, f"environment {env.label} could not be built")
     env_python = prefix / "bin" / "python"
     env_site = Path(subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                                    capture_output=True, text=True, check=True).stdout.strip())
+    return install(env, env_site, prefix / "bin", ["--python", str(env_python)], log, source, horovod_links)
+
+
+def install(env: ResolvedEnvironment, site: Path, bin_dir: Path, where: list[str], log: Path, source: PackageSource,
+            horovod_links: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The environment's requirements into `site` (a venv's site-packages, or a --target folder):
+    this machine's packages linked first, the rest by uv from the package source."""
     reused: dict[str, str] = {}
+    bin_dir.mkdir(parents=True, exist_ok=True)
     if (env.python or HOST_PYTHON) == HOST_PYTHON:  # the same ABI: this machine's packages fit
-        site = hostdists.host_site()
-        dists, _ = hostdists.closure(list(env.requirements), hostdists.installed(site))
+        host = hostdists.host_site()
+        dists, _ = hostdists.closure(list(env.requirements), hostdists.installed(host))
         for dist in dists:
-            hostdists.link_distribution(dist, site, env_site, prefix / "bin")
+            hostdists.link_distribution(dist, host, site, bin_dir)
             reused[dist.metadata["Name"]] = dist.version
-    requirements = prefix / "amlemu-requirements.txt"
+    requirements = site.parent / f"{site.name}-requirements.txt"
     requirements.write_text("".join(f"{r}\n" for r in env.requirements))
     if env.requirements:
         links = [a for link in horovod_links for a in ("--find-links", link)]
-        _run([uv_binary(), "pip", "install", "--python", str(env_python), *source.uv_args(), *links,
-              "-r", str(requirements)], log, what)
-    installed = {d.metadata["Name"]: d.version for d in hostdists.installed(env_site).values()}
+        _run([uv_binary(), "pip", "install", *where, *source.uv_args(), *links, "-r", str(requirements)], log,
+             f"environment {env.label} could not be built")
+    installed = {d.metadata["Name"]: d.version for d in hostdists.installed(site).values()}
     return {"python": env.python or HOST_PYTHON, "requirements": list(env.requirements),
             "source": source.describe(), "installed": dict(sorted(installed.items())),
             "reused_from_host": dict(sorted(reused.items()))}

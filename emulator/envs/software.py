@@ -12,6 +12,7 @@ from packaging.utils import canonicalize_name
 
 from amlemu.envs import curated, hostdists
 from amlemu.envs.build import HOST_PYTHON, BuiltEnvironment, PackageSource, build
+from amlemu.envs.layer import build_layer
 from amlemu.envs.resolve import Lookup, ResolvedEnvironment, resolve
 
 
@@ -25,6 +26,7 @@ class Software:
     prefix: str | None  # the built environment, mounted read-only at this path; None: this machine's venv
     notices: tuple[str, ...]  # what is not emulated, for the plan's notices and lifecycle.txt
     built: BuiltEnvironment | None = None
+    image: str | None = None  # the job's image with the packages layered on (the engine has the image)
 
 
 def curated_gaps(env: ResolvedEnvironment, dists: dict[str, Any]) -> list[str]:
@@ -45,7 +47,8 @@ def curated_gaps(env: ResolvedEnvironment, dists: dict[str, Any]) -> list[str]:
 
 
 def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
-                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None) -> Software:
+                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
+                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
     env = resolve(reference, definition, registered)
     notices = list(env.notices)
     if not env.build:
@@ -65,6 +68,11 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
                        f"not on this machine; nodes track MLflow to a local store): set AMLEMU_PACKAGE_INDEX to install them")
     log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
         f"package source: {source.describe()})")
+    if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
+        tag, reused = build_layer(env, cache, source)
+        log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'}: {env.image} with its packages "
+            f"layered on by docker build)")
+        return Software(env, None, tuple(notices), image=tag)
     built = build(env, cache, source, horovod_links=horovod_links(env, cache))
     how = "reused from the cache" if built.reused else f"built in {built.record.get('build_seconds')} s"
     log(f"environment {env.label}: {how} at {built.prefix} ({len(built.record.get('installed', {}))} packages; "

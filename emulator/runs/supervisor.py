@@ -98,9 +98,10 @@ class Supervisor:
 
     def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
         spec, self.software = self.cluster.spec, software_for(  # the job's environment, built or from the cache
-            self.job.environment, self.job.environment_def, self.store.environment, default_cache(), log=self.logs.platform)
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image, shm_bytes=self.job.shm_bytes,
-                                                python_env=self.software.prefix) for n in allocation.nodes]
+            self.job.environment, self.job.environment_def, self.store.environment, default_cache(),
+            log=self.logs.platform, has_image=self.backend.has_image)
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.software.image or self.job.image,
+                         shm_bytes=self.job.shm_bytes, python_env=self.software.prefix) for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
             self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size, environment)")
@@ -308,8 +309,7 @@ class Supervisor:
             mpi_log = (self.run_dir / "system_logs" / "mpi_log.txt").read_text(errors="replace")
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
             reason = failure_reason(mpi_log, layout, self.run_dir / "user_logs", exit_code, lost, killed)
-            if hint := missing_import(reason, self.software, self.logs.platform):  # the job's environment lacks it
-                reason = f"{reason}\n{hint}"
+            reason += f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else ""
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
 
     def end_with_error(self, reason: str) -> None:
