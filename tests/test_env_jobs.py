@@ -48,8 +48,12 @@ def lifecycle(emu: Emulator, run) -> str:  # type: ignore[no-untyped-def]
 def test_an_import_the_environment_lacks_fails_and_declaring_it_completes(emu: Emulator, cluster, make_job: JobFactory,
                                                                           envs: Path) -> None:
     cluster(max_nodes=1)
-    lacking = emu.submit(with_env(make_job, "packaging"))
+    job = with_env(make_job, "packaging")
+    planned = emu.plan_job(job)["notices"]  # what `job create` prints at submit
+    lacking = emu.submit(job)
     assert lacking.wait(timeout=180) is RunStatus.FAILED
+    assert json.loads((lacking.dir / "system_logs" / "launch.json").read_text())["notices"] == planned
+    assert "environment amlemu-tests/absent:1: nodes run exactly its packages (packaging)" in " ".join(planned)
     assert "ModuleNotFoundError: No module named 'amlemupin'" in lacking.logs()
     assert "environment amlemu-tests/absent:1 does not contain" in lacking.record.error
     assert "notice: the job imports amlemupin, which environment amlemu-tests/absent:1" in lifecycle(emu, lacking)

@@ -46,38 +46,54 @@ def curated_gaps(env: ResolvedEnvironment, dists: dict[str, Any]) -> list[str]:
     return gaps
 
 
-def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
-                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
-                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
+def plan(reference: str | None, definition: dict[str, Any] | None, registered: Lookup,
+         source: PackageSource) -> tuple[ResolvedEnvironment, tuple[str, ...]]:
+    """(the environment to build, or one whose `build` is False: this machine's software; the
+    notices naming what is not emulated). The same for a dry run, a submit and the run itself."""
     env = resolve(reference, definition, registered)
     notices = list(env.notices)
-    if not env.build:
-        return Software(env, None, tuple(notices))
     if env.curated is not None:
         gaps = curated_gaps(env, hostdists.installed(hostdists.host_site()))
         if gaps:
             notices.append(f"environment {env.label} is not built here (its packages are not on this machine and "
                            f"are not downloaded): nodes run this machine's software; differences: {'; '.join(gaps)}")
-            return Software(env, None, tuple(notices))
-    if env.curated is not None:
+            return replace(env, build=False), tuple(notices)
         notices.append(f"environment {env.label}: only its pinned packages are emulated, not its image {env.image}")
+    if env.build:
+        env, skipped = without_runtime(env, source)
+        if skipped:
+            notices.append(f"environment {env.label}: {', '.join(skipped)} not installed here (Azure ML's runtime "
+                           f"packages, not on this machine; nodes track MLflow to a local store): set "
+                           f"AMLEMU_PACKAGE_INDEX to install them")
+        notices.append(f"environment {env.label}: nodes run exactly its packages ({', '.join(env.requirements) or 'none'}), "
+                       f"built as the run is prepared (cached)")
+    return env, tuple(notices)
+
+
+def planned_notices(reference: str | None, definition: dict[str, Any] | None, registered: Lookup) -> tuple[str, ...]:
+    """What a dry run and a submit say of the job's environment, without building it."""
+    return plan(reference, definition, registered, PackageSource.from_env())[1]
+
+
+def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
+                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
+                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
     source = source or PackageSource.from_env()
-    env, skipped = without_runtime(env, source)
-    if skipped:
-        notices.append(f"environment {env.label}: {', '.join(skipped)} not installed here (Azure ML's runtime packages, "
-                       f"not on this machine; nodes track MLflow to a local store): set AMLEMU_PACKAGE_INDEX to install them")
+    env, notices = plan(reference, definition, registered, source)
+    if not env.build:
+        return Software(env, None, notices)
     log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
         f"package source: {source.describe()})")
     if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
         tag, reused = build_layer(env, cache, source)
         log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'}: {env.image} with its packages "
             f"layered on by docker build)")
-        return Software(env, None, tuple(notices), image=tag)
+        return Software(env, None, notices, image=tag)
     built = build(env, cache, source, horovod_links=horovod_links(env, cache))
     how = "reused from the cache" if built.reused else f"built in {built.record.get('build_seconds')} s"
     log(f"environment {env.label}: {how} at {built.prefix} ({len(built.record.get('installed', {}))} packages; "
         f"{len(built.record.get('reused_from_host', {}))} linked from this machine's venv)")
-    return Software(env, str(built.prefix), tuple(notices), built)
+    return Software(env, str(built.prefix), notices, built)
 
 
 def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:
@@ -99,20 +115,6 @@ def horovod_links(env: ResolvedEnvironment, cache: Path) -> tuple[str, ...]:
         return ()
     return tuple(str(p) for p in sorted((cache / "horovod").glob(f"horovod*-torch{torch}*")) if p.is_dir())
 
-
-def planned_notices(reference: str | None, definition: dict[str, Any] | None, registered: Lookup) -> tuple[str, ...]:
-    """What a dry run and a submit say of the job's environment, without building it."""
-    env = resolve(reference, definition, registered)
-    notices = list(env.notices)
-    if env.curated is not None:
-        gaps = curated_gaps(env, hostdists.installed(hostdists.host_site()))
-        notices.append(f"environment {env.label} is not built here (its packages are not on this machine and are not "
-                       f"downloaded): nodes run this machine's software; differences: {'; '.join(gaps)}" if gaps else
-                       f"environment {env.label}: only its pinned packages are emulated, not its image {env.image}")
-    elif env.build:
-        notices.append(f"environment {env.label}: nodes run a Python environment of exactly its packages "
-                       f"({', '.join(env.requirements) or 'none'}), built as the run is prepared (cached)")
-    return tuple(notices)
 
 
 MISSING_RE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
