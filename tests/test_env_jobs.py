@@ -60,6 +60,9 @@ def test_an_import_the_environment_lacks_fails_and_declaring_it_completes(emu: E
     declared = emu.submit(with_env(make_job, "amlemupin==1.0"))
     assert declared.wait(timeout=180) is RunStatus.COMPLETED, declared.record.error
     assert "amlemupin 1.0" in declared.logs()
+    unobtainable = emu.submit(with_env(make_job, "amlemupin==3.0"))  # as Azure ML's failed image build
+    assert unobtainable.wait(timeout=180) is RunStatus.FAILED
+    assert "could not be built" in unobtainable.record.error and "amlemupin==3.0" in unobtainable.record.error
 
 
 def test_two_pins_are_each_jobs_own_and_a_second_run_reuses_the_build(emu: Emulator, cluster, make_job: JobFactory,
@@ -69,7 +72,7 @@ def test_two_pins_are_each_jobs_own_and_a_second_run_reuses_the_build(emu: Emula
     for run in runs:
         assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
     assert [r.logs().strip().splitlines()[-1] for r in runs] == ["amlemupin 1.0", "amlemupin 2.0", "amlemupin 1.0"]
-    records = {p.name: json.loads((p / RECORD).read_text()) for p in envs.iterdir() if p.is_dir()}
+    records = {p.name: json.loads((p / RECORD).read_text()) for p in envs.iterdir() if (p / RECORD).is_file()}
     assert len(records) == 2  # one build per environment: the third run found the first's
     assert "reused from the cache" in lifecycle(emu, runs[2]) and "built in" in lifecycle(emu, runs[0])
     first = next(r for r in records.values() if r["installed"].get("amlemupin") == "1.0")

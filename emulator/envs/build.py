@@ -6,6 +6,7 @@ lock), and reused by every later job with the same Python, requirements and pack
     <cache>/envs/<key>/amlemu-env.json   its record, written last: present = complete
     <cache>/envs/<key>.lock        held while it is built
     <cache>/envs/<key>.log         uv's output of the build
+    <cache>/envs/uv-cache/         uv's own cache (wheels it fetched)
 
 ($AMLEMU_ENV_CACHE moves <cache>/envs elsewhere.)
 """
@@ -83,16 +84,18 @@ def uv_binary() -> str:
     raise BuildError("uv is not installed: `pip install uv` (amlemu's dev dependencies have it), or set AMLEMU_UV")
 
 
-def _uv_env() -> dict[str, str]:
-    # Never a Python download, never a user's uv.toml (the package source is the emulator's).
-    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "NO_COLOR": "1"}
+def _uv_env(root: Path) -> dict[str, str]:
+    # Never a Python download, never a user's uv.toml (the package source is the emulator's); uv's
+    # cache beside the environments, so its hard links into them stay on one file system.
+    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "NO_COLOR": "1",
+            "UV_CACHE_DIR": str(root / "uv-cache")}
 
 
 def _run(argv: list[str], log: Path, what: str) -> None:
     with open(log, "a") as out:
         out.write(f"$ {' '.join(redact(a) for a in argv)}\n")
         out.flush()
-        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=_uv_env(), check=False)
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=_uv_env(log.parent), check=False)
     if done.returncode:
         lines = log.read_text(errors="replace").splitlines()
         reason = next((ln.strip(" ×╰─▶") for ln in lines if "×" in ln or "error:" in ln), lines[-1] if lines else "")
@@ -108,7 +111,7 @@ def find_python(version: str | None, log: Path) -> str:
     if version is None or version == HOST_PYTHON:
         return getattr(sys, "_base_executable", sys.executable)
     done = subprocess.run([uv_binary(), "python", "find", version], capture_output=True, text=True,
-                          env=_uv_env(), check=False)
+                          env=_uv_env(log.parent), check=False)
     if done.returncode:
         raise BuildError(f"python {version} is not installed on this machine (this one has {HOST_PYTHON}); "
                          f"install it, or declare python={HOST_PYTHON} in the conda file")
