@@ -86,6 +86,7 @@ def test_an_unregistered_environment_is_refused_and_a_registered_one_resolves(tm
     (tmp_path / "env.yml").write_text("name: mine\nimage: base:1\nconda_file: conda.yml\n")
     (tmp_path / "conda.yml").write_text("dependencies:\n  - python=3.11\n  - pip:\n    - amlemupin==1.0\n")
     first = store.add_environment(load_environment(tmp_path / "env.yml"))
+    assert store.add_environment(load_environment(tmp_path / "env.yml")) == first  # the same again: no new version
     (tmp_path / "conda.yml").write_text("dependencies:\n  - python=3.11\n  - pip:\n    - amlemupin==2.0\n")
     second = store.add_environment(load_environment(tmp_path / "env.yml"))
     assert (first["version"], second["version"]) == ("1", "2")  # az ml's next integer version

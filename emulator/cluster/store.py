@@ -215,6 +215,9 @@ class Store:
         with self.transaction() as db:
             rows = db.execute("SELECT version, spec FROM environments WHERE name = ?", (spec["name"],)).fetchall()
             versions = {r["version"]: json.loads(r["spec"]) for r in rows}
+            same = [v for v in versions.values() if not spec.get("version") and {**v, "version": None} == spec]
+            if same:  # the same definition again, no version asked for: the version it already has
+                return same[-1]
             version = spec.get("version") or str(1 + max((int(v) for v in versions if v.isdigit()), default=0))
             spec = {**spec, "version": version}
             if version in versions:
