@@ -62,6 +62,12 @@ def test_a_conda_file_gives_python_pip_packages_and_what_is_not_emulated() -> No
     assert any("cudatoolkit" in n for n in notices) and any("--extra-index-url" in n for n in notices)
 
 
+@pytest.mark.parametrize("spec, version", [("=3.11", "3.11"), (" 3.10.4", "3.10"), ("==3.12.*", "3.12"),
+                                           (f">={HOST_PYTHON}", None), (">=3.99", "3.99"), ("", None)])
+def test_a_conda_python_spec_names_the_version(spec: str, version: str | None) -> None:
+    assert from_conda({"dependencies": [f"python{spec}"]}, "x")[0] == version
+
+
 def test_curated_environments_are_data_with_a_source_for_every_pin() -> None:
     for env in curated.CURATED:
         assert set(env.pins) == set(curated.PINNED), env.name

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import platform
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from amlemu.envs import curated
 from amlemu.errors import ConfigError
@@ -83,6 +86,23 @@ def conda_requirement(spec: str) -> str | None:
     return f"{name}{rest}"
 
 
+def python_version(spec: str) -> str | None:
+    """`=3.11`, `3.11.7`, `==3.11.*` -> "3.11"; a range (`>=3.9,<3.13`) -> the lowest it names, unless
+    this machine's Python is in it (None: this machine's, as conda would pick an installed one)."""
+    spec = spec.strip()
+    if not spec:
+        return None
+    if re.match(r"^(==?)?\s*\d", spec):
+        return ".".join(re.findall(r"\d+", spec)[:2])
+    try:
+        if SpecifierSet(spec.replace(" ", "")).contains(platform.python_version()):
+            return None
+    except InvalidSpecifier:
+        raise ConfigError("conda_file.dependencies", f"python{spec} is not a version spec") from None
+    found = re.search(r"\d+\.\d+", spec)
+    return found.group(0) if found else None
+
+
 def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str], list[str]]:
     """(python version, pip requirements, notices) of a conda environment file's content."""
     deps = conda.get("dependencies") or []
@@ -102,8 +122,7 @@ def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str]
         text = str(dep).strip()
         head = re.split(r"[=<>! ]", text.split("::")[-1], maxsplit=1)[0].lower()
         if head == "python":
-            python = re.sub(r"^[=\s]+", "", text.split("::")[-1][len("python"):]).split("=")[0].strip() or None
-            python = ".".join((python or "").rstrip(".*").split(".")[:2]) or None
+            python = python_version(text.split("::")[-1][len("python"):])
         elif head == "pip":
             continue
         elif (req := conda_requirement(text)) is None:
