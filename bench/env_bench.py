@@ -2,7 +2,7 @@
 start. Not a test: the goal is a target, the figures are reported.
 
     .venv/bin/python bench/env_bench.py [--backend process|docker] [--find-links /opt/pypi/files]
-        [--packages "flask requests"] [--repeat 3]
+        [--packages "flask requests"] [--module flask] [--repeat 3]
 
 1. submit -> Running of a one-process job on a node already up: with no environment (the
    baseline), with an environment built cold (an empty cache) and warm (found in the cache);
@@ -35,11 +35,11 @@ from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
 SCRIPT = "import {module}\nprint('imported {module}', flush=True)\n"
 
 
-def _submit_to_running(emu, work: Path, packages: list[str] | None, tag: str) -> float:  # type: ignore[no-untyped-def]
-    """Seconds from the submit (Queued) to Running of a job importing the first package."""
+def _submit_to_running(emu, work: Path, packages: list[str] | None, tag: str,  # type: ignore[no-untyped-def]
+                       module: str = "json") -> float:
+    """Seconds from the submit (Queued) to Running of a job importing `module`."""
     folder = work / f"job-{tag}"
     (folder / "src").mkdir(parents=True)
-    module = (packages or ["json"])[0].replace("-", "_")
     (folder / "src" / "main.py").write_text(SCRIPT.format(module=module))
     job = f"code: src\ncommand: python main.py\ncompute: azureml:envs\nexperiment_name: envbench\n"
     if packages is not None:
@@ -55,7 +55,7 @@ def _submit_to_running(emu, work: Path, packages: list[str] | None, tag: str) ->
     return events[RunStatus.RUNNING] - events[RunStatus.QUEUED]
 
 
-def start_overhead(backend: str, packages: list[str], find_links: str, repeat: int) -> dict[str, object]:
+def start_overhead(backend: str, packages: list[str], find_links: str, repeat: int, module: str) -> dict[str, object]:
     with bench_home("amlemu-envbench-", backend) as (work, emu):
         os.environ["AMLEMU_FIND_LINKS"] = find_links
         emu.create_compute(ClusterSpec("envs", "STANDARD_D2_V2", min_nodes=1, max_nodes=1))
@@ -63,8 +63,8 @@ def start_overhead(backend: str, packages: list[str], find_links: str, repeat: i
         for i in range(repeat):
             os.environ["AMLEMU_ENV_CACHE"] = str(work / f"envs-{i}")  # empty: a cold build
             none.append(_submit_to_running(emu, work, None, f"none-{i}"))
-            cold.append(_submit_to_running(emu, work, packages, f"cold-{i}"))
-            warm.append(_submit_to_running(emu, work, packages, f"warm-{i}"))
+            cold.append(_submit_to_running(emu, work, packages, f"cold-{i}", module))
+            warm.append(_submit_to_running(emu, work, packages, f"warm-{i}", module))
         med = {k: statistics.median(v) for k, v in (("none", none), ("cold", cold), ("warm", warm))}
         return {"backend": backend, "packages": packages, "submit_to_running_s": {"no environment": none,
                 "environment, cold": cold, "environment, warm": warm},
@@ -110,10 +110,12 @@ def main() -> int:
     parser.add_argument("--backend", default="process")
     parser.add_argument("--find-links", default="/opt/pypi/files", help="a folder of wheels (no index is used)")
     parser.add_argument("--packages", default="flask requests", help="what the environment declares")
+    parser.add_argument("--module", default=None, help="what the job imports (default: the first package's name)")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
     packages = args.packages.split()
-    return report({"start": start_overhead(args.backend, packages, args.find_links, args.repeat),
+    module = args.module or packages[0].split("=")[0].replace("-", "_")
+    return report({"start": start_overhead(args.backend, packages, args.find_links, args.repeat, module),
                    "uv_vs_pip": uv_vs_pip(packages, args.find_links, args.repeat)})
 
 

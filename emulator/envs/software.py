@@ -99,11 +99,12 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
 def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:
     """Azure ML's own runtime packages (azureml-mlflow routes MLflow to the workspace) are left out
     when nothing could install them (no index, not on this machine): the emulator plays their part."""
-    if source.index_url:
+    runtime = {r: name for r in env.requirements
+               if (name := canonicalize_name(re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0])) in RUNTIME_PACKAGES}
+    if source.index_url or not runtime:
         return env, []
-    have = hostdists.installed(hostdists.host_site())
-    skipped = [r for r in env.requirements if (name := canonicalize_name(re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0]))
-               in RUNTIME_PACKAGES and name not in have]
+    have = hostdists.installed(hostdists.host_site())  # read only when there is something to look up
+    skipped = [r for r, name in runtime.items() if name not in have]
     return replace(env, requirements=tuple(r for r in env.requirements if r not in skipped)), skipped
 
 
