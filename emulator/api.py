@@ -26,6 +26,7 @@ from amlemu.cluster import teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, RunRecord, Store
 from amlemu.cluster.teardown import ours
+from amlemu.envs.software import planned_notices
 from amlemu.errors import CapacityError, ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import snapshot
@@ -262,10 +263,11 @@ class Emulator:
                     for i in range(job.instance_count)]
         node_plans = [backend.plan_node(r) for r in requests]
         note = node_plans[0].get("image_note")
+        notices = planned_notices(job.environment, job.environment_def, self.store.environment)
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
                            [f"<address of {r.name}>" for r in requests], self.workspace(),
                            base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
-                           as_root=os.geteuid() == 0, notices=(note,) if note else ())
+                           as_root=os.geteuid() == 0, notices=(*notices, *((note,) if note else ())))
         return {**plan.to_dict(), "nodes": node_plans}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
@@ -276,6 +278,7 @@ class Emulator:
         self._check_datastores(job)
         snapshot.check_code(job.code)  # before anything is created
         self._check_name(job)
+        planned_notices(job.environment, job.environment_def, self.store.environment)  # an unknown one: refused
         self.reconcile()
         run_id = job.name or new_run_id()
         run_dir = self.home.run_dir(run_id)

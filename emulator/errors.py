@@ -46,3 +46,7 @@ class StateDbError(StateError):
         self.path = path
         super().__init__(f"state database {path}: {problem}; run `amlemu cleanup --reset-state` to stop what "
                          f"the home runs and move the database aside (or move {path} away yourself)")
+
+
+class BuildError(AmlEmuError):
+    """A job's environment could not be built (as Azure ML's image build fails the job)."""

@@ -5,6 +5,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from amlemu import skus
 from amlemu.errors import ConfigError, StateError
@@ -211,6 +212,8 @@ class JobSpec:
     # Where the processes' logs go: "v2" (user_logs/std_log*.txt) or "v1" (azureml-logs/70_driver_log*.txt,
     # the v1 runtime's layout: runs submitted with azureml-core through `amlemu serve`).
     log_layout: str = "v2"
+    # An inline environment (jobs.envyaml): image, conda_file (its content), build_path; None: by reference.
+    environment_def: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -233,6 +236,8 @@ class JobSpec:
     @property
     def image(self) -> str | None:
         """A Docker image reference, when the environment is one (not an `azureml:` registered env)."""
+        if self.environment_def is not None:
+            return self.environment_def.get("image")
         if not self.environment or self.environment.startswith("azureml:"):
             return None
         return self.environment

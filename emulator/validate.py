@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amlemu import safeyaml
+from amlemu.envs.resolve import resolve
 from amlemu.errors import AmlEmuError, ConfigError
 from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
@@ -94,6 +95,10 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
     if job.name and emu.store.run_exists(job.name):
         findings.append(Finding("name", f"a job named '{job.name}' already exists in this workspace",
                                 "pick another name, or leave name out for a generated one"))
+    try:  # a registered environment must exist in the workspace, as Azure ML checks at submit
+        resolve(job.environment, job.environment_def, emu.store.environment)
+    except ConfigError as exc:
+        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
     if job.instance_count > cluster.spec.max_nodes:
         findings.append(Finding("resources.instance_count", f"{job.instance_count} nodes, compute {job.compute} "
                                 f"has at most {cluster.spec.max_nodes}", "lower instance_count or raise max_instances"))

@@ -65,7 +65,10 @@ def test_create_uploads_the_code_and_puts_the_translated_job(svc: FakeAzureML, m
     assert props["inputs"]["data_dir"] == {"jobInputType": "uri_folder", "mode": "ReadOnlyMount",
                                            "uri": "azureml://datastores/workspaceblobstore/paths/mnist"}
     assert props["inputs"]["epochs"] == {"jobInputType": "literal", "value": "2"}
-    assert props["environmentId"] == "azureml:AzureML-ACPT-pytorch-2.2-cuda12.1@latest"
+    # The trainer's own environment (image + conda file) is registered as an anonymous version first.
+    [env_put] = svc.find("PUT", r"/environments/CliV2AnonymousEnvironment/versions/[^/]+$")
+    assert props["environmentId"].endswith(env_put.path.split("/workspaces/ws-amlemu", 1)[1])
+    assert "horovod==0.28.1" in env_put.body["properties"]["condaFile"]
     # The job points at the code version registered after the upload, whose URI is where train.py went.
     [code_put] = svc.find("PUT", r"/codes/[^/]+/versions/1$")
     assert props["codeId"].endswith(code_put.path.split("/workspaces/ws-amlemu", 1)[1])

@@ -36,6 +36,7 @@ from conftest import REPO, commands
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.jobs.jobspec_io import job_to_record
+from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.storage.datastores import DatastoreSpec
@@ -74,6 +75,9 @@ CASES: dict[str, Case] = {
     "job download": c(WRITE, "-n", "done_run", "--all", "-p", "{work}/dl"),
     "job validate": c(READ, "-f", "{root}/job.yml"),
     "job convert": c(PLAIN, "{root}/submit.py"),
+    "environment create": c(WRITE, "-f", "{root}/env.yml", "--version", "7"),
+    "environment list": c(READ),
+    "environment show": c(READ, "-n", "tree-env"),
     "datastore list": c(READ),
     "datastore show": c(READ, "-n", "localds"),
     "datastore create": c(WRITE, "-n", "newds", "--type", "local", "--path", "{work}/newds"),
@@ -123,6 +127,9 @@ def template(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iter
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", min_nodes=1, max_nodes=1))
         emu.create_compute(ClusterSpec("low", "STANDARD_D2_V2", vm_priority="lowpriority", max_nodes=1))
         emu.datastores.create(DatastoreSpec("localds", "local", folder=str(root / "ds")))
+        (root / "env.yml").write_text("name: tree-env\nimage: python:3.11-slim\n"
+                                      "conda_file: {dependencies: [python=3.11, {pip: [amlemupin==1.0]}]}\n")
+        emu.store.add_environment(load_environment(root / "env.yml"))
         cached = emu.home.cache_dir("c1", "c1-node-0") / "data" / "localds" / "x" / "a.txt"
         cached.parent.mkdir(parents=True)
         cached.write_text("abc")

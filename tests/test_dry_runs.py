@@ -35,6 +35,7 @@ READ_ONLY = {
     "job show": "prints", "job stream": "follows a log", "job validate": "checks a YAML",
     "job convert": "prints a YAML (-o writes it where the user says, as a shell redirect would)",
     "datastore list": "prints", "datastore show": "prints", "data ls": "prints",
+    "environment list": "prints", "environment show": "prints",
     "ui": "serves MLflow's UI over copies of the runs until Ctrl-C (a view, not a change)",
     "serve": "serves the workspace's Azure ML API until Ctrl-C (--stop: stops it); what a client changes "
              "through it goes through the same plans as the verbs above",
@@ -73,6 +74,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
             for name, text in files.items():
                 (root / folder / name).write_text(text)
         (root / "jobs" / "job.yml").write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\n")
+        (root / "jobs" / "env.yml").write_text("name: dry-env\nimage: base:1\n")
         emu.datastores.create(DatastoreSpec("localds", "local", folder=str(root / "ds")))
         emu.datastores.create(DatastoreSpec("blobby", "azurite", container="blobby"))
         emu.datastores.upload(root / "ds" / "x", "azureml://datastores/blobby/paths/x")  # starts Azurite
@@ -186,6 +188,8 @@ CASES = [
     c("cleanup-reset-state", "cleanup", "--reset-state", "--all", checks=(
         has(action="move aside", what="state database", name="{home}/amlemu.db"),
         lambda doc, w: not has(what="workspace settings and datastore records")(doc, w))),
+    c("environment-create", "environment", "create", "-f", "{root}/jobs/env.yml", checks=(
+        has(action="register", what="environment", name="dry-env"),)),
     c("datastore-create-local", "datastore", "create", "--name", "newds", "--type", "local", "--path", "{root}/newds",
       checks=(has(action="create", what="folder", name="{root}/newds"), has(action="add", what="datastore", name="newds"))),
     c("datastore-create-secret", "datastore", "create", "--name", "newblob", "--type", "azure_blob", "--account-name",

@@ -22,7 +22,9 @@ def test_the_seed_job_loads_with_its_data_path_overridden(mnist_subset: Path) ->
     assert (job.instance_count, job.distribution.type, job.distribution.process_count_per_instance) == (
         2, DistributionType.MPI, 1)
     assert job.inputs["data_dir"] == DataInput("uri_folder", str(mnist_subset), DataMode.RO_MOUNT)
-    assert job.image is None  # an azureml: environment is not a Docker image
+    # Its own environment (no curated one has Horovod): Azure ML's Open MPI image and the trainer's conda file.
+    assert job.image == "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest"
+    assert "horovod==0.28.1" in job.environment_def["conda_file"]["dependencies"][-1]["pip"]
     assert resolve_command(job, "r1") == ("python train.py --data-dir "
                                           f"/mnt/azureml/cr/j/{run_folder_id('r1')}/cap/data-capability/wd/INPUT_data_dir --epochs 2")
 

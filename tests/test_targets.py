@@ -91,7 +91,12 @@ def test_azureml_dry_run_sends_what_the_emulator_runs(local_emu: Emulator) -> No
     data = {b["ref"].split(".")[1]: b for b in local.data["data"]}
     assert body["inputs"]["data_dir"] == {"uri": data["data_dir"]["uri"], "jobInputType": data["data_dir"]["type"],
                                           "mode": REST_MODES[data["data_dir"]["mode"]]}
-    assert body["environmentId"] == spec.environment.removeprefix("azureml:")
+    # The trainer's own environment is registered first, as an anonymous version, then named by the job.
+    env = cloud.data["environment_request"]
+    assert env["path"].startswith(WS.arm_path + "/environments/CliV2AnonymousEnvironment/versions/")
+    assert body["environmentId"] == "azureml:CliV2AnonymousEnvironment:" + env["path"].rsplit("/", 1)[1]
+    assert env["body"]["properties"]["image"] == spec.image
+    assert "horovod==0.28.1" in env["body"]["properties"]["condaFile"]
     assert body["experimentName"] == spec.experiment_name
 
 
@@ -150,11 +155,14 @@ def test_azureml_refuses_what_azure_ml_would_refuse_before_sending(tmp_path: Pat
 # --- SDK v2 objects on the emulator --------------------------------------------------------------
 def test_sdk_v2_command_and_load_job_are_the_same_emulator_job(local_emu: Emulator) -> None:
     from azure.ai.ml import Input, MpiDistribution, command, load_job
+    from azure.ai.ml.entities import Environment
 
     job = command(code=str(REPO / "trainer"), command="python train.py --data-dir ${{inputs.data_dir}} "
                   "--epochs ${{inputs.epochs}}", compute="gpucluster", instance_count=2,
                   distribution=MpiDistribution(process_count_per_instance=1),
-                  environment="azureml:AzureML-ACPT-pytorch-2.2-cuda12.1@latest", experiment_name="pytorch-horovod",
+                  environment=Environment(image="mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest",
+                                          conda_file=str(REPO / "trainer" / "environment.yml")),
+                  experiment_name="pytorch-horovod",
                   display_name="horovod-pytorch-mnist",
                   inputs={"data_dir": Input(type="uri_folder", mode="ro_mount",
                                             path="azureml://datastores/workspaceblobstore/paths/mnist"), "epochs": 2})

@@ -40,8 +40,10 @@ def node_base_env(software_bin: str | None) -> dict[str, str]:
     return env
 
 
-def software_bin() -> str:
-    """The emulator's venv bin folder, first on a mirrored node's PATH."""
+def software_bin(request: NodeRequest | None = None) -> str:
+    """First on a mirrored node's PATH: the job's environment's bin folder, else the emulator's venv's."""
+    if request is not None and request.python_env:
+        return str(Path(request.python_env, "bin"))
     return str(Path(sys.prefix, "bin"))
 
 
@@ -60,6 +62,9 @@ class NodeRequest:
     gpus: tuple[str, ...] = ()
     image: str | None = None  # the job's image, when the engine has it
     shm_bytes: int = 2 << 30  # /dev/shm (the job's resources.shm_size; Azure ML's default 2g)
+    # The job's built Python environment (amlemu.envs): mounted read-only at this same path, its bin
+    # first on PATH in place of the emulator's venv. None: the emulator's venv, as before.
+    python_env: str | None = None
 
     @property
     def name(self) -> str:
@@ -142,6 +147,10 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         """What the launch agent needs to run a command on this node."""
+
+    def has_image(self, image: str) -> bool:
+        """Whether nodes can run this image (the engine has it); a backend without images never can."""
+        return False
 
     def fits(self, request: NodeRequest) -> bool:
         """Whether an existing node serves `request` as it is (else it is made again for the job):

@@ -20,7 +20,6 @@ import os
 import shutil
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ import psutil
 from amlemu.actions import Action
 from amlemu.backends import gpudevices, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
+from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.backends.base import (
     CACHE_ROOT,
     LABEL,
@@ -51,23 +51,6 @@ SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
 NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
-def _client():  # type: ignore[no-untyped-def]
-    import docker  # noqa: PLC0415 - the SDK is needed only where this backend is used
-
-    try:
-        client = docker.from_env(timeout=30)
-        client.ping()
-    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
-        raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
-                           f"(`make setup` does) or use --backend process") from None
-    return client
-
-
-def _name(listed: dict) -> str:
-    """A container's name from the list API's entry ("Names": ["/name"])."""
-    return listed["Names"][0].lstrip("/")
-
-
 def _mirror_mounts() -> dict[str, dict[str, str]]:
     return {p: {"bind": p, "mode": "ro"} for p in software_paths()}
 
@@ -85,7 +68,7 @@ class DockerBackend(NodeBackend):
     @property
     def client(self):  # type: ignore[no-untyped-def]
         if self._docker is None:
-            self._docker = _client()
+            self._docker = connect()
         return self._docker
 
     @staticmethod
@@ -97,7 +80,7 @@ class DockerBackend(NodeBackend):
     @classmethod
     def available(cls) -> tuple[bool, str]:
         try:
-            version = _client().version().get("Version", "?")
+            version = connect().version().get("Version", "?")
         except BackendError as exc:
             return False, str(exc)
         return True, f"Docker engine {version}"
@@ -120,7 +103,7 @@ class DockerBackend(NodeBackend):
     def network_name(self, cluster: str) -> str:
         return f"amlemu-{self.home.id}-{cluster}"
 
-    def _has_image(self, image: str) -> bool:
+    def has_image(self, image: str) -> bool:
         import docker  # noqa: PLC0415
 
         try:
@@ -131,8 +114,10 @@ class DockerBackend(NodeBackend):
 
     # --- the dry run -------------------------------------------------------------------------
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
-        use_job_image = bool(request.image) and self._has_image(request.image)
+        use_job_image = bool(request.image) and self.has_image(request.image)
         volumes = {} if use_job_image else _mirror_mounts()
+        if request.python_env and not use_job_image:  # the job's environment, at its own path
+            volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
         volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
         # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
         volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
@@ -140,7 +125,7 @@ class DockerBackend(NodeBackend):
         if use_job_image:
             # Open MPI daemons check that the launch agent's path exists on their node.
             volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
-        env = node_base_env(None if use_job_image else software_bin())
+        env = node_base_env(None if use_job_image else software_bin(request))
         gpu_access, devices = None, []
         if request.gpus:
             gpu_access = "device_requests" if self.nvidia_runtime() else "device_nodes"
@@ -160,7 +145,7 @@ class DockerBackend(NodeBackend):
             "hostname": request.name,
             "network": self.network_name(request.cluster),
             "aliases": [request.name],
-            "labels": request.labels,
+            "labels": {**request.labels, f"{LABEL}.python_env": request.python_env or ""},
             # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
             "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
             "init": use_job_image,
@@ -182,7 +167,7 @@ class DockerBackend(NodeBackend):
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str) -> None:
-        if image == MIRROR_IMAGE and not self._has_image(image):
+        if image == MIRROR_IMAGE and not self.has_image(image):
             repository, tag = image.split(":")
             self.client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
                                                    changes=[f"LABEL {LABEL}=1"])
@@ -243,12 +228,15 @@ class DockerBackend(NodeBackend):
         return {"container": self.container_name(request)}
 
     def fits(self, request: NodeRequest) -> bool:
-        """/dev/shm is sized as a container is created (Azure ML: each job's container, --shm-size),
-        and so is its hosts file (SERVICE_HOST: a node made before the link had none)."""
+        """/dev/shm is sized, the job's environment mounted and the hosts file written as a container is
+        created (Azure ML: each job's container, --shm-size, its image; SERVICE_HOST: a node made before
+        the service link had none)."""
         try:
-            config = self.client.api.inspect_container(self.container_name(request))["HostConfig"]
-            return config["ShmSize"] == request.shm_bytes and \
-                any(h.startswith(f"{SERVICE_HOST}:") for h in config.get("ExtraHosts") or [])
+            attrs = self.client.api.inspect_container(self.container_name(request))
+            image = request.image if request.image and self.has_image(request.image) else MIRROR_IMAGE
+            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and attrs["Config"]["Image"] == image and \
+                attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") and \
+                any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
 
@@ -352,7 +340,7 @@ class DockerBackend(NodeBackend):
             address = next(iter(networks.values())).get("IPAddress") if networks else None
             found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
                                   index=int(labels[f"{LABEL}.index"]), running=c["State"] == "running",
-                                  address=address or None, detail={"container": _name(c), "status": c["State"]}))
+                                  address=address or None, detail={"container": listed_name(c), "status": c["State"]}))
         return sorted(found, key=lambda n: (n.cluster, n.index))
 
     def create_cluster(self, cluster: str) -> None:
@@ -361,43 +349,25 @@ class DockerBackend(NodeBackend):
 
     def remove_cluster(self, cluster: str) -> None:
         for network in self._networks(cluster):
-            self._until_gone(network.remove)
+            until_gone(network.remove)
 
     def _networks(self, cluster: str) -> list[Any]:
         """The cluster's network (Docker's name filter matches parts of names: c1 would find c10's)."""
         name = self.network_name(cluster)
         return [n for n in self.client.networks.list(names=[name]) if n.name == name]
 
-    @staticmethod
-    def _until_gone(remove) -> None:  # type: ignore[no-untyped-def]
-        """Remove, tolerating a removal already under way (a supervisor scaling its node down, a
-        container still detaching from its network): retry until it is gone, for up to 30 s."""
-        import docker  # noqa: PLC0415
-
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                remove()
-                return
-            except docker.errors.NotFound:
-                return
-            except docker.errors.APIError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
     def _remove_container(self, name_or_id: str) -> None:
-        self._until_gone(lambda: self.client.api.remove_container(name_or_id, force=True))
+        until_gone(lambda: self.client.api.remove_container(name_or_id, force=True))
 
     # --- dry runs ------------------------------------------------------------------------------
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
-        containers = [Action("remove", "container", _name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
+        containers = [Action("remove", "container", listed_name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
                                                               "status": c["State"]},
                              run=functools.partial(self._remove_container, c["Id"]))
                       for c in self._labelled(label)]
         networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home")},
-                           run=functools.partial(self._until_gone, n.remove))
+                           run=functools.partial(until_gone, n.remove))
                     for n in self.client.networks.list(filters={"label": label})]
         return containers + networks
 

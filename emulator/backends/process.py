@@ -59,7 +59,7 @@ class ProcessBackend(NodeBackend):
         if not plan.get("as_root", True):
             unshare.append("--map-root-user")
         return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
-                plan["env_file"], str(node["shm_bytes"]), command, *plan["software"]]
+                plan["env_file"], str(node["shm_bytes"]), command, *plan["software"], *node.get("software", [])]
 
     @classmethod
     def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
@@ -89,7 +89,8 @@ class ProcessBackend(NodeBackend):
         # /dev/shm is a tmpfs of the sandbox's own, capped at the job's shm_size (a cap, as docker's:
         # its pages are this machine's memory, not reserved, and the node has no memory limit).
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
-                "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes}
+                "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes,
+                "software": [request.python_env] if request.python_env else []}  # the job's environment, read-only
 
     def host_address(self, request: NodeRequest) -> str | None:
         return "127.0.0.1"  # its nodes share this machine's network
@@ -98,7 +99,7 @@ class ProcessBackend(NodeBackend):
         # This machine's software with the emulator's venv first (as a docker node's mirror image
         # has it), and its own GPUs only ("" hides every GPU from a node that has none). The indices
         # are nvidia-smi's, which are in PCI bus order; CUDA's own default order is fastest first.
-        return {**node_base_env(software_bin()), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus),
+        return {**node_base_env(software_bin(request)), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
 
     def stop_processes(self, request: NodeRequest) -> int:

@@ -7,6 +7,7 @@ from amlemu.cli import (  # noqa: F401 - each registers
     compute,
     convert,
     data,
+    environment,
     faults,
     jobs,
     serve,

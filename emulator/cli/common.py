@@ -211,6 +211,11 @@ def datastore() -> None:
 
 
 @cli.group()
+def environment() -> None:
+    """Environments registered in the workspace (az ml's environment YAML), for `azureml:<name>@latest`."""
+
+
+@cli.group()
 def data() -> None:
     """Move data in and out of datastores (azureml://datastores/<name>/paths/<path>)."""
 

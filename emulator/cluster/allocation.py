@@ -34,7 +34,8 @@ def limits_here(spec: ClusterSpec, host_gpus: tuple[str, ...] | None = None):  #
 
 
 def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None,
-                 host_gpus: tuple[str, ...] | None = None, shm_bytes: int = 2 << 30) -> NodeRequest:
+                 host_gpus: tuple[str, ...] | None = None, shm_bytes: int = 2 << 30,
+                 python_env: str | None = None) -> NodeRequest:
     """What node `index` of the cluster is made of; each node gets its own GPUs (its size's count,
     as far as this machine has them)."""
     gpus = gpu_list.visible_gpus() if host_gpus is None else host_gpus
@@ -44,7 +45,7 @@ def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = 
                        memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
                        node_dir=home.node_dir(spec.name, name),
                        cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
-                       image=image, shm_bytes=shm_bytes)
+                       image=image, shm_bytes=shm_bytes, python_env=python_env)
 
 
 def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:

@@ -36,6 +36,9 @@ CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
 CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS environments (
+    name TEXT NOT NULL, version TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (name, version));
 CREATE TABLE IF NOT EXISTS faults (
     id INTEGER PRIMARY KEY, ts REAL NOT NULL, cluster TEXT NOT NULL, node TEXT NOT NULL,
     run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
@@ -151,9 +154,9 @@ class Store:
         self._db.execute("COMMIT")
 
     def reset(self, keep_data: bool = False) -> None:
-        """Forget everything; with keep_data, the workspace and its datastores stay (`amlemu cleanup`)."""
+        """Forget everything; with keep_data, the workspace, its datastores and environments stay (`amlemu cleanup`)."""
         tables = ["clusters", "nodes", "runs", "events", "faults", "preemption_policies"] + (
-            [] if keep_data else ["workspace", "datastores"])
+            [] if keep_data else ["workspace", "datastores", "environments"])
         with self.transaction() as db:
             for table in tables:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
@@ -196,6 +199,34 @@ class Store:
             if db.execute("SELECT 1 FROM datastores WHERE name = ?", (name,)).fetchone():
                 raise StateError(f"datastore '{name}' already exists; pick another name")
             db.execute("INSERT INTO datastores VALUES (?, ?)", (name, json.dumps(spec)))
+
+    # --- registered environments (`amlemu environment create`), versions immutable as Azure ML's -----
+    def environment(self, name: str, version: str | None = None) -> dict[str, Any] | None:
+        """One version, or with None the latest created (`@latest`)."""
+        row = self._db.execute("SELECT spec FROM environments WHERE name = ? AND (? IS NULL OR version = ?) "
+                               "ORDER BY created_at DESC LIMIT 1", (name, version, version)).fetchone()
+        return json.loads(row["spec"]) if row else None
+
+    def environments(self) -> list[dict[str, Any]]:
+        return [json.loads(r["spec"]) for r in self._db.execute("SELECT spec FROM environments ORDER BY name, created_at")]
+
+    def add_environment(self, spec: dict[str, Any]) -> dict[str, Any]:
+        """Register `spec` (its version: given, else the next integer); the same content again is a no-op."""
+        with self.transaction() as db:
+            rows = db.execute("SELECT version, spec FROM environments WHERE name = ?", (spec["name"],)).fetchall()
+            versions = {r["version"]: json.loads(r["spec"]) for r in rows}
+            same = [v for v in versions.values() if not spec.get("version") and {**v, "version": None} == spec]
+            if same:  # the same definition again, no version asked for: the version it already has
+                return same[-1]
+            version = spec.get("version") or str(1 + max((int(v) for v in versions if v.isdigit()), default=0))
+            spec = {**spec, "version": version}
+            if version in versions:
+                if versions[version] == spec:
+                    return spec
+                raise StateError(f"environment '{spec['name']}' version {version} already exists with other content; "
+                                 f"versions cannot change: give another --version")
+            db.execute("INSERT INTO environments VALUES (?, ?, ?, ?)", (spec["name"], version, json.dumps(spec), time.time()))
+        return spec
 
     # --- clusters ----------------------------------------------------------------------------
     def add_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:

@@ -14,6 +14,7 @@ from typing import Any
 import yaml
 
 from amlemu.errors import ConfigError
+from amlemu.jobs.envyaml import environment_from_dict
 from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 V1_DEFAULT_TIMEOUT = 2592000  # RunConfiguration.max_run_duration_seconds: 30 days means "not set"
@@ -39,6 +40,7 @@ def job_from_run_config(rc: dict[str, Any], source_directory: str | Path, *, com
         raise ConfigError("compute_target", f"'{target}' is not an AmlCompute cluster",
                           "pass compute_target=<cluster name> (or --compute NAME)")
     timeout = rc.get("maxRunDurationSeconds")
+    environment = _environment(rc.get("environment") or {})
     return JobSpec(
         command=command,
         code=code,
@@ -46,7 +48,10 @@ def job_from_run_config(rc: dict[str, Any], source_directory: str | Path, *, com
         experiment_name=experiment_name or code.name,
         instance_count=instance_count,
         distribution=distribution,
-        environment=_environment(rc.get("environment") or {}),
+        environment=environment,
+        # An image is an inline environment, as its YAML (`environment: {image: ...}`) loads.
+        environment_def=environment_from_dict({"image": environment}, base_dir=code)
+        if environment and not environment.startswith("azureml:") else None,
         environment_variables=_environment_variables(rc),
         inputs=inputs,
         outputs=outputs,

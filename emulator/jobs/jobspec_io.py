@@ -27,6 +27,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "name": job.name,
         "shm_size": job.shm_size,
         "log_layout": job.log_layout,
+        "environment_def": job.environment_def,
     }
 
 

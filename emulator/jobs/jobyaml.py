@@ -12,6 +12,7 @@ from typing import Any
 
 from amlemu import safeyaml
 from amlemu.errors import ConfigError
+from amlemu.jobs.envyaml import environment_from_dict
 from amlemu.names import check_environment_variables, check_job_name
 from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
 from amlemu.storage.datastores import parse_uri
@@ -222,9 +223,10 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     policy_from_env(env_vars)  # the data runtime's knobs: a bad value fails here, not on the node
     limits = _mapping(data.get("limits"), "limits")
     timeout = limits.get("timeout")
-    environment = data.get("environment")
+    environment, environment_def = data.get("environment"), None
     if isinstance(environment, dict):
-        environment = environment.get("image") or environment.get("name")
+        environment_def = environment_from_dict(environment, base_dir=base_dir, where="environment.")
+        environment = environment_def.get("image") or environment_def.get("name")
 
     return JobSpec(
         name=check_job_name(data.get("name")),
@@ -241,4 +243,5 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         display_name=data.get("display_name"),
         max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
         shm_size=None if resources.get("shm_size") is None else str(resources["shm_size"]),
+        environment_def=environment_def,
     )

@@ -54,13 +54,17 @@ def _output_value(value: Any) -> dict[str, Any]:
     return data
 
 
-def _environment(env: Any) -> str | None:
+def _environment(env: Any) -> str | dict[str, Any] | None:
     if env is None:
         return None
     if isinstance(env, str):  # a registered environment: v2 drops the azureml: prefix on load
         return env if env.startswith("azureml:") else f"azureml:{env}"
-    if getattr(env, "image", None):
-        return str(env.image)
+    build = getattr(env, "build", None)
+    if getattr(env, "conda_file", None) or build is not None:  # an inline one: its definition
+        return {k: v for k, v in {"image": env.image, "conda_file": env.conda_file,
+                                  "build": {"path": str(build.path)} if build is not None else None}.items() if v}
+    if getattr(env, "image", None):  # inline too, as `environment: {image: ...}` in YAML
+        return {"image": str(env.image)}
     version = f":{env.version}" if getattr(env, "version", None) else ""
     return f"azureml:{env.name}{version}"
 
@@ -150,11 +154,12 @@ def command_from_spec(spec: JobSpec) -> Any:
                     DistributionType.TENSORFLOW: TensorFlowDistribution(
                         worker_count=dist.worker_count, parameter_server_count=dist.parameter_server_count),
                     }.get(dist.type)
-    env = spec.environment
+    env, inline = spec.environment, spec.environment_def
     return command(
         command=spec.command, code=str(spec.code), compute=spec.compute, experiment_name=spec.experiment_name,
         display_name=spec.display_name, environment_variables=dict(spec.environment_variables),
-        environment=Environment(image=env) if env and not env.startswith("azureml:") else env,
+        environment=Environment(image=inline["image"], conda_file=inline["conda_file"]) if inline and not
+        inline["build_path"] else Environment(image=env) if env and not env.startswith("azureml:") else env,
         distribution=distribution,
         instance_count=spec.instance_count, timeout=spec.max_run_duration_seconds,
         inputs={k: data(v, Input) if isinstance(v, DataInput) else v for k, v in spec.inputs.items()},
@@ -165,4 +170,15 @@ def rest_body(job: Any) -> dict[str, Any]:
     """The job's REST body as MLClient.jobs.create_or_update sends it (before the code upload
     replaces codeId with the uploaded snapshot's id)."""
     entity = job._to_job() if type(job).__name__ == "Command" else job
-    return entity._to_rest_object().as_dict()
+    body = entity._to_rest_object().as_dict()
+    env = anonymous_environment(job)
+    if env is not None:  # registered first by create_or_update (CliV2AnonymousEnvironment), then named by id
+        body["properties"]["environmentId"] = f"azureml:{env.name}:{env.version}"
+    return body
+
+
+def anonymous_environment(job: Any) -> Any:
+    """The job's inline environment (image + conda file, or a build context), which azure-ai-ml
+    registers as an anonymous environment version before the job; None for a named one."""
+    env = getattr(job, "environment", None)
+    return None if env is None or isinstance(env, str) else env

@@ -18,6 +18,7 @@ from amlemu.backends import NodeRequest, get_backend, nodefs
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
+from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
@@ -37,8 +38,7 @@ KILL_GRACE = 2.0
 
 class Supervisor:
     def __init__(self, home: Home, run_id: str) -> None:
-        self.home, self.run_id = home, run_id
-        self.store = Store(home.db)
+        self.home, self.run_id, self.store = home, run_id, Store(home.db)
         record = self.store.run(run_id)
         self.job: JobSpec = job_from_record(record.job)
         self.cluster = self.store.cluster(record.cluster)
@@ -100,12 +100,14 @@ class Supervisor:
             time.sleep(POLL)
 
     def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
-        spec = self.cluster.spec
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.job.image, shm_bytes=self.job.shm_bytes)
-                         for n in allocation.nodes]
+        spec, self.software = self.cluster.spec, software_for(  # the job's environment, built or from the cache
+            self.job.environment, self.job.environment_def, self.store.environment, default_cache(),
+            log=self.logs.platform, has_image=self.backend.has_image)
+        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.software.image or self.job.image,
+                         shm_bytes=self.job.shm_bytes, python_env=self.software.prefix) for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
-            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size)")
+            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size, environment)")
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
@@ -117,7 +119,7 @@ class Supervisor:
             self.job, self.run_id, spec.name, self.backend.name, self.requests,
             [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
             base_env=[self.backend.node_env(r) for r in self.requests], mpi_options=self.backend.mpi_options,
-            as_root=os.geteuid() == 0, notices=(note,) if note else ())
+            as_root=os.geteuid() == 0, notices=(*self.software.notices, *((note,) if note else ())))
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
         self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
@@ -294,6 +296,7 @@ class Supervisor:
             killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
             failed = self.gang_failure[0] if self.gang_failure else None
             reason = failure_reason(mpi_log, layout, self.run_dir, exit_code, lost, killed, failed)
+            reason += f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else ""
             self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
 
     def end_with_error(self, reason: str) -> None:

@@ -180,10 +180,12 @@ class AzureMLTarget(Target):
             entity = self.v2_job(job, overrides)
             spec = sdk2.job_from_v2(entity)  # the emulator's own reading: the same rules as a local run
             findings = _refuse_errors(check_job(spec))
-        name = entity.name or "<name chosen by the service>"
+        name, env = entity.name or "<name chosen by the service>", sdk2.anonymous_environment(entity)
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
-            "code_upload": str(spec.code), "findings": findings,
+            "code_upload": str(spec.code), "findings": findings, **({"environment_request": {
+                "method": "PUT", "path": f"{self.workspace.arm_path}/environments/{env.name}/versions/{env.version}",
+                "body": env._to_rest_object().as_dict()}} if env is not None else {}),
             "request": {"method": "PUT", "path": f"{self.workspace.arm_path}/jobs/{name}",
                         "body": sdk2.rest_body(entity)}}, payload=entity)
 

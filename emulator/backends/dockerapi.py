@@ -1,0 +1,43 @@
+"""The Docker engine's API as the docker backend uses it: one connection with a clear error where no
+engine answers, container names from list entries, and removals that tolerate a race."""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from amlemu.errors import BackendError
+
+
+def connect() -> Any:
+    import docker  # noqa: PLC0415 - the SDK is needed only where this backend is used
+
+    try:
+        client = docker.from_env(timeout=30)
+        client.ping()
+    except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
+                           f"(`make setup` does) or use --backend process") from None
+    return client
+
+
+def listed_name(listed: dict) -> str:
+    """A container's name from the list API's entry ("Names": ["/name"])."""
+    return listed["Names"][0].lstrip("/")
+
+
+def until_gone(remove) -> None:  # type: ignore[no-untyped-def]
+    """Remove, tolerating a removal already under way (a supervisor scaling its node down, a
+    container still detaching from its network): retry until it is gone, for up to 30 s."""
+    import docker  # noqa: PLC0415
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            remove()
+            return
+        except docker.errors.NotFound:
+            return
+        except docker.errors.APIError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)

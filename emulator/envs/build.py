@@ -1,0 +1,178 @@
+"""Building a resolved environment into a Python environment of its own, with uv, cached by content
+hash under the cache folder: built once, whatever the number of jobs asking for it at once (a file
+lock), and reused by every later job with the same Python, requirements and package source.
+
+    <cache>/envs/<key>/            the environment (bin/python, lib/python3.X/site-packages)
+    <cache>/envs/<key>/amlemu-env.json   its record, written last: present = complete
+    <cache>/envs/<key>.lock        held while it is built
+    <cache>/envs/<key>.log         uv's output of the build
+    <cache>/envs/uv-cache/         uv's own cache (wheels it fetched)
+
+($AMLEMU_ENV_CACHE moves <cache>/envs elsewhere.)
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from amlemu.envs import hostdists
+from amlemu.envs.resolve import ResolvedEnvironment
+from amlemu.errors import BuildError
+
+RECORD = "amlemu-env.json"
+HOST_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def redact(url: str) -> str:
+    """An index URL without its user and password (a mirror's token never reaches a log)."""
+    parts = urlsplit(url)
+    if parts.username or parts.password:
+        return urlunsplit(parts._replace(netloc=f"***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")))
+    return url
+
+
+@dataclass(frozen=True)
+class PackageSource:
+    """Where packages this machine lacks come from: an index (a CI's mirror) and/or find-links
+    folders. Neither: nothing is downloaded (the offline default)."""
+
+    index_url: str | None = None
+    find_links: tuple[str, ...] = ()
+
+    @classmethod
+    def from_env(cls, environ: dict[str, str] | None = None) -> PackageSource:
+        env = os.environ if environ is None else environ
+        links = tuple(p for p in env.get("AMLEMU_FIND_LINKS", "").split(os.pathsep) if p)
+        return cls(env.get("AMLEMU_PACKAGE_INDEX") or None, links)
+
+    def key(self) -> dict[str, Any]:
+        return {"index": self.index_url, "find_links": list(self.find_links)}
+
+    def uv_args(self) -> list[str]:
+        args = ["--index-url", self.index_url] if self.index_url else ["--no-index"]
+        for link in self.find_links:
+            args += ["--find-links", link]
+        return args
+
+    def describe(self) -> str:
+        parts = [f"index {redact(self.index_url)}"] if self.index_url else ["no index"]
+        return ", ".join(parts + [f"find-links {link}" for link in self.find_links])
+
+
+@dataclass(frozen=True)
+class BuiltEnvironment:
+    prefix: Path
+    record: dict[str, Any]
+    reused: bool  # found complete in the cache: nothing was built
+
+
+def uv_binary() -> str:
+    """uv: $AMLEMU_UV, else on PATH, else beside this Python (the venv's uv, a dev dependency)."""
+    for candidate in (os.environ.get("AMLEMU_UV"), shutil.which("uv"), str(Path(sys.executable).with_name("uv"))):
+        if candidate and Path(candidate).is_file():
+            return candidate
+    raise BuildError("uv is not installed: `pip install uv` (amlemu's dev dependencies have it), or set AMLEMU_UV")
+
+
+def _uv_env(root: Path) -> dict[str, str]:
+    # Never a Python download, never a user's uv.toml (the package source is the emulator's); uv's
+    # cache beside the environments, so its hard links into them stay on one file system.
+    return {**os.environ, "UV_PYTHON_DOWNLOADS": "never", "UV_NO_CONFIG": "1", "NO_COLOR": "1",
+            "UV_CACHE_DIR": str(root / "uv-cache")}
+
+
+def _run(argv: list[str], log: Path, what: str) -> None:
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(redact(a) for a in argv)}\n")
+        out.flush()
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=_uv_env(log.parent), check=False)
+    if done.returncode:
+        lines = log.read_text(errors="replace").splitlines()
+        reason = next((ln.strip(" ×╰─▶") for ln in lines if "×" in ln or "error:" in ln), lines[-1] if lines else "")
+        detail = " ".join(ln.strip(" ╰─▶│") for ln in lines[lines.index(reason) + 1:][:3]) \
+            if reason in lines else ""
+        message = re.sub(r"\s+", " ", f"{reason} {detail}").strip()[:400]
+        raise BuildError(f"{what}: {message} (uv's log: {log})")
+
+
+def find_python(version: str | None, log: Path) -> str:
+    """The interpreter of the declared version: this machine's when it matches, else one uv finds
+    installed here (never downloaded)."""
+    if version is None or version == HOST_PYTHON:
+        return getattr(sys, "_base_executable", sys.executable)
+    done = subprocess.run([uv_binary(), "python", "find", version], capture_output=True, text=True,
+                          env=_uv_env(log.parent), check=False)
+    if done.returncode:
+        raise BuildError(f"python {version} is not installed on this machine (this one has {HOST_PYTHON}); "
+                         f"install it, or declare python={HOST_PYTHON} in the conda file")
+    return done.stdout.strip()
+
+
+def build(env: ResolvedEnvironment, cache: Path, source: PackageSource, *,
+          horovod_links: tuple[str, ...] = ()) -> BuiltEnvironment:
+    """The environment's folder, built now or found in the cache."""
+    key = env.key(source.key())
+    root = Path(os.environ.get("AMLEMU_ENV_CACHE") or cache / "envs")  # tests keep theirs apart
+    root.mkdir(parents=True, exist_ok=True)
+    prefix, log = root / key, root / f"{key}.log"
+    with open(root / f"{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second job asking for it waits here, then reuses it
+        if (prefix / RECORD).is_file():
+            return BuiltEnvironment(prefix, json.loads((prefix / RECORD).read_text()), reused=True)
+        shutil.rmtree(prefix, ignore_errors=True)  # what a build that died left
+        log.write_text("")
+        started = time.monotonic()
+        try:
+            record = _build(env, prefix, log, source, horovod_links)
+        except BaseException:
+            shutil.rmtree(prefix, ignore_errors=True)
+            raise
+        record.update(key=key, label=env.label, built_at=time.time(), build_seconds=round(time.monotonic() - started, 2))
+        tmp = prefix / f"{RECORD}.tmp"
+        tmp.write_text(json.dumps(record, indent=2))
+        tmp.rename(prefix / RECORD)
+        return BuiltEnvironment(prefix, record, reused=False)
+
+
+def _build(env: ResolvedEnvironment, prefix: Path, log: Path, source: PackageSource,
+           horovod_links: tuple[str, ...]) -> dict[str, Any]:
+    python = find_python(env.python, log)
+    _run([uv_binary(), "venv", "--quiet", "--python", python, str(prefix)], log, f"environment {env.label} could not be built")
+    env_python = prefix / "bin" / "python"
+    env_site = Path(subprocess.run([str(env_python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                                   capture_output=True, text=True, check=True).stdout.strip())
+    return install(env, env_site, prefix / "bin", ["--python", str(env_python)], log, source, horovod_links)
+
+
+def install(env: ResolvedEnvironment, site: Path, bin_dir: Path, where: list[str], log: Path, source: PackageSource,
+            horovod_links: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The environment's requirements into `site` (a venv's site-packages, or a --target folder):
+    this machine's packages linked first, the rest by uv from the package source."""
+    reused: dict[str, str] = {}
+    bin_dir.mkdir(parents=True, exist_ok=True)
+    if (env.python or HOST_PYTHON) == HOST_PYTHON:  # the same ABI: this machine's packages fit
+        host = hostdists.host_site()
+        dists, _ = hostdists.closure(list(env.requirements), hostdists.installed(host))
+        for dist in dists:
+            hostdists.link_distribution(dist, host, site, bin_dir)
+            reused[dist.metadata["Name"]] = dist.version
+    requirements = site.parent / f"{site.name}-requirements.txt"
+    requirements.write_text("".join(f"{r}\n" for r in env.requirements))
+    if env.requirements:
+        links = [a for link in horovod_links for a in ("--find-links", link)]
+        _run([uv_binary(), "pip", "install", *where, *source.uv_args(), *links, "-r", str(requirements)], log,
+             f"environment {env.label} could not be built")
+    installed = {d.metadata["Name"]: d.version for d in hostdists.installed(site).values()}
+    return {"python": env.python or HOST_PYTHON, "requirements": list(env.requirements),
+            "source": source.describe(), "installed": dict(sorted(installed.items())),
+            "reused_from_host": dict(sorted(reused.items()))}

@@ -1,0 +1,177 @@
+"""Which environment a job names, resolved as Azure ML resolves it, into pure data: the Python and
+the pip requirements to build, the image, and what cannot be emulated here. No I/O.
+
+A job's `environment` is one of:
+- `azureml:<Name>@latest` / `azureml:<Name>:<version>`: a curated environment (names starting
+  `AzureML-`, from curated.py) or one registered in the workspace (`amlemu environment create`);
+- an inline definition: `image` (+ `conda_file`), or `build.path` (a Docker build context);
+- an image reference alone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+from amlemu.envs import curated
+from amlemu.errors import ConfigError
+
+REF_RE = re.compile(r"^azureml:(?P<name>[A-Za-z0-9][\w.-]*)(?:@(?P<label>[\w.-]+)|:(?P<version>[\w.-]+))?$")
+# Conda packages that are not Python packages: the OS / native layer an image brings, not emulated.
+NATIVE = re.compile(r"^(cuda.*|cudatoolkit|cudnn|nccl|openmpi|mpich|gcc.*|gxx.*|libgcc.*|libstdcxx.*|_libgcc_mutex|"
+                    r"_openmp_mutex|ca-certificates|openssl|mkl.*|blas|libblas|liblapack|intel-openmp|ld_impl.*|"
+                    r"ncurses|readline|sqlite|tk|xz|zlib|bzip2|libffi|libuuid|nvidia-apex|git|cmake|make|ninja)$",
+                    re.IGNORECASE)
+CONDA_TO_PIP = {"pytorch": "torch", "pytorch-cuda": None, "pytorch-cpu": "torch", "py-xgboost": "xgboost"}
+Lookup = Callable[[str, str | None], dict[str, Any] | None]  # (name, version or None for latest)
+
+
+@dataclass(frozen=True)
+class ResolvedEnvironment:
+    """What a job's nodes run. `requirements` empty and `build` False: this machine's software."""
+
+    label: str  # how notices name it: azureml:Name@latest, the image, "inline conda file"
+    kind: str  # none | curated | registered | inline | image | build
+    python: str | None = None  # "3.11"; None: this machine's Python
+    requirements: tuple[str, ...] = ()
+    image: str | None = None
+    build_path: str | None = None  # a Docker build context (build.path)
+    build: bool = False  # a Python environment is to be built from `requirements`
+    curated: curated.CuratedEnvironment | None = None
+    notices: tuple[str, ...] = field(default=())  # what cannot be emulated, one line each
+
+    def key(self, source: dict[str, Any]) -> str:
+        """The content hash the built environment is cached under (the package source included)."""
+        blob = json.dumps({"python": self.python, "requirements": sorted(self.requirements), "source": source,
+                           "format": 1}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def parse_ref(ref: str) -> tuple[str, str | None] | None:
+    """`azureml:Name@latest` -> (Name, None); `azureml:Name:3` -> (Name, "3"); an image -> None."""
+    match = REF_RE.match(ref.strip())
+    if not match:
+        if ref.startswith("azureml:"):
+            raise ConfigError("environment", f"'{ref}' is not an environment reference",
+                              "write azureml:<name>@latest or azureml:<name>:<version>")
+        return None
+    label = match.group("label")
+    if label and label != "latest":
+        raise ConfigError("environment", f"label '@{label}' is not supported", "use @latest or :<version>")
+    return match.group("name"), match.group("version")
+
+
+def conda_requirement(spec: str) -> str | None:
+    """A conda match spec (`numpy=1.26`, `conda-forge::numpy==1.26.4=py311_0`) as a pip requirement
+    (`numpy==1.26.*`); None for the packages that are not Python packages."""
+    match = re.match(r"^([A-Za-z0-9_.-]+)\s*(.*)$", spec.split("::")[-1].strip())
+    if not match:
+        raise ConfigError("conda_file.dependencies", f"'{spec}' is not a conda package spec")
+    name, rest = CONDA_TO_PIP.get(match.group(1).lower(), match.group(1)), match.group(2).strip()
+    if name is None or NATIVE.match(name):
+        return None
+    if not rest:
+        return name
+    if rest.startswith("=="):
+        return f"{name}=={rest[2:].split('=')[0].strip()}"
+    if rest.startswith("=") or rest[0].isdigit():  # conda's `=1.26` (or `1.26`) is the prefix 1.26.*
+        version = rest.lstrip("=").split("=")[0].strip()
+        return f"{name}=={version}" if version.endswith("*") else f"{name}=={version}.*"
+    return f"{name}{rest}"
+
+
+def python_version(spec: str) -> str | None:
+    """`=3.11`, `3.11.7`, `==3.11.*` -> "3.11"; a range (`>=3.9,<3.13`) -> the lowest it names, unless
+    this machine's Python is in it (None: this machine's, as conda would pick an installed one)."""
+    spec = spec.strip()
+    if not spec:
+        return None
+    if re.match(r"^(==?)?\s*\d", spec):
+        return ".".join(re.findall(r"\d+", spec)[:2])
+    try:
+        if SpecifierSet(spec.replace(" ", "")).contains(platform.python_version()):
+            return None
+    except InvalidSpecifier:
+        raise ConfigError("conda_file.dependencies", f"python{spec} is not a version spec") from None
+    found = re.search(r"\d+\.\d+", spec)
+    return found.group(0) if found else None
+
+
+def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str], list[str]]:
+    """(python version, pip requirements, notices) of a conda environment file's content."""
+    deps = conda.get("dependencies") or []
+    if not isinstance(deps, list):
+        raise ConfigError(f"{where}.dependencies", "must be a list")
+    python, requirements, notices = None, [], []
+    for dep in deps:
+        if isinstance(dep, dict) and "pip" in dep:
+            for line in dep["pip"] or []:
+                line = str(line).strip()
+                if line.startswith("-"):
+                    notices.append(f"{where}: pip option '{line.split()[0]}' is not used here; the emulator's package "
+                                   f"source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS")
+                elif line:
+                    requirements.append(line)
+            continue
+        text = str(dep).strip()
+        head = re.split(r"[=<>! ]", text.split("::")[-1], maxsplit=1)[0].lower()
+        if head == "python":
+            python = python_version(text.split("::")[-1][len("python"):])
+        elif head == "pip":
+            continue
+        elif (req := conda_requirement(text)) is None:
+            notices.append(f"{where}: conda package '{text}' is not a Python package and is not emulated "
+                           f"(nodes use this machine's libraries)")
+        else:
+            requirements.append(req)
+    return python, requirements, notices
+
+
+def _inline(definition: dict[str, Any], label: str, kind: str) -> ResolvedEnvironment:
+    image, conda = definition.get("image"), definition.get("conda_file")
+    if definition.get("build_path"):
+        return ResolvedEnvironment(label, "build", build_path=definition["build_path"], notices=(
+            f"environment {label}: a Docker build context is not built on this machine (its base image would be "
+            f"pulled from a registry); nodes run this machine's software",))
+    if conda is None:  # the image's packages are its own: used where the engine has it (the backend's note)
+        return ResolvedEnvironment(label, "image", image=image)
+    python, requirements, notices = from_conda(conda, f"environment {label} conda_file")
+    if image:
+        notices.append(f"environment {label}: the OS packages and CUDA of image {image} are not emulated; "
+                       f"its Python packages are the conda file's")
+    return ResolvedEnvironment(label, kind, python=python, requirements=tuple(requirements), image=image,
+                               build=True, notices=tuple(notices))
+
+
+def resolve(reference: str | None, definition: dict[str, Any] | None, registered: Lookup) -> ResolvedEnvironment:
+    """The environment a job names (its `environment` field, and the inline definition when it has one)."""
+    if definition:
+        return _inline(definition, definition.get("image") or definition.get("name") or "inline", "inline")
+    if not reference:  # Azure ML requires one: `job validate` and the submit's findings say so
+        return ResolvedEnvironment("none", "none")
+    parsed = parse_ref(reference)
+    if parsed is None:
+        return _inline({"image": reference}, reference, "image")
+    name, version = parsed
+    label = f"azureml:{name}" + (f":{version}" if version else "@latest")
+    found = registered(name, version)
+    if found is not None:
+        return _inline(found, label, "registered")
+    if curated.is_curated_name(name):
+        env = curated.lookup(name)
+        if env is None:
+            known = ", ".join(e.name for e in curated.CURATED)
+            return ResolvedEnvironment(label, "curated", notices=(
+                f"curated environment {name} is not in amlemu's table ({known}); its packages are not known: "
+                f"nodes run this machine's software",))
+        requirements = tuple(r for p in curated.PINNED if (r := env.requirement(p)))
+        return ResolvedEnvironment(label, "curated", python=env.python, requirements=requirements, image=env.image,
+                                   build=True, curated=env)
+    raise ConfigError("environment", f"{label} is not registered in this workspace",
+                      "register it with `amlemu environment create -f env.yml`, or name a curated AzureML-* one")

@@ -1,0 +1,133 @@
+"""What a job's nodes run: its environment built (or found in the cache), or this machine's
+software with the reason why not. Called as a run is prepared (Azure ML builds its image then)."""
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from packaging.utils import canonicalize_name
+
+from amlemu.envs import curated, hostdists
+from amlemu.envs.build import HOST_PYTHON, BuiltEnvironment, PackageSource, build
+from amlemu.envs.layer import build_layer
+from amlemu.envs.resolve import Lookup, ResolvedEnvironment, resolve
+
+
+RUNTIME_PACKAGES = {"azureml-mlflow", "azureml-defaults", "azureml-core", "azureml-telemetry", "azureml-dataset-runtime",
+                    "azureml-inference-server-http"}
+
+
+@dataclass(frozen=True)
+class Software:
+    environment: ResolvedEnvironment
+    prefix: str | None  # the built environment, mounted read-only at this path; None: this machine's venv
+    notices: tuple[str, ...]  # what is not emulated, for the plan's notices and lifecycle.txt
+    built: BuiltEnvironment | None = None
+    image: str | None = None  # the job's image with the packages layered on (the engine has the image)
+
+
+def curated_gaps(env: ResolvedEnvironment, dists: dict[str, Any]) -> list[str]:
+    """Where this machine's venv differs from a curated environment's pins: it is built only when
+    there is none (no download of a curated stack; its Python and pins are named instead)."""
+    assert env.curated is not None
+    gaps = [] if env.python == HOST_PYTHON else [f"Python {env.python} there, {HOST_PYTHON} here"]
+    for package in curated.PINNED:
+        pin = env.curated.pins[package]
+        here = dists.get(package)
+        have = here.version if here is not None else None
+        if pin.version is None and have:
+            gaps.append(f"{package} is not in it, here {have}: a job importing {package} passes here "
+                        f"and fails on Azure ML")
+        elif pin.version not in (None, curated.LATEST, have) or (pin.version == curated.LATEST and not have):
+            gaps.append(f"{package} {pin.version} there, {have or 'none'} here")
+    return gaps
+
+
+def plan(reference: str | None, definition: dict[str, Any] | None, registered: Lookup,
+         source: PackageSource) -> tuple[ResolvedEnvironment, tuple[str, ...]]:
+    """(the environment to build, or one whose `build` is False: this machine's software; the
+    notices naming what is not emulated). The same for a dry run, a submit and the run itself."""
+    env = resolve(reference, definition, registered)
+    notices = list(env.notices)
+    if env.curated is not None:
+        gaps = curated_gaps(env, hostdists.installed(hostdists.host_site()))
+        if gaps:
+            notices.append(f"environment {env.label} is not built here (its packages are not on this machine and "
+                           f"are not downloaded): nodes run this machine's software; differences: {'; '.join(gaps)}")
+            return replace(env, build=False), tuple(notices)
+        notices.append(f"environment {env.label}: only its pinned packages are emulated, not its image {env.image}")
+    if env.build:
+        env, skipped = without_runtime(env, source)
+        if skipped:
+            notices.append(f"environment {env.label}: {', '.join(skipped)} not installed here (Azure ML's runtime "
+                           f"packages, not on this machine; nodes track MLflow to a local store): set "
+                           f"AMLEMU_PACKAGE_INDEX to install them")
+        notices.append(f"environment {env.label}: nodes run exactly its packages ({', '.join(env.requirements) or 'none'}), "
+                       f"built as the run is prepared (cached)")
+    return env, tuple(notices)
+
+
+def planned_notices(reference: str | None, definition: dict[str, Any] | None, registered: Lookup) -> tuple[str, ...]:
+    """What a dry run and a submit say of the job's environment, without building it."""
+    return plan(reference, definition, registered, PackageSource.from_env())[1]
+
+
+def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
+                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
+                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
+    source = source or PackageSource.from_env()
+    env, notices = plan(reference, definition, registered, source)
+    if not env.build:
+        return Software(env, None, notices)
+    log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
+        f"package source: {source.describe()})")
+    if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
+        tag, reused = build_layer(env, cache, source)
+        log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'}: {env.image} with its packages "
+            f"layered on by docker build)")
+        return Software(env, None, notices, image=tag)
+    built = build(env, cache, source, horovod_links=horovod_links(env, cache))
+    how = "reused from the cache" if built.reused else f"built in {built.record.get('build_seconds')} s"
+    log(f"environment {env.label}: {how} at {built.prefix} ({len(built.record.get('installed', {}))} packages; "
+        f"{len(built.record.get('reused_from_host', {}))} linked from this machine's venv)")
+    return Software(env, str(built.prefix), notices, built)
+
+
+def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:
+    """Azure ML's own runtime packages (azureml-mlflow routes MLflow to the workspace) are left out
+    when nothing could install them (no index, not on this machine): the emulator plays their part."""
+    runtime = {r: name for r in env.requirements
+               if (name := canonicalize_name(re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0])) in RUNTIME_PACKAGES}
+    if source.index_url or not runtime:
+        return env, []
+    have = hostdists.installed(hostdists.host_site())  # read only when there is something to look up
+    skipped = [r for r, name in runtime.items() if name not in have]
+    return replace(env, requirements=tuple(r for r in env.requirements if r not in skipped)), skipped
+
+
+def horovod_links(env: ResolvedEnvironment, cache: Path) -> tuple[str, ...]:
+    """Horovod has no wheel on PyPI: a declared horovod comes from the wheel the project's recipe
+    (scripts/horovod_wheel.py) built against the environment's torch, when it is in the cache."""
+    torch = next((r.split("==", 1)[1] for r in env.requirements if r.replace(" ", "").startswith("torch==")), None)
+    if torch is None or not any(r.lower().startswith("horovod") for r in env.requirements):
+        return ()
+    return tuple(str(p) for p in sorted((cache / "horovod").glob(f"horovod*-torch{torch}*")) if p.is_dir())
+
+
+
+MISSING_RE = re.compile(r"(?:ModuleNotFoundError|ImportError): No module named '([\w.]+)'")
+
+
+def missing_import(reason: str, software: Software | None, log: Callable[[str], None]) -> str | None:
+    """A failed job whose log shows an import its environment lacks: the notice naming both."""
+    match = MISSING_RE.search(reason)
+    if not match or software is None:
+        return None
+    where = f"environment {software.environment.label}" if software.prefix else "this machine's software"
+    hint = (f"the job imports {match.group(1).split('.')[0]}, which {where} does not contain; declare it in the "
+            f"environment (its conda file's pip list)")
+    log(f"notice: {hint}")
+    return hint
