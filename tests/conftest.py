@@ -1,8 +1,10 @@
 """Shared fixtures: the real MNIST prepared by the setup, a fast deterministic subset of it, the trainer."""
 from __future__ import annotations
 
+import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -186,6 +188,34 @@ def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no
         (folder / "release").touch()
 
 
+class Script:
+    """The submit script running, its output read as it comes (a pipe left unread would stall it)."""
+
+    def __init__(self, proc: subprocess.Popen[str]) -> None:
+        self.proc = proc
+        self.out: list[str] = []
+        self.err: list[str] = []
+        self.readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")), daemon=True)
+                        for s, b in ((proc.stdout, self.out), (proc.stderr, self.err))]
+        for reader in self.readers:
+            reader.start()
+
+    def stdout_so_far(self) -> str:
+        assert self.proc.poll() is None or self.out, "the script ended before printing anything"
+        return "".join(self.out)
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess[str]:
+        code = self.proc.wait(timeout=timeout)
+        for reader in self.readers:
+            reader.join(timeout=10)
+        return subprocess.CompletedProcess(self.proc.args, code, "".join(self.out), "".join(self.err))
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def commands(group: click.Group, prefix: str = "") -> Iterator[tuple[str, click.Command]]:
     """Every leaf command of a click tree, with its path ("job create")."""
     for name, command in group.commands.items():
@@ -204,8 +234,6 @@ def job_processes(marker: str) -> list[int]:
 def service_cli(home: Path, cwd: Path, *args: str, backend: str = "docker"):  # type: ignore[no-untyped-def]
     """`amlemu --home HOME ARGS` on `backend` nodes, as a user runs it in the project folder; it must succeed."""
     import os  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-
     done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=180, env={**os.environ, "AMLEMU_BACKEND": backend})
     assert done.returncode == 0, done.stdout + done.stderr
@@ -215,7 +243,6 @@ def service_cli(home: Path, cwd: Path, *args: str, backend: str = "docker"):  # 
 def stop_service_home(home: Path) -> None:
     """`amlemu cleanup` of a home whose service a test started; then nothing the service started is
     left: the service itself, its jobs' supervisors, the nodes."""
-    import subprocess  # noqa: PLC0415
 
     import docker  # noqa: PLC0415
 

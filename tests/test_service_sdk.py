@@ -10,14 +10,13 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, REPO, Script, release, service_cli, stop_service_home, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -49,34 +48,6 @@ class Service:
         env = {k: os.environ[k] for k in BASE_ENV if k in os.environ} | self.env
         return Script(subprocess.Popen([sys.executable, str(SCRIPT), *args], cwd=self.project, env=env,
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-
-
-class Script:
-    """The submit script running, its output read as it comes (a pipe left unread would stall it)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.out: list[str] = []
-        self.err: list[str] = []
-        self.readers = [threading.Thread(target=lambda s=s, b=b: b.extend(iter(s.readline, "")), daemon=True)
-                        for s, b in ((proc.stdout, self.out), (proc.stderr, self.err))]
-        for reader in self.readers:
-            reader.start()
-
-    def stdout_so_far(self) -> str:
-        assert self.proc.poll() is None or self.out, "the script ended before printing anything"
-        return "".join(self.out)
-
-    def finish(self, timeout: float) -> subprocess.CompletedProcess[str]:
-        code = self.proc.wait(timeout=timeout)
-        for reader in self.readers:
-            reader.join(timeout=10)
-        return subprocess.CompletedProcess(self.proc.args, code, "".join(self.out), "".join(self.err))
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

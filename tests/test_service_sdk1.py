@@ -7,6 +7,7 @@ run as its own process with nothing but the variables `amlemu env` prints (and t
 Docker is required: without an engine these tests fail, they never skip."""
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -16,12 +17,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import base64
-
 import pytest
 import requests
-from conftest import REPO, service_cli, stop_service_home
+from conftest import BLOCK, REPO, Script, release, service_cli, stop_service_home, wait_until
 
+from amlemu.api import Emulator
 from amlemu.home import Home
 from amlemu.service.auth import Auth
 from amlemu.service.calls import Context
@@ -43,10 +43,13 @@ class Service:
     def amlemu(self, *args: str) -> subprocess.CompletedProcess[str]:
         return service_cli(self.home, self.project, *args)
 
-    def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
+    def start(self, *args: str, source: Path = SOURCE) -> Script:
         env = {k: os.environ[k] for k in BASE_ENV if k in os.environ} | {"HOME": str(self.user_home)} | self.env
-        return subprocess.run([sys.executable, str(SCRIPT), str(SOURCE), *args], cwd=self.project, env=env,
-                              capture_output=True, text=True, timeout=600)
+        return Script(subprocess.Popen([sys.executable, str(SCRIPT), str(source), *args], cwd=self.project, env=env,
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+
+    def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
+        return self.start(*args).finish(timeout=600)
 
 
 @pytest.fixture
@@ -70,8 +73,21 @@ def _run_id(stdout: str) -> str:
     return found[1]
 
 
-def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: Service) -> None:
-    done = service.submit()
+def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: Service, tmp_path: Path) -> None:
+    # The job waits to be released once the SDK streams its log: a job that ends before
+    # wait_for_completion's first poll prints no log (on Azure too), and the stream is what is checked.
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "hello.py").write_text(BLOCK + (SOURCE / "hello.py").read_text())
+    script = service.start(source=source)
+    try:
+        wait_until(lambda: "Streaming azureml-logs/70_driver_log_0.txt" in script.stdout_so_far(), 300,
+                   "the SDK streams rank 0's driver log")
+        emu = Emulator(home=service.home, backend="docker")
+        release(emu, emu.run(_run_id(script.stdout_so_far())))
+        done = script.finish(timeout=300)
+    finally:
+        script.stop()
 
     out = done.stdout
     assert done.returncode == 0, (out + done.stderr)[-4000:]
