@@ -103,3 +103,22 @@ def _a_run_token_writes_to_its_own_run_only(home: Path, url: str, ca: str, run_i
         assert answer.json()["error"]["code"] == "AuthorizationFailed"
     assert requests.get(f"{api}/runs/get", params={"run_id": run_id}, verify=ca, timeout=30).status_code == 401
     assert token not in (home / "service" / "service.log").read_text()
+
+
+def test_a_run_tokens_mlflow_calls_read_the_workspace_and_write_its_own_run_only() -> None:
+    from amlemu.service.mlflowmount import run_token_refusal  # noqa: PLC0415
+
+    api = "/api/2.0/mlflow"
+    allowed = [("GET", f"{api}/runs/get", "run_id=other", b""), ("GET", f"{api}/experiments/get-by-name", "name=e", b""),
+               ("POST", f"{api}/runs/search", "", b"{}"), ("GET", "/ajax-api/2.0/mlflow/metrics/get-history", "", b""),
+               ("POST", f"{api}/runs/log-batch", "", b'{"run_id": "mine", "metrics": []}'),
+               ("POST", f"{api}/runs/update", "", b'{"run_id": "mine", "run_uuid": "mine", "status": "RUNNING"}')]
+    for method, path, query, body in allowed:
+        assert run_token_refusal(method, path, query, body, "mine") is None, path
+    refused = [("POST", f"{api}/runs/update", "", b'{"run_id": "other"}'), ("POST", f"{api}/runs/set-tag", "", b"x"),
+               ("POST", f"{api}/runs/log-metric", "run_id=other", b'{"run_id": "mine"}'),
+               ("POST", f"{api}/runs/delete", "", b'{"run_id": "mine"}'), ("POST", f"{api}/experiments/delete", "", b"{}"),
+               ("GET", f"{api}/registered-models/get", "", b""), ("GET", "/get-artifact", "path=x&run_uuid=mine", b""),
+               ("DELETE", f"{api}/runs/delete-tag", "", b'{"run_id": "mine"}')]
+    for method, path, query, body in refused:
+        assert run_token_refusal(method, path, query, body, "mine"), (method, path, query)

@@ -80,7 +80,10 @@ def add_run(home_root: Path, run_dir: Path, experiment: str, run_id: str, run_na
     now = int(time.time() * 1000)
     with closing(_connect(db)) as conn, conn:
         conn.execute("BEGIN IMMEDIATE")  # one writer from here: the experiment's id is drawn once
-        found = conn.execute("SELECT experiment_id FROM experiments WHERE name = ?", (experiment,)).fetchone()
+        found = conn.execute("SELECT experiment_id, lifecycle_stage FROM experiments WHERE name = ?",
+                             (experiment,)).fetchone()
+        if found is not None and found[1] != "active":  # as MLflow's own set_experiment refuses it
+            raise ValueError(f"experiment {experiment!r} was deleted in MLflow; restore it in MLflow's UI")
         if found is None:
             (top,) = conn.execute("SELECT COALESCE(MAX(experiment_id), 0) FROM experiments").fetchone()
             found = (top + 1,)
@@ -123,7 +126,7 @@ def online_env(home_root: Path, run_dir: Path, link_env: dict[str, str], experim
     run made in the home store; {} (the node stores, as offline) when the run cannot be made there."""
     try:
         experiment_id = add_run(home_root, run_dir, experiment, run_id, run_name)
-    except (OSError, sqlite3.Error) as exc:
+    except (OSError, ValueError, sqlite3.Error) as exc:
         log(f"warning: the run could not be made in the home's MLflow store ({exc}); MLflow logs to the nodes")
         return {}
     log("MLflow: the ranks log to the service's tracking server (the home's MLflow store), live")
