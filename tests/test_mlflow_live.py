@@ -62,6 +62,8 @@ def test_an_online_jobs_mlflow_metrics_are_seen_while_it_runs(emu: Emulator, bac
         wait_until(lambda: len(first_points()) == 3, 180, "the running job's first three points are seen")
         found = client.search_runs([client.get_experiment_by_name("live").experiment_id])
         assert [(r.info.run_id, r.info.status) for r in found] == [(run.id, "RUNNING")]
+        # The record reads them too, as the studio page's charts and `amlemu job show` do, mid-run.
+        assert [s for s, _ in run.metric_history()["loss"]] == [0, 1, 2]
         _a_run_token_writes_to_its_own_run_only(home, url, ca, run.id)
         release(emu, run)
         assert run.wait(timeout=180) is RunStatus.COMPLETED, run.logs()
