@@ -1,7 +1,9 @@
-"""One MLflow store over every run, for MLflow's own UI (`amlemu ui`).
+"""One MLflow store over every run, for MLflow's own UI (`amlemu ui --mlflow`): the home's store.
 
-Each run has its own sqlite MLflow store (runs.metrics), so no single MLflow server sees them all:
-build_ui_store copies them into one store under the home, incrementally.
+An online run (one started while `amlemu serve` ran) logged to the home's store itself, live, under
+its own id (runs/homestore.py): it is served as it is, never copied. An offline run's ranks logged
+to their nodes' sqlite stores (runs.metrics), which no MLflow server sees: build_ui_store copies
+those into the home's store, incrementally, as runs tagged amlemu.run_id.
 """
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.api import Emulator, Run
+from amlemu.runs.homestore import ensure_store, store_path
 from amlemu.runs.metrics import SKIP_TAGS, all_runs, chunks
 from amlemu.specs import RunStatus
 
@@ -31,6 +34,8 @@ def build_ui_store(emu: Emulator, dest: Path) -> int:
     was still active is brought up to date. Returns how many runs were copied or refreshed."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest == store_path(emu.home.root):
+        ensure_store(emu.home.root)  # from the machine's template: no MLflow migrations per home
     # Two `amlemu ui` starting at once must not both copy the same run.
     with open(dest.parent / ".copy.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -44,9 +49,13 @@ def _copy_runs(emu: Emulator, dest: Path) -> int:
     artifacts = (dest.parent / "artifacts").as_uri()
     client = MlflowClient(tracking_uri=f"sqlite:///{dest}")
     # Deleted copies count too: a run the user deleted in the UI is not brought back.
-    copies = {r.data.tags[UI_RUN_TAG]: r for r in all_runs(client, ViewType.ALL) if UI_RUN_TAG in r.data.tags}
+    found = all_runs(client, ViewType.ALL)
+    copies = {r.data.tags[UI_RUN_TAG]: r for r in found if UI_RUN_TAG in r.data.tags}
+    online = {r.info.run_id for r in found}  # an online run is there under its own id
     copied = 0
     for run in emu.runs():
+        if run.id in online:
+            continue
         status = run.status  # read before the data: a run ending meanwhile is refreshed next time
         previous = copies.get(run.id)
         if previous is not None and (previous.info.lifecycle_stage == "deleted"
@@ -116,6 +125,6 @@ def _copy_data(client: Any, target_id: str, source: Any, sources: list[Any], run
 
 
 def ui_store_path(emu: Emulator) -> Path:
-    return emu.home.root / "mlflow-ui" / "mlflow.db"
+    return store_path(emu.home.root)
 
 

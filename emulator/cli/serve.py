@@ -54,6 +54,7 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
             console.print(f"stopped the service at {state.url if state else '?'}", highlight=False)
         return
     from amlemu.service.emustate import EmulatorState  # noqa: PLC0415 - the service loads only here
+    from amlemu.service.mlflowmount import MlflowMount  # noqa: PLC0415
     from amlemu.service.routes import Context  # noqa: PLC0415
     from amlemu.service.server import serve_forever  # noqa: PLC0415
     from amlemu.service.studio import studio_mount  # noqa: PLC0415
@@ -64,14 +65,18 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
                           f"this machine's port {port} can try it (each request needs a token the service issued, "
                           "from the IDENTITY_HEADER secret `amlemu env` prints)", highlight=False)
 
+    mlflow_server = MlflowMount(home.root)  # MLflow's tracking server for the online runs, at /mlflow
+
     def make_ctx(auth, log):  # type: ignore[no-untyped-def]
-        return Context(EmulatorState(ctx.obj(), log), auth, log=log)
+        made = Context(EmulatorState(ctx.obj(), log), auth, log=log)
+        mlflow_server.bind(made)
+        return made
 
     serve_forever(home.root, make_ctx, host, port, allow_remote,
                   lambda url: err_console.print(f"amlemu serve: {url} (Ctrl-C stops it; `eval \"$(amlemu env)\"` "
                                                 f"points azure-ai-ml at it; the studio page: {url}/studio/)",
                                                 highlight=False),
-                  extra_routes=[studio_mount(home, remote=allow_remote)])
+                  extra_routes=[mlflow_server.route(), studio_mount(home, remote=allow_remote)])
 
 
 @cli.command("env")

@@ -1,6 +1,7 @@
 """`amlemu ui`: the studio page of this home (emulator/service/studio.py) over plain HTTP on
-loopback, until Ctrl-C; `--mlflow`: MLflow's own UI over a copy of every run's MLflow data
-(emulator/uistore.py builds that store).
+loopback, until Ctrl-C; `--mlflow`: MLflow's own UI over the home's MLflow store, where online runs
+log live (the service's tracking server writes it) and offline runs are copied in
+(emulator/uistore.py).
 
 The MLflow server runs in a session of its own, so a Ctrl-C in the terminal reaches only this
 command, which then stops the server's whole process group (the server and its workers) itself.
@@ -111,7 +112,8 @@ def can_open_a_browser() -> bool:
 @click.option("--allow-remote", is_flag=True,
               help="allow a non-loopback --host: the page has no login, anyone who reaches it sees every run")
 @click.option("--mlflow", "mlflow_ui", is_flag=True,
-              help="MLflow's own UI over a copy of every run's MLflow data, instead of the studio page")
+              help="MLflow's own UI over the home's MLflow store (online runs live, offline runs copied in), "
+                   "instead of the studio page")
 @click.option("--no-browser", is_flag=True, help="print the address only; do not open a browser")
 @click.pass_context
 @handle_errors
@@ -159,9 +161,9 @@ def _mlflow_ui(emu, url: str, host: str, port: int) -> None:  # type: ignore[no-
     import mlflow  # noqa: F401,PLC0415 - it sets its loggers up on import: quieted after that
 
     logging.getLogger("mlflow").setLevel(logging.WARNING)  # not its notes on creating its tables
-    with err_console.status("copying the runs' MLflow data"):
+    with err_console.status("copying the offline runs' MLflow data"):
         copied = build_ui_store(emu, store)
-    err_console.print(f"{copied} run(s) copied or refreshed into {store}", highlight=False)
+    err_console.print(f"{copied} offline run(s) copied or refreshed into {store}", highlight=False)
     log = store.parent / "server.log"
     # Also SIGINT: a shell that started this in the background set it to be ignored, yet the
     # contract is "runs until Ctrl-C / SIGINT".

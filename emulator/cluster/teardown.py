@@ -25,8 +25,9 @@ from amlemu.errors import StateError
 from amlemu.home import Home
 from amlemu.storage.azurite import Azurite
 
-# What a cleanup empties in the home; the UI store (mlflow-ui) copies runs, so it goes with them.
-RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow-ui")
+# What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
+# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy.
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui")
 # What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
 # REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
 SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")

@@ -21,6 +21,7 @@ LIVE_DIR = "live-metrics"  # in the run's record while it runs: a copy of each n
 # Tags of a source run that would be wrong in the combined store (the name is the emulator run
 # id; parent ids point into the source store).
 SEED_TAG = "amlemu.seeded"  # the job's run, made by the platform in each node's store before the launch
+HOME_MARK = "mlflow-home-store"  # in an online run's record: the home store holding its run (runs/homestore.py)
 SKIP_TAGS = {"mlflow.runName", "mlflow.parentRunId", "mlflow.rootRunId", SEED_TAG}
 
 
@@ -76,6 +77,9 @@ def metric_history(run_dir: Path, active: bool) -> dict[str, list[tuple[int, flo
     """(step, value) of every metric the job logged, across its attempts and nodes: with MLflow,
     and with azureml-core's Run.log* (the run history the service keeps, runhistory.py)."""
     history = numeric_history(run_dir)
+    home = marked_store(run_dir)  # an online run's ranks logged to the home's store, under the run's id
+    for name, step, value in read_metric_points(home, run_dir.name) if home else []:
+        history.setdefault(name, []).append((step, value))
     for db in metric_stores(run_dir, active):
         try:
             for name, step, value in read_metric_points(db):
@@ -118,15 +122,27 @@ def all_runs(client: Any, view_type: int) -> list[Any]:
 
 
 # --- reading and merging the stores --------------------------------------------------------------
-def read_metric_points(db: Path) -> list[tuple[str, int, float]]:
-    """(name, step, value) of every metric point of the active runs in an MLflow sqlite store, read
-    with sqlite itself: no MLflow import (seconds) for `job show`, and no cached MLflow engine that
-    would keep reading a store replaced since (the live copies are replaced every second)."""
-    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as db_conn:
+def marked_store(run_dir: Path) -> Path | None:
+    """The home store holding the run's MLflow run, if its ranks logged there (HOME_MARK)."""
+    try:
+        db = Path((run_dir / HOME_MARK).read_text().strip())
+    except OSError:
+        return None
+    return db if db.is_file() else None
+
+
+def read_metric_points(db: Path, run_id: str | None = None) -> list[tuple[str, int, float]]:
+    """(name, step, value) of every metric point of the active runs in an MLflow sqlite store (of
+    `run_id` only, when given), read with sqlite itself: no MLflow import (seconds) for `job show`,
+    and no cached MLflow engine that would keep reading a store replaced since (the live copies are
+    replaced every second)."""
+    only = " AND r.run_uuid = ?" if run_id else ""
+    with closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True, timeout=30)) as db_conn:
         rows = db_conn.execute(
             "SELECT m.key, m.step, m.value, m.is_nan FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
             "JOIN experiments e ON e.experiment_id = r.experiment_id "
-            "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'").fetchall()
+            "WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active'" + only,
+            (run_id,) if run_id else ()).fetchall()
     return [(key, int(step), math.nan if is_nan else float(value)) for key, step, value, is_nan in rows]
 
 SEED_PLACEHOLDER = "amlemuseedrun"  # the run id of the template store, replaced by each job's
@@ -150,12 +166,16 @@ def _seed_template(template: Path) -> None:
     os.replace(tmp, template)  # whole or not at all: supervisors may make it at the same time
 
 
+def ensure_template(template: Path) -> None:
+    if not template.exists():
+        _seed_template(template)
+
+
 def seed_store(db: Path, experiment: str, run_id: str, run_name: str, template: Path) -> str:
     """A node's MLflow store holding the job's experiment and its run under the job's own id, as
     Azure ML's (MLFLOW_RUN_ID is the job name), so that mlflow.start_run() attaches to it. The run
     waits as SCHEDULED: one no process started is left out of the merge. Returns the experiment id."""
-    if not template.exists():
-        _seed_template(template)
+    ensure_template(template)
     shutil.copyfile(template, db)
     now = int(time.time() * 1000)
     with closing(sqlite3.connect(db)) as conn, conn:

@@ -10,12 +10,11 @@ import shutil
 import threading
 import time
 from collections.abc import Callable
-from importlib.metadata import version
 from pathlib import Path
 
 from amlemu.backends import nodefs
-from amlemu.home import default_cache
 from amlemu.runs.contract import NODE_MLFLOW_EXPERIMENT_ID, env_file_text, job_rel
+from amlemu.runs.homestore import template_path
 from amlemu.runs.metrics import LIVE_DIR, merge_store, seed_store
 
 ENV_FILE = "amlemu-env.sh"  # contract.node_env_file, as the host sees it
@@ -30,7 +29,7 @@ def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[
     try:
         # One empty store per machine and MLflow version, like the other builds in the cache: made
         # per home, it cost every new home ~6 s of MLflow's import and schema migrations.
-        template = default_cache() / "mlflow" / f"seed-{version('mlflow')}.db"
+        template = template_path()
         if seed_store(seed, experiment, run_id, run_name, template) != NODE_MLFLOW_EXPERIMENT_ID:
             raise RuntimeError("the seeded MLflow store numbers the experiment unlike MLFLOW_EXPERIMENT_ID")
         for node_dir, env in zip(node_dirs, envs):

@@ -22,7 +22,7 @@ from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import rundisk, servicelink
+from amlemu.runs import homestore, rundisk, servicelink
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
@@ -60,6 +60,7 @@ class Supervisor:
 
     def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
         if status.is_terminal:  # plotted first: whoever sees the run ended also finds its plot
+            homestore.end_run(self.run_dir, status.value)
             plot_run(self.run_dir, f"{self.run_id} ({self.job.experiment_name}): {status.value}", self.logs.platform)
         self.store.set_status(self.run_id, status, detail, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
@@ -124,7 +125,9 @@ class Supervisor:
             self.logs.platform(f"notice: {notice}")
         self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
                                                     self.logs.platform)
-        online = self.link.env if self.link else {}  # in the nodes' env files only, not in the plan
+        online = {**self.link.env, **homestore.online_env(  # in the nodes' env files only, not in the plan
+            self.home.root, self.run_dir, self.link.env, self.job.experiment_name, self.run_id,
+            self.job.display_name or self.run_id, self.logs.platform)} if self.link else {}
         rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
                               [{**self.plan.node_environment(n), **online} for n in self.plan.nodes],
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,

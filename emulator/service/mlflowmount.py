@@ -1,0 +1,177 @@
+"""MLflow's own tracking server, served by the service under /mlflow over the home's MLflow store
+(emulator/runs/homestore.py): an online job's MLFLOW_TRACKING_URI, so `mlflow.search_runs`, MLflow's
+UI and the studio page see its metrics while it runs.
+
+Why MLflow's own server app (mlflow.server's Flask app), called in the service's thread pool, and
+not a REST double or a second server process: its REST protocol is MLflow's, whatever the client
+version asks, with nothing to keep in step; one process and one port serve both APIs, behind the
+same TLS, the same run links (emulator/runs/servicelink.py) and the same tokens. MLflow's server
+imports in seconds, so it is imported on the first MLflow request, not when the service starts.
+The request body is read whole before the app sees it (MLflow's tracking calls are small JSON):
+the run-token policy below needs it, and so no deprecated WSGI bridge is needed.
+
+Who may do what (a job is untrusted code): a workspace token (the user's, from `amlemu env`'s
+identity) may call every route. A run's token (the job's AZUREML_RUN_TOKEN, sent as
+MLFLOW_TRACKING_TOKEN), while its run is active, may read the tracking routes (experiments, runs,
+metrics: the workspace's own data) and write to its own MLflow run only: every write route names
+its run in `run_id`/`run_uuid`, which must be the token's. Creating or deleting experiments and
+runs, the model registry, artifacts served by the server and every other route answer ARM's 403.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import threading
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Mount
+
+from amlemu.runs.homestore import MOUNT, artifact_root, ensure_store
+from amlemu.service.calls import Context, Reply, arm_error
+from amlemu.service.state import ServiceError
+from amlemu.servicekeys import RUN_CLAIM
+
+API_PREFIXES = ("/api/2.0/mlflow/", "/ajax-api/2.0/mlflow/", "/api/2.0/preview/mlflow/")
+# A run's own writes: each names its run in the body (or the query).
+RUN_WRITES = frozenset({"runs/update", "runs/log-metric", "runs/log-parameter", "runs/set-tag", "runs/delete-tag",
+                        "runs/log-batch", "runs/log-inputs", "runs/log-outputs", "runs/log-model"})
+# Reads (GET, and the searches MLflow sends as POST): the workspace's tracking data.
+READ_AREAS = ("experiments/", "runs/", "metrics/")
+SEARCHES = frozenset({"runs/search", "experiments/search", "metrics/get-history-bulk-interval"})
+_lock = threading.Lock()
+_app: dict[str, Any] = {}  # the imported Flask app and the store it serves
+
+
+def _flask_app(home_root: Path) -> Any:
+    """MLflow's server app over the home's store. MLflow keeps its store in module globals, so one
+    process serves one home at a time: another home (the tests' in-process services) swaps it."""
+    store = ensure_store(home_root)
+    uri = f"sqlite:///{store}"
+    with _lock:
+        if _app.get("uri") != uri:
+            os.environ.update({
+                "_MLFLOW_SERVER_FILE_STORE": uri,
+                "_MLFLOW_SERVER_ARTIFACT_ROOT": artifact_root(home_root).as_uri(),
+                "_MLFLOW_SERVER_SERVE_ARTIFACTS": "false",
+                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
+                # Its host and CORS checks guard a tokenless server against DNS rebinding; this one asks
+                # every request for a bearer token, and its host names are the service's and the links'.
+                "MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE": "true",
+            })
+            from mlflow.server import app, handlers  # noqa: PLC0415 - seconds: on the first request only
+
+            handlers._tracking_store = None  # noqa: SLF001 - made again from the variables above
+            handlers._model_registry_store = None  # noqa: SLF001
+            _app.update(uri=uri, app=app)
+        return _app["app"]
+
+
+def _call_wsgi(app: Any, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
+               host: str) -> tuple[int, list[tuple[str, str]], bytes]:
+    environ = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": query,
+               "SERVER_NAME": host.split(":")[0] or "localhost", "SERVER_PORT": "443", "SERVER_PROTOCOL": "HTTP/1.1",
+               "wsgi.version": (1, 0), "wsgi.url_scheme": "https", "wsgi.input": io.BytesIO(body),
+               "wsgi.errors": io.StringIO(), "wsgi.multithread": True, "wsgi.multiprocess": False,
+               "wsgi.run_once": False, "CONTENT_LENGTH": str(len(body))}
+    for name, value in headers.items():
+        if name == "content-type":
+            environ["CONTENT_TYPE"] = value
+        elif name not in ("content-length", "authorization"):  # the token stops here
+            environ["HTTP_" + name.upper().replace("-", "_")] = value
+    started: dict[str, Any] = {}
+
+    def start_response(status: str, response_headers: list[tuple[str, str]], exc_info: Any = None) -> None:
+        started.update(status=int(status.split()[0]), headers=response_headers)
+    chunks = app(environ, start_response)
+    try:
+        data = b"".join(chunks)
+    finally:
+        if hasattr(chunks, "close"):
+            chunks.close()
+    return started["status"], started["headers"], data
+
+
+def run_token_refusal(method: str, path: str, query: str, body: bytes, run: str) -> str | None:
+    """Why a run's token may not make this MLflow call (None: it may)."""
+    route = next((path[len(p):] for p in API_PREFIXES if path.startswith(p)), None)
+    if route is None:
+        return "it is not one of MLflow's tracking routes"
+    if method == "GET" and route.startswith(READ_AREAS) or method == "POST" and route in SEARCHES:
+        return None
+    if method != "POST" or route not in RUN_WRITES:
+        return "a run's token reads the workspace's runs and writes to its own run only"
+    try:
+        fields = json.loads(body or b"{}")
+    except ValueError:
+        return "its body is not JSON"
+    named = {fields.get(k) for k in ("run_id", "run_uuid") if isinstance(fields, dict) and fields.get(k)}
+    named |= {v for k in ("run_id", "run_uuid") for v in parse_qs(query).get(k, [])}
+    if named != {run}:
+        return f"it writes to run {', '.join(sorted(map(str, named))) or '(none named)'}, not its own"
+    return None
+
+
+class MlflowMount:
+    """The ASGI app at MOUNT; `bind` gives it the service's Context (made after the routes)."""
+
+    def __init__(self, home_root: Path) -> None:
+        self.home_root = home_root
+        self.ctx: Context | None = None
+
+    def bind(self, ctx: Context) -> None:
+        self.ctx = ctx
+
+    def route(self) -> Mount:
+        return Mount(MOUNT, app=self.asgi)
+
+    def _refusal(self, request: Request, path: str, body: bytes) -> Reply | None:
+        assert self.ctx is not None
+        claims = self.ctx.auth.claims(request.headers.get("authorization"))
+        if claims is None:
+            return Reply(401, ServiceError(401, "InvalidAuthenticationToken", "no bearer token issued by this service, "
+                                           "or it has expired (MLFLOW_TRACKING_TOKEN)").body(),
+                         {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        run = claims.get(RUN_CLAIM)
+        if run is None:
+            return None
+        active = getattr(self.ctx.state, "run_active", None)
+        if active is None or not active(run):
+            return Reply(401, ServiceError(401, "ExpiredAuthenticationToken", f"the token of run {run} expired "
+                                           "with the run").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        why = run_token_refusal(request.method, path, request.url.query, body, run)
+        if why is None:
+            return None
+        return arm_error(403, "AuthorizationFailed", f"the token of run {run} does not have authorization to "
+                         f"perform {request.method} on {MOUNT}{path}: {why}")
+
+    async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http" or self.ctx is None:
+            await Response(b"", 404)(scope, receive, send)
+            return
+        request = Request(scope, receive)
+        path = scope["path"][len(MOUNT):] if scope["path"].startswith(MOUNT) else scope["path"]
+        body = await request.body()
+        refused = self._refusal(request, path, body)
+        if refused is not None:
+            response = Response(json.dumps(refused.body).encode(), refused.status,
+                                {**refused.headers, "Content-Type": "application/json; charset=utf-8"})
+        else:
+            try:
+                app = await run_in_threadpool(_flask_app, self.home_root)
+                status, headers, data = await run_in_threadpool(
+                    _call_wsgi, app, request.method, path, request.url.query,
+                    {k.lower(): v for k, v in request.headers.items()}, body, request.headers.get("host", ""))
+            except Exception as exc:  # noqa: BLE001 - the client gets a 500, the log its cause
+                self.ctx.log(f"MLflow server failed: {type(exc).__name__}: {exc}")
+                status, headers, data = 500, [("Content-Type", "application/json")], json.dumps(
+                    ServiceError(500, "InternalServerError", "the MLflow server failed; see the service's log").body()
+                ).encode()
+            response = Response(data, status, dict(headers))
+        self.ctx.log(f"{request.method} {MOUNT}{path} {response.status_code}")  # never the query or a header
+        await response(scope, receive, send)
