@@ -136,7 +136,7 @@ def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emul
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
     assert "shm bytes 268435456" in run.logs(0)
     assert emu.store.run(run.id).nodes == emu.store.run(default.id).nodes == ["c1-node-0"]
-    remade = "node c1-node-0 is made again for this job (resources.shm_size)"
+    remade = "node c1-node-0 is made again for this job (its /dev/shm size"
     # docker sizes /dev/shm as it creates a container; a process node's sandbox is new at each launch
     assert (remade in (run.dir / "system_logs" / "lifecycle.txt").read_text()) == (backend == "docker")
 

@@ -98,7 +98,8 @@ def test_mpi_output_is_split_per_rank_even_mid_line(tmp_path: Path) -> None:
 
 
 def test_failure_reason_names_rank_node_exit_code_and_log_tail(tmp_path: Path) -> None:
-    (tmp_path / "std_log_process_1.txt").write_text("step 1\nValueError: boom\n")
+    (tmp_path / "user_logs").mkdir()
+    (tmp_path / "user_logs" / "std_log_process_1.txt").write_text("step 1\nValueError: boom\n")
     mpi_log = ("Primary job  terminated normally, but 1 process returned\na non-zero exit code.\n"
                "  Process name: [[4711,1],1]\n  Exit code:    3\n")
     layout = [Rank(0, "c1-node-0", 0), Rank(1, "c1-node-1", 0)]

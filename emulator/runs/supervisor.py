@@ -108,7 +108,8 @@ class Supervisor:
                          shm_bytes=self.job.shm_bytes, python_env=self.software.prefix) for n in allocation.nodes]
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
-            self.logs.platform(f"node {request.name} is made again for this job (resources.shm_size, environment)")
+            self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size, environment "
+                               "or hosts entry differ)")
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
