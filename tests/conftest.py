@@ -177,6 +177,37 @@ print("released", flush=True)
 """
 
 
+def failing_rank_script(rank_var: str) -> str:
+    """Every rank writes an output and waits; rank 1 fails with exit code 3 after a second."""
+    return f"""
+import os, sys, time
+rank = int(os.environ["{rank_var}"])
+os.makedirs("outputs", exist_ok=True)
+open(f"outputs/before-{{rank}}.txt", "w").write("kept")
+if rank == 1:
+    time.sleep(1)
+    print("ValueError: rank one gives up", flush=True)
+    sys.exit(3)
+time.sleep(120)
+"""
+
+
+# SDK v1 user code: find-or-create a 2-node CPU cluster, then a ScriptRunConfig over MPI, 2 x 1.
+V1_CLUSTER_AND_MPI_JOB = '''
+from azureml.core import Experiment, ScriptRunConfig, Workspace
+from azureml.core.compute import AmlCompute, ComputeTarget
+from azureml.core.runconfig import MpiConfiguration
+
+ws = Workspace.from_config()
+target = ComputeTarget.create(ws, "cpucluster", AmlCompute.provisioning_configuration(vm_size="STANDARD_D2_V2",
+                                                                                      max_nodes=2))
+target.wait_for_completion()
+def mpi_job(script):
+    return ScriptRunConfig(source_directory=sys.argv[1], script=script, compute_target=target,
+                           distributed_job_config=MpiConfiguration(process_count_per_node=1, node_count=2))
+'''
+
+
 def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
     """Let a BLOCK-style job go on, once its folders exist on its nodes (they are laid out as it
     starts: a job released while queued would never see the file)."""

@@ -11,7 +11,7 @@ import docker
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import BLOCK, FULL, REPO, TRAINING, job_processes, release, wait_until
+from conftest import BLOCK, FULL, REPO, TRAINING, failing_rank_script, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import get_backend
@@ -143,17 +143,7 @@ def test_resources_shm_size_sizes_dev_shm_with_azure_mls_default_of_2g(emu: Emul
 
 def test_a_failing_rank_fails_the_run_and_stops_the_others(emu: Emulator, cluster, make_job) -> None:
     cluster()
-    script = """
-    import os, sys, time
-    rank = int(os.environ["OMPI_COMM_WORLD_RANK"])
-    os.makedirs("outputs", exist_ok=True)
-    open(f"outputs/before-{rank}.txt", "w").write("kept")
-    if rank == 1:
-        time.sleep(1)
-        print("ValueError: rank one gives up", flush=True)
-        sys.exit(3)
-    time.sleep(120)
-    """
+    script = failing_rank_script("OMPI_COMM_WORLD_RANK")
     job = make_job(script, nodes=2)
     run = emu.submit(job)
     assert run.wait(timeout=40) is RunStatus.FAILED

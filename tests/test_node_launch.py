@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BLOCK, FULL, TRAINING, job_processes, wait_until
+from conftest import BLOCK, FULL, TRAINING, failing_rank_script, job_processes, wait_until
 
 from amlemu.api import Emulator
 from amlemu.specs import RunStatus
@@ -96,17 +96,7 @@ def test_a_tensorflow_job_gets_tf_config_per_process(emu: Emulator, cluster, mak
     assert "task ps 0" in run.logs(3) and "task worker 0" in run.logs(0)
 
 
-FAIL = """
-import os, sys, time
-rank = int(os.environ["RANK"])
-os.makedirs("outputs", exist_ok=True)
-open(f"outputs/before-{rank}.txt", "w").write("kept")
-if rank == 1:
-    time.sleep(1)
-    print("ValueError: rank one gives up", flush=True)
-    sys.exit(3)
-time.sleep(120)
-"""
+FAIL = failing_rank_script("RANK")
 
 
 def test_a_failing_rank_of_a_pytorch_job_fails_the_run_and_stops_the_others(emu: Emulator, cluster,

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import requests
-from conftest import BLOCK, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, V1_CLUSTER_AND_MPI_JOB, release, service_cli, stop_service_home, wait_until
 
 from amlemu import servicekeys
 from amlemu.api import Emulator
@@ -55,19 +55,8 @@ if rank == 0:
 run.flush()
 '''
 
-SUBMIT = '''
-import json, sys
-from azureml.core import Experiment, ScriptRunConfig, Workspace
-from azureml.core.compute import AmlCompute, ComputeTarget
-from azureml.core.runconfig import MpiConfiguration
-
-ws = Workspace.from_config()
-target = ComputeTarget.create(ws, "cpucluster", AmlCompute.provisioning_configuration(vm_size="STANDARD_D2_V2",
-                                                                                      max_nodes=2))
-target.wait_for_completion()
-src = ScriptRunConfig(source_directory=sys.argv[1], script="online.py", compute_target=target,
-                      distributed_job_config=MpiConfiguration(process_count_per_node=1, node_count=2))
-run = Experiment(ws, "online-v1").submit(src)
+SUBMIT = "import json, sys\n" + V1_CLUSTER_AND_MPI_JOB + '''
+run = Experiment(ws, "online-v1").submit(mpi_job("online.py"))
 run.wait_for_completion(show_output=True)
 print("status:", run.get_status())
 print("metrics:", json.dumps(run.get_metrics()))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, Script, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release, service_cli, stop_service_home, wait_until
 
 from amlemu.api import Emulator
 from amlemu.home import Home
@@ -142,19 +142,8 @@ def test_the_articles_pytorch_estimator_runs_on_two_nodes(service: Service) -> N
     assert shown["status"] == "Completed"
 
 
-CANCEL = '''
-import sys, time
-from azureml.core import Experiment, ScriptRunConfig, Workspace
-from azureml.core.compute import AmlCompute, ComputeTarget
-from azureml.core.runconfig import MpiConfiguration
-
-ws = Workspace.from_config()
-target = ComputeTarget.create(ws, "cpucluster", AmlCompute.provisioning_configuration(vm_size="STANDARD_D2_V2",
-                                                                                      max_nodes=2))
-target.wait_for_completion()
-src = ScriptRunConfig(source_directory=sys.argv[1], script="sleep.py", compute_target=target,
-                      distributed_job_config=MpiConfiguration(process_count_per_node=1, node_count=2))
-run = Experiment(ws, "cancel-me").submit(src)
+CANCEL = "import sys, time\n" + V1_CLUSTER_AND_MPI_JOB + '''
+run = Experiment(ws, "cancel-me").submit(mpi_job("sleep.py"))
 deadline = time.time() + 240
 while run.get_status() != "Running" and time.time() < deadline:
     time.sleep(1)
