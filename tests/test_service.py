@@ -182,6 +182,17 @@ def test_the_emulators_rules_judge_a_put_job_with_validates_words(live: tuple[st
     assert [j["name"] for j in listed] == ["fits"]
     nodes = requests.post(url + WS + "/computes/c1/listNodes", headers=bearer, verify=ca, timeout=10).json()
     assert all(n["nodeState"] in ("preparing", "idle", "running", "leaving") for n in nodes["nodes"])
+    # An environment the SDK registers (an image and a conda file) is the job's environment, packages included.
+    conda = "name: e\ndependencies:\n  - python=3.11\n  - pip:\n      - amlemupin==1.0\n"
+    assert requests.put(url + WS + "/environments/pinned/versions/1", headers=bearer, verify=ca, timeout=10, json={
+        "properties": {"image": "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04", "condaFile": conda}}
+    ).status_code in (200, 201)
+    with_env = {"properties": {**job["properties"], "environmentId": WS + "/environments/pinned/versions/1"}}
+    assert requests.put(url + WS + "/jobs/with_env", json=with_env, headers=bearer, verify=ca,
+                        timeout=60).status_code == 201
+    definition = Emulator(tmp_path / "emu", backend="process").run("with_env").job.environment_def
+    assert definition["image"] == "mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04"
+    assert definition["conda_file"]["dependencies"][1] == {"pip": ["amlemupin==1.0"]}
 
 
 def test_a_local_input_is_uploaded_to_the_default_datastore_and_read_by_the_job(

@@ -93,9 +93,9 @@ def job_type(body: Any) -> str:
 
 
 def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path],
-            environment: Callable[[str], str]) -> dict[str, Any]:
+            environment: Callable[[str], str | dict[str, Any]]) -> dict[str, Any]:
     """The CLI v2 YAML mapping of the PUT's body. `code_dir(name, version)`: the folder the code
-    version was uploaded to; `environment(env_id)`: the image or `azureml:` name the job runs in."""
+    version was uploaded to; `environment(env_id)`: the image, `azureml:` name or definition the job runs in."""
     job_type(body)
     props = body["properties"]
     code = asset_ref(str(props.get("codeId") or ""), "codes")

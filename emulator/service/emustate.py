@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amlemu import servicefile, validate
+from amlemu import safeyaml, servicefile, validate
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
@@ -144,7 +144,9 @@ class EmulatorState:
         container, _, prefix = uri.split(marker, 1)[1].partition("/")
         return self.blobs.path(container, prefix)
 
-    def _environment(self, env_id: str) -> str:
+    def _environment(self, env_id: str) -> str | dict[str, Any]:
+        """What the job's YAML names: a curated `azureml:` name, an image, or a registered version's
+        definition (its image and conda file: the nodes get those packages, as on Azure ML)."""
         ref = emujobs.environment_ref(env_id)
         if ref is None:
             return env_id  # an image reference
@@ -157,7 +159,10 @@ class EmulatorState:
         if not versions:
             raise bad_request("environment", f"environment {env_id} was not found in workspace "
                               f"{self.workspace.workspace_name}")
-        image = versions[0]["properties"].get("image")
+        props = versions[0]["properties"]
+        image, conda = props.get("image"), props.get("condaFile")
+        if image and conda:
+            return {"image": str(image), "conda_file": safeyaml.loads(str(conda), "environment condaFile")}
         return str(image) if image else f"azureml:{name}:{versions[0]['name']}"
 
     def _body_path(self, name: str) -> Path:
