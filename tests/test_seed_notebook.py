@@ -98,3 +98,26 @@ def test_the_seed_notebook_runs_unchanged_and_its_v1_metrics_reach_get_metrics(
     run_dir = service.home / "runs" / widget["run_id"]
     assert sorted(p.name for p in (run_dir / "azureml-logs").glob("70_driver_log_*.txt")) == \
         ["70_driver_log_0.txt", "70_driver_log_1.txt"]
+
+
+def test_run_historys_metric_query_reads_back_as_the_sdk_merges_it() -> None:
+    """RunDetails' metrics (v1widget.metrics_query): the values Run.log sent, read by azureml-core's
+    own deserializer and merge; its refresher's `CreatedUtc gt` filter returns only newer values."""
+    from datetime import datetime, timezone  # noqa: PLC0415
+
+    from azureml._restclient.metrics_client import MetricsClient  # noqa: PLC0415
+    from azureml._restclient.models.run_metric_dto import RunMetricDto  # noqa: PLC0415
+
+    from amlemu.service.v1widget import run_metric_dtos  # noqa: PLC0415
+
+    def sent(value: float, at: str) -> dict:  # a Run.log batch as the metric service keeps it
+        return {"name": "acc", "columns": {"acc": "double"}, "properties": {"uxMetricType": "azureml.v1.scalar"},
+                "value": [{"metricId": at, "createdUtc": at, "data": {"acc": value}}]}
+    kept = [sent(0.5, "2026-12-01T10:00:00.000001Z"), sent(0.75, "2026-12-01T10:00:05.000001Z")]
+
+    def merged(after: datetime | None) -> dict:
+        dtos = [RunMetricDto.deserialize(d) for d in run_metric_dtos("r1", kept, after)]
+        return MetricsClient.dto_to_metrics_dict(dtos)
+
+    assert merged(None) == {"acc": [0.5, 0.75]}
+    assert merged(datetime(2026, 12, 1, 10, 0, 1, tzinfo=timezone.utc)) == {"acc": 0.75}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from amlemu.runs import runhistory
@@ -29,9 +29,10 @@ def children(call: Call) -> Reply:
 
 def _when(text: str) -> datetime | None:
     try:
-        return datetime.fromisoformat(text.replace("Z", "+00:00"))
+        found = datetime.fromisoformat(text.replace("Z", "+00:00"))
     except ValueError:
         return None
+    return found if found.tzinfo else found.replace(tzinfo=timezone.utc)  # compared with the SDK's UTC
 
 
 def run_metric_dtos(run_id: str, metrics: list[dict[str, Any]], after: datetime | None) -> list[dict[str, Any]]:
