@@ -59,7 +59,8 @@ def _text(cell: nbformat.NotebookNode) -> str:
 
 
 @TRAINING
-@pytest.mark.parametrize("full", [False, pytest.param(True, marks=FULL)], ids=["subset", "full"])
+@pytest.mark.parametrize("full", [False, pytest.param(True, marks=[FULL, pytest.mark.timeout(1800)])],
+                         ids=["subset", "full"])
 def test_the_seed_notebook_runs_unchanged_and_its_v1_metrics_reach_get_metrics(
         service: Service, full: bool, request: pytest.FixtureRequest) -> None:
     # `make test`: 2,000 images must show learning; `make test-full`: the full MNIST's 95%.
