@@ -64,7 +64,8 @@ def _text(cell: nbformat.NotebookNode) -> str:
 def test_the_seed_notebook_runs_unchanged_and_its_v1_metrics_reach_get_metrics(
         service: Service, full: bool, request: pytest.FixtureRequest) -> None:
     # `make test`: 2,000 images must show learning; `make test-full`: the full MNIST's 95%.
-    data, bar = (request.getfixturevalue("mnist_root"), 0.95) if full else (request.getfixturevalue("mnist_subset"), 0.6)
+    data, bar = (request.getfixturevalue("mnist_root"), 0.95) if full else \
+        (request.getfixturevalue("mnist_subset"), 0.6)
     service.amlemu("data", "upload", str(data), "azureml://datastores/workspaceblobstore/paths/mnist", "-o", "none")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     _parameters(nb, project_folder=str(REPO / "trainer"), data_path="mnist")
