@@ -14,7 +14,7 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
-from amlemu.service import v1online
+from amlemu.service import v1online, v1widget
 from amlemu.service.auth import TENANT
 from amlemu.service.calls import Call, Reply
 from amlemu.service.datablobs import account_name
@@ -165,15 +165,31 @@ def artifact_content_info(call: Call) -> Reply:
     return Reply(body=_content_info(call, run_id, call.params["path"]))
 
 
-def datastore_list(call: Call) -> Reply:
+DEFAULT_DATASTORE = "workspaceblobstore"  # the workspace's default, as on Azure ML
+
+
+def _datastore_dtos(call: Call) -> list[dict[str, Any]]:
     """The workspace's datastores as v1's DataStoreDto; no credential is handed out."""
-    found = [{"name": name, "dataStoreType": "AzureBlob", "hasBeenValidated": True, "tags": {},
-              "azureStorageSection": {"accountName": account_name(call.base), "containerName": props["containerName"],
-                                      "endpoint": "core.windows.net", "protocol": "https", "credentialType": "None",
-                                      "subscriptionId": call.st.workspace.subscription_id,
-                                      "resourceGroup": call.st.workspace.resource_group}}
-             for name, props in call.st.list_datastores()]
-    return Reply(body={"value": found, "continuationToken": None})
+    return [{"name": name, "dataStoreType": "AzureBlob", "hasBeenValidated": True, "tags": {},
+             "isDefault": name == DEFAULT_DATASTORE,
+             "azureStorageSection": {"accountName": account_name(call.base), "containerName": props["containerName"],
+                                     "endpoint": "core.windows.net", "protocol": "https", "credentialType": "None",
+                                     "subscriptionId": call.st.workspace.subscription_id,
+                                     "resourceGroup": call.st.workspace.resource_group}}
+            for name, props in call.st.list_datastores()]
+
+
+def datastore_list(call: Call) -> Reply:
+    return Reply(body={"value": _datastore_dtos(call), "continuationToken": None})
+
+
+def datastore_get(call: Call) -> Reply:
+    """One datastore (`Datastore.get`), or the default one (`ws.get_default_datastore()`)."""
+    name = call.params.get("name", DEFAULT_DATASTORE)
+    for dto in _datastore_dtos(call):
+        if dto["name"] == name:
+            return Reply(body=dto)
+    raise ServiceError(404, "UserError", f"datastore {name} was not found; `amlemu datastore list` names them")
 
 
 def no_snapshot_run(call: Call) -> Reply:
@@ -183,6 +199,7 @@ def no_snapshot_run(call: Call) -> Reply:
 
 ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     *v1online.ROUTES,
+    *v1widget.ROUTES,
     ("GET", "/subscriptions", subscriptions, True),
     ("POST", H + "/experiments:query", experiment_query, True),
     ("GET|POST", H + "/experiments/{experiment}", experiment, True),
@@ -196,6 +213,8 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, "run"),
     ("GET", "/datastore/v1.0" + WS + "/datastores", datastore_list, True),
+    ("GET", "/datastore/v1.0" + WS + "/datastores/{name}", datastore_get, True),
+    ("GET", "/datastore/v1.0" + WS + "/default", datastore_get, True),
     ("GET", A + "/{origin}/{container}", artifact_list, "run"),
     ("GET", A + "/prefix/contentinfo/{origin}/{container}", artifact_prefix, "run"),
     ("GET", A + "/prefix/contentinfo/{origin}/{container}/{path:path}", artifact_prefix, "run"),
