@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import tarfile
 import threading
 from pathlib import Path
 
@@ -60,6 +61,13 @@ def test_a_conda_file_gives_python_pip_packages_and_what_is_not_emulated() -> No
                           {"pip": ["amlemupin==1.0", "--extra-index-url https://example.invalid/simple"]}]}, "x")
     assert (python, requirements) == ("3.11", ["numpy==1.26.*", "amlemupin==1.0"])
     assert any("cudatoolkit" in n for n in notices) and any("--extra-index-url" in n for n in notices)
+
+
+def test_a_pip_line_that_would_fetch_from_anywhere_is_a_notice_not_a_requirement() -> None:
+    _, requirements, notices = from_conda({"dependencies": [{"pip": [
+        "amlemupin==1.0", "evil @ https://example.invalid/evil-1.0.tar.gz", "git+https://example.invalid/x.git"]}]}, "x")
+    assert requirements == ["amlemupin==1.0"]
+    assert any("direct URL" in n and "evil @" in n for n in notices) and any("git+https" in n for n in notices)
 
 
 @pytest.mark.parametrize("spec, version", [("=3.11", "3.11"), (" 3.10.4", "3.10"), ("==3.12.*", "3.12"),
@@ -153,6 +161,23 @@ def test_the_second_use_reuses_the_cache_and_concurrent_builds_build_once(tmp_pa
     again = software_for(None, definition, NOBODY, tmp_path, source)
     assert again.built.reused and again.built.record == record  # the record of the one build, unchanged
     assert sorted(p.name for p in env_cache.iterdir() if p.is_dir()) == [record["key"], "uv-cache"]
+
+
+def test_a_source_distribution_is_never_built_here(tmp_path: Path, source: PackageSource) -> None:
+    """Building an sdist runs its build code on this machine: a job's environment gets wheels only."""
+    marker = tmp_path / "build-backend-ran"
+    pkg = tmp_path / "sdist" / "amlemusrc-1.0"
+    pkg.mkdir(parents=True)
+    (pkg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: amlemusrc\nVersion: 1.0\n")
+    # An in-tree build backend that needs nothing from an index: building would run it.
+    (pkg / "pyproject.toml").write_text('[build-system]\nrequires = []\nbuild-backend = "backend"\nbackend-path = ["."]\n')
+    (pkg / "backend.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n")
+    folder = Path(source.find_links[0])
+    with tarfile.open(folder / "amlemusrc-1.0.tar.gz", "w:gz") as tar:
+        tar.add(pkg, arcname="amlemusrc-1.0")
+    with pytest.raises(BuildError, match="amlemusrc"):
+        build(resolve(None, {"image": "b", "conda_file": conda("amlemusrc==1.0")}, NOBODY), tmp_path, source)
+    assert not marker.exists()
 
 
 def test_a_package_the_source_lacks_fails_the_build_naming_it(tmp_path: Path, source: PackageSource) -> None:

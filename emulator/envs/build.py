@@ -170,8 +170,10 @@ def install(env: ResolvedEnvironment, site: Path, bin_dir: Path, where: list[str
     requirements.write_text("".join(f"{r}\n" for r in env.requirements))
     if env.requirements:
         links = [a for link in horovod_links for a in ("--find-links", link)]
-        _run([uv_binary(), "pip", "install", *where, *source.uv_args(), *links, "-r", str(requirements)], log,
-             f"environment {env.label} could not be built")
+        # --no-build: wheels only. Building a source distribution runs its code on this machine, and
+        # what a job declares must not run here (Horovod's wheel comes built, from the cache).
+        _run([uv_binary(), "pip", "install", "--no-build", *where, *source.uv_args(), *links, "-r", str(requirements)],
+             log, f"environment {env.label} could not be built")
     installed = {d.metadata["Name"]: d.version for d in hostdists.installed(site).values()}
     return {"python": env.python or HOST_PYTHON, "requirements": list(env.requirements),
             "source": source.describe(), "installed": dict(sorted(installed.items())),

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 from amlemu.envs import curated
@@ -103,6 +104,17 @@ def python_version(spec: str) -> str | None:
     return found.group(0) if found else None
 
 
+def _not_installable(line: str) -> str | None:
+    """Why a pip line of a job's conda file is not installed, if so. The job is untrusted code and its
+    environment is built on this machine: only a plain PEP 508 requirement (a name and versions, from
+    the emulator's package source) is; a URL would fetch from anywhere and build what it finds."""
+    try:
+        req = Requirement(line)
+    except InvalidRequirement:
+        return "not a requirement (name, extras, versions)"
+    return "a direct URL reference; the package source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS" if req.url else None
+
+
 def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str], list[str]]:
     """(python version, pip requirements, notices) of a conda environment file's content."""
     deps = conda.get("dependencies") or []
@@ -116,6 +128,8 @@ def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str]
                 if line.startswith("-"):
                     notices.append(f"{where}: pip option '{line.split()[0]}' is not used here; the emulator's package "
                                    f"source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS")
+                elif line and (why := _not_installable(line)):
+                    notices.append(f"{where}: '{line}' is not installed here: {why}")
                 elif line:
                     requirements.append(line)
             continue
