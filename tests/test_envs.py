@@ -14,6 +14,7 @@ from envwheels import wheelhouse
 from amlemu.cluster.store import Store
 from amlemu.envs import curated
 from amlemu.envs.build import HOST_PYTHON, RECORD, PackageSource, build, redact
+from amlemu.envs.layer import build_layer
 from amlemu.envs.resolve import conda_requirement, from_conda, parse_ref, resolve
 from amlemu.envs.software import planned_notices, software_for
 from amlemu.errors import BuildError, ConfigError, StateError
@@ -178,6 +179,12 @@ def test_a_source_distribution_is_never_built_here(tmp_path: Path, source: Packa
     with pytest.raises(BuildError, match="amlemusrc"):
         build(resolve(None, {"image": "b", "conda_file": conda("amlemusrc==1.0")}, NOBODY), tmp_path, source)
     assert not marker.exists()
+
+
+def test_an_image_name_cannot_add_lines_to_the_layers_dockerfile(tmp_path: Path, source: PackageSource) -> None:
+    hostile = resolve(None, {"image": "alpine\nRUN touch /pwned", "conda_file": conda("amlemupin==1.0")}, NOBODY)
+    with pytest.raises(BuildError, match="is not an image reference"):
+        build_layer(hostile, tmp_path, source)
 
 
 def test_a_package_the_source_lacks_fails_the_build_naming_it(tmp_path: Path, source: PackageSource) -> None:

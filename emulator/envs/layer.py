@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import tempfile
 from pathlib import Path
 
@@ -17,6 +18,8 @@ from amlemu.errors import BuildError
 REPOSITORY = "amlemu/env"
 SITE = "/opt/amlemu/site-packages"  # where the layer puts the packages in the image
 
+IMAGE_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")  # registry/name:tag@digest, nothing else
+
 
 def layer_tag(env: ResolvedEnvironment, source: PackageSource, base_id: str) -> str:
     return f"{REPOSITORY}:{hashlib.sha256(f'{base_id}/{env.key(source.key())}'.encode()).hexdigest()[:24]}"
@@ -25,6 +28,8 @@ def layer_tag(env: ResolvedEnvironment, source: PackageSource, base_id: str) -> 
 def build_layer(env: ResolvedEnvironment, cache: Path, source: PackageSource, log: Path | None = None
                 ) -> tuple[str, bool]:
     """(the layered image's tag, whether it was already built)."""
+    if not IMAGE_REF.fullmatch(env.image or ""):  # the job's text must not add a line to the Dockerfile
+        raise BuildError(f"environment {env.label}: image {env.image!r} is not an image reference")
     import docker  # noqa: PLC0415 - only where the docker backend runs the job's image
 
     client = docker.from_env(timeout=600)
