@@ -1,6 +1,7 @@
 """Shared fixtures: the real MNIST prepared by the setup, a fast deterministic subset of it, the trainer."""
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
@@ -8,6 +9,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -287,3 +289,16 @@ def stop_service_home(home: Path) -> None:
     assert servicefile.read_state(home) is None
     left = docker.from_env().containers.list(all=True, filters={"label": f"amlemu.home={Home.at(home).id}"})
     assert left == [], f"containers left: {[c.name for c in left]}"
+
+
+@contextmanager
+def served(home: Path, cwd: Path, backend: str = "docker", config: bool = True) -> Iterator[dict[str, str]]:
+    """The home's service as a user starts it: `amlemu env`'s variables (it starts the service), and
+    with `config` the config.json `amlemu workspace config` writes in `cwd`; stopped and cleaned after."""
+    try:
+        env = json.loads(service_cli(home, cwd, "env", "--format", "json", "--port", "0", backend=backend).stdout)
+        if config:
+            service_cli(home, cwd, "workspace", "config", backend=backend)
+        yield env
+    finally:
+        stop_service_home(home)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import release, service_cli, stop_service_home, wait_until
+from conftest import release, served, service_cli, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -44,8 +44,7 @@ def _user_token(home: Path, url: str, ca: str) -> str:
 def test_an_online_jobs_mlflow_metrics_are_seen_while_it_runs(emu: Emulator, backend: str, make_job, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     home = emu.home.root
-    try:
-        env = json.loads(service_cli(home, tmp_path, "env", "--format", "json", "--port", "0", backend=backend).stdout)
+    with served(home, tmp_path, backend, config=False) as env:
         url, ca = servicefile.read_state(home).url, env["REQUESTS_CA_BUNDLE"]
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=1, idle_seconds_before_scaledown=0))
         run = emu.submit(make_job(JOB, name="live"))
@@ -80,8 +79,6 @@ def test_an_online_jobs_mlflow_metrics_are_seen_while_it_runs(emu: Emulator, bac
         assert run.metric_history()["loss"] == [(s, pytest.approx(1.0 / (s + 1))) for s in range(6)]
         # `amlemu ui --mlflow` serves the same store: the online run is there already, never copied.
         assert build_ui_store(emu, ui_store_path(emu)) == 0 and ui_store_path(emu) == store_path(home)
-    finally:
-        stop_service_home(home)
 
 
 def _a_run_token_writes_to_its_own_run_only(home: Path, url: str, ca: str, run_id: str) -> None:

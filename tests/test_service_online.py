@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import requests
-from conftest import BLOCK, V1_CLUSTER_AND_MPI_JOB, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, V1_CLUSTER_AND_MPI_JOB, release, served, service_cli, wait_until
 
 from amlemu import servicekeys
 from amlemu.api import Emulator
@@ -98,9 +98,7 @@ def test_a_v1_jobs_ranks_log_to_the_online_run_on_both_backends(backend: str, tm
     _homes.add(Home.at(home).id)
     (src / "online.py").write_text(JOB)
     (tmp_path / "submit.py").write_text(SUBMIT)
-    try:
-        env = json.loads(service_cli(home, project, "env", "--format", "json", "--port", "0", backend=backend).stdout)
-        service_cli(home, project, "workspace", "config", backend=backend)
+    with served(home, project, backend) as env:
         done = subprocess.run([sys.executable, str(tmp_path / "submit.py"), str(src)], cwd=project, capture_output=True,
                               text=True, timeout=600, env={k: os.environ[k] for k in BASE_ENV if k in os.environ}
                               | {"HOME": str(user)} | env)
@@ -137,8 +135,6 @@ def test_a_v1_jobs_ranks_log_to_the_online_run_on_both_backends(backend: str, tm
         assert _run_tokens_in(home) == []
         service_log = (home / "service" / "service.log").read_text()
         assert "Bearer" not in service_log and "sig=" not in service_log
-    finally:
-        stop_service_home(home)
 
 
 WS = "/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices/workspaces/{ws}"

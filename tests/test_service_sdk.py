@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, Script, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, REPO, Script, release, served, service_cli, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -56,13 +56,8 @@ def service(tmp_path: Path, _homes: set[str]) -> Iterator[Service]:
     home.mkdir()
     project.mkdir()
     _homes.add(Home.at(home).id)
-    svc = Service(home, project, {})
-    try:
-        svc.env = json.loads(svc.amlemu("env", "--format", "json", "--port", "0").stdout)
-        svc.amlemu("workspace", "config")
-        yield svc
-    finally:
-        stop_service_home(home)
+    with served(home, project) as env:
+        yield Service(home, project, env)
 
 
 def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Service) -> None:

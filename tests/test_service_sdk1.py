@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release, service_cli, stop_service_home, wait_until
+from conftest import BLOCK, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release, served, service_cli, wait_until
 
 from amlemu.api import Emulator
 from amlemu.home import Home
@@ -58,13 +58,8 @@ def service(tmp_path: Path, _homes: set[str]) -> Iterator[Service]:
     for folder in (home, project, user):
         folder.mkdir()
     _homes.add(Home.at(home).id)
-    svc = Service(home, project, user, {})
-    try:
-        svc.env = json.loads(svc.amlemu("env", "--format", "json", "--port", "0").stdout)
-        svc.amlemu("workspace", "config")
-        yield svc
-    finally:
-        stop_service_home(home)
+    with served(home, project) as env:
+        yield Service(home, project, user, env)
 
 
 def _run_id(stdout: str) -> str:

@@ -139,7 +139,7 @@ def param_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def train(args: argparse.Namespace, data_root: Path) -> dict[str, Any]:
+def train(args: argparse.Namespace, data_root: Path, metrics_class: type[Metrics] = Metrics) -> dict[str, Any]:
     import horovod.torch as hvd  # noqa: PLC0415 - heavy imports after argument checks
     import torch  # noqa: PLC0415
     import torch.nn.functional as F  # noqa: PLC0415
@@ -194,7 +194,7 @@ def train(args: argparse.Namespace, data_root: Path) -> dict[str, Any]:
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
 
-    metrics = Metrics(enabled=rank == 0)
+    metrics = metrics_class(enabled=rank == 0)
     metrics.params({"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
                     "momentum": args.momentum, "world_size": size, "seed": args.seed,
                     "max_steps": args.max_steps, "device": device.type})
@@ -277,14 +277,15 @@ def train(args: argparse.Namespace, data_root: Path) -> dict[str, Any]:
     return summary
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, metrics_class: type[Metrics] = Metrics) -> int:
+    """`metrics_class`: how rank 0 reports (train_v1.py's: azureml-core's run.log instead of MLflow)."""
     args = parse_args(argv)
     try:
         data_root = resolve_data_root(args.data_dir)
     except DataError as exc:
         print(f"train.py: error: {exc}", file=sys.stderr)
         return 2
-    summary = train(args, data_root)
+    summary = train(args, data_root, metrics_class)
     return 0 if summary["params_in_sync"] else 1
 
 

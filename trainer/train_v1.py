@@ -38,7 +38,5 @@ class RunMetrics(train.Metrics):
             self._run.flush()  # the metrics are sent in the background: all of them before the job ends
 
 
-train.Metrics = RunMetrics  # type: ignore[misc] - train() makes its Metrics by this module-level name
-
 if __name__ == "__main__":
-    sys.exit(train.main())
+    sys.exit(train.main(metrics_class=RunMetrics))
