@@ -100,8 +100,9 @@ def test_a_run_preempted_more_often_than_allowed_fails_keeping_its_outputs(emu: 
     job = make_job(PARTIAL, nodes=2, distribution="pytorch")  # restarts of a job its nodes start themselves
     run = emu.submit(job)
     for attempt in (1, 2):
-        wait_until(lambda: run.logs(0).count("started") == attempt and run.status is RunStatus.RUNNING, 60,
-                   f"attempt {attempt} running")
+        # both ranks, so that each has written its partial output before the fault
+        wait_until(lambda: all(run.logs(r).count("started") == attempt for r in (0, 1))
+                   and run.status is RunStatus.RUNNING, 60, f"attempt {attempt} running")
         emu.faults.preempt("c1", node=0)
     assert run.wait(timeout=60) is RunStatus.FAILED
     assert run.record.error.startswith("preempted 2 times, more than the 1 restarts allowed")
