@@ -184,7 +184,7 @@ def build_env(base: dict[str, str], *, cuda_home: str | None, cc_list: str, jobs
     env.update(
         HOROVOD_WITH_PYTORCH="1",
         HOROVOD_WITH_MPI="1",
-        HOROVOD_WITH_GLOO="1",
+        HOROVOD_WITHOUT_GLOO="1",  # AmlCompute launches Horovod with mpirun: Gloo would be compiled for nothing
         HOROVOD_WITHOUT_TENSORFLOW="1",
         HOROVOD_WITHOUT_MXNET="1",
         MAKEFLAGS=f"-j{jobs}",
@@ -206,8 +206,8 @@ def cache_key(*, torch_version: str, torch_cuda: str | None, cc_list: str, pytho
               gpu_operations: str | None = None) -> str:
     """`torch_cuda` is None for a build without CUDA parts (a CPU torch, or --cuda no)."""
     gpu = f"cu{torch_cuda.replace('.', '')}-cc{cc_list.replace(',', '_')}" if torch_cuda else "cpu"
-    ops = f"-{gpu_operations.lower()}" if gpu_operations else ""  # the default build keeps its old key
-    return f"horovod{HOROVOD_VERSION}-torch{torch_version.replace('+', '_')}-{gpu}{ops}-{python_tag}"
+    ops = f"-{gpu_operations.lower()}" if gpu_operations else ""
+    return f"horovod{HOROVOD_VERSION}-mpi-torch{torch_version.replace('+', '_')}-{gpu}{ops}-{python_tag}"
 
 
 def pip_download_argv(python: str, dest: Path) -> list[str]:

@@ -100,7 +100,7 @@ def test_the_stack_validates_and_its_node_image_is_aml_openmpi_with_the_projects
     assert re.search(r"^FROM mcr\.microsoft\.com/azureml/openmpi[\d.]+-ubuntu", dockerfile, re.M)
     pins = dict(re.findall(r'"(torch|torchvision)==([^"]+)"', (REPO / "pyproject.toml").read_text()))
     assert f"ARG TORCH={pins['torch']}" in dockerfile and f"ARG TORCHVISION={pins['torchvision']}" in dockerfile
-    assert "horovod_wheel.py" in dockerfile and "HOROVOD_WITH_GLOO=1" in dockerfile
+    assert "horovod_wheel.py" in dockerfile and "HOROVOD_WITHOUT_GLOO=1" in dockerfile
 
 
 # --- `up`: two real nodes ------------------------------------------------------------------------------

@@ -32,7 +32,8 @@ def test_patches_cover_the_known_breakages() -> None:
 
 def test_build_env_selects_frameworks_and_cuda_only_when_asked() -> None:
     cpu = hw.build_env({"PATH": "/bin"}, cuda_home=None, cc_list="90", jobs=2)
-    assert cpu["HOROVOD_WITH_PYTORCH"] == cpu["HOROVOD_WITH_MPI"] == cpu["HOROVOD_WITH_GLOO"] == "1"
+    assert cpu["HOROVOD_WITH_PYTORCH"] == cpu["HOROVOD_WITH_MPI"] == cpu["HOROVOD_WITHOUT_GLOO"] == "1"
+    assert "HOROVOD_WITH_GLOO" not in cpu
     assert cpu["HOROVOD_WITHOUT_TENSORFLOW"] == "1" and cpu["MAKEFLAGS"] == "-j2"
     assert "HOROVOD_CUDA_HOME" not in cpu and cpu["PATH"] == "/bin"
     gpu = hw.build_env({}, cuda_home="/opt/cuda", cc_list="80,90", jobs=4)
@@ -43,7 +44,7 @@ def test_build_env_selects_frameworks_and_cuda_only_when_asked() -> None:
 def test_cache_key_changes_with_what_the_binary_depends_on() -> None:
     base = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", cc_list="80,90", python_tag="cpython-311")
     key = hw.cache_key(**base)
-    assert key == "horovod0.28.1-torch2.14.1_cu130-cu130-cc80_90-cpython-311"
+    assert key == "horovod0.28.1-mpi-torch2.14.1_cu130-cu130-cc80_90-cpython-311"
     for change in ({"torch_version": "2.13.0"}, {"torch_cuda": None}, {"cc_list": "90"},
                    {"python_tag": "cpython-312"}):
         assert hw.cache_key(**{**base, **change}) != key
@@ -62,10 +63,10 @@ def test_build_runs_without_build_isolation() -> None:
     assert "--no-binary" in hw.pip_download_argv("py", Path("/d"))
 
 
-def test_nccl_build_has_its_own_cache_key_and_the_default_keeps_its_old_one() -> None:
+def test_nccl_build_has_its_own_cache_key() -> None:
     base = dict(torch_version="2.14.1+cu130", torch_cuda="13.0", cc_list="80,90", python_tag="cpython-311")
     assert hw.cache_key(**base, gpu_operations=None) == hw.cache_key(**base)
-    assert hw.cache_key(**base, gpu_operations="NCCL") == "horovod0.28.1-torch2.14.1_cu130-cu130-cc80_90-nccl-cpython-311"
+    assert hw.cache_key(**base, gpu_operations="NCCL") == "horovod0.28.1-mpi-torch2.14.1_cu130-cu130-cc80_90-nccl-cpython-311"
 
 
 def test_build_env_for_nccl_points_cmake_at_the_staged_nccl() -> None:

@@ -20,7 +20,8 @@ from conftest import release, wait_until
 
 from amlemu.api import Emulator, Run
 from amlemu.cli import cli
-from amlemu.runs.metrics import PLOT_NAME, plot_metrics, plot_run
+from amlemu.runs.homestore import template_path
+from amlemu.runs.metrics import PLOT_NAME, SEED_TAG, merge_store, plot_metrics, plot_run, seed_store
 from amlemu.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
 from amlemu.specs import RunStatus
 
@@ -168,6 +169,52 @@ def test_a_preempted_run_plots_every_attempt(emu: Emulator, cluster, make_job) -
     assert run.plot_path is not None and run.plot_path.read_bytes()[:8] == PNG_SIGNATURE
     lifecycle = (run.dir / "system_logs" / "lifecycle.txt").read_text()
     assert lifecycle.count("metrics plotted") == 1  # once, at the end, not at the preemption
+
+
+# --- merging a node's store into the run's record -------------------------------------------------
+def test_merge_store_copies_what_ranks_logged_as_mlflow_reads_it(tmp_path: Path) -> None:
+    from mlflow.entities import Metric, Param, RunTag  # noqa: PLC0415
+    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+
+    node, record = tmp_path / "node.db", tmp_path / "record" / "mlflow.db"
+    seed_store(node, "exp", "jobrun", "jobrun", template_path())
+    client = MlflowClient(tracking_uri=f"sqlite:///{node}")
+    client.update_run("jobrun", status="RUNNING")  # rank 0 attached to the job's run and died: KILLED
+    client.log_batch("jobrun", metrics=[Metric("loss", v, 1000 + i, i) for i, v in enumerate([1.0, float("nan"), 0.25])],
+                     params=[Param("lr", "0.1")], tags=[RunTag("mine", "x")])
+    child = client.create_run(client.create_experiment("other"), run_name="child",
+                              tags={"mlflow.parentRunId": "jobrun"}).info.run_id
+    client.log_metric(child, "acc", 0.9, step=3)
+    client.set_terminated(child, "FINISHED", end_time=5000)
+    deleted = client.create_run(client.get_experiment_by_name("exp").experiment_id).info.run_id
+    client.delete_run(deleted)
+
+    assert merge_store(node, record, template_path()) == 2
+    assert merge_store(node, record, template_path()) == 2  # a second attempt's store: runs of their own
+    merged = MlflowClient(tracking_uri=f"sqlite:///{record}")
+    found = merged.search_runs([e.experiment_id for e in merged.search_experiments()])
+    assert sorted(r.info.run_name for r in found) == ["child", "child", "jobrun", "jobrun"]
+    assert len({r.info.run_id for r in found} | {"jobrun", child}) == 6  # new ids, none reused
+    job = next(r for r in found if r.info.run_name == "jobrun")
+    assert job.info.status == "KILLED" and job.info.end_time is not None
+    assert job.data.params == {"lr": "0.1"} and job.data.tags["mine"] == "x" and SEED_TAG not in job.data.tags
+    assert merged.get_experiment(job.info.experiment_id).name == "exp"
+    def points(of: Any, run_id: str) -> list[tuple[int, str, int]]:  # NaN as text: nan != nan
+        return [(step, repr(value), at) for step, value, at in _history(of, run_id, "loss")]
+
+    assert points(merged, job.info.run_id) == points(client, "jobrun") and len(points(client, "jobrun")) == 3
+    assert job.data.metrics["loss"] == 0.25  # the latest point, as MLflow reads it
+    copy = next(r for r in found if r.info.run_name == "child")
+    assert (copy.info.status, copy.info.end_time) == ("FINISHED", 5000) and "mlflow.parentRunId" not in copy.data.tags
+    assert merged.get_experiment(copy.info.experiment_id).name == "other"
+    assert [(m.step, m.value) for m in merged.get_metric_history(copy.info.run_id, "acc")] == [(3, 0.9)]
+
+
+def test_merge_store_skips_a_store_no_process_logged_to(tmp_path: Path) -> None:
+    node = tmp_path / "node.db"
+    seed_store(node, "exp", "jobrun", "jobrun", template_path())
+    assert merge_store(node, tmp_path / "record.db", template_path()) == 0
+    assert not (tmp_path / "record.db").exists()
 
 
 # --- one store for MLflow's UI ---------------------------------------------------------------------

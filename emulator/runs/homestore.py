@@ -14,7 +14,6 @@ whether or not the service still runs (it is a file of the home).
 """
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 from collections.abc import Callable
@@ -24,7 +23,7 @@ from pathlib import Path
 
 from amlemu.home import default_cache
 from amlemu.runs.metrics import HOME_MARK as MARK
-from amlemu.runs.metrics import SEED_PLACEHOLDER, SEED_TAG, ensure_template, marked_store
+from amlemu.runs.metrics import SEED_PLACEHOLDER, SEED_TAG, empty_store, marked_store
 BUSY_MS = 30_000  # the service may be writing: wait for its lock rather than fail the run
 _FINAL = {"Completed": "FINISHED", "Failed": "FAILED", "Canceled": "KILLED"}
 
@@ -53,22 +52,7 @@ def ensure_store(home_root: Path) -> Path:
     db = store_path(home_root)
     if db.exists():
         return db
-    template = template_path()
-    ensure_template(template)
-    db.parent.mkdir(parents=True, exist_ok=True)
-    tmp = db.with_name(f".{db.name}.{time.time_ns()}.tmp")
-    try:
-        shutil.copyfile(template, tmp)
-        with closing(sqlite3.connect(tmp)) as conn, conn:
-            conn.execute("DELETE FROM tags WHERE run_uuid = ?", (SEED_PLACEHOLDER,))
-            conn.execute("DELETE FROM runs WHERE run_uuid = ?", (SEED_PLACEHOLDER,))
-            conn.execute("DELETE FROM experiments WHERE name = ?", (SEED_PLACEHOLDER,))
-            conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0",
-                         ((artifact_root(home_root) / "0").as_uri(),))
-        if not db.exists():  # two supervisors at once: the first one's store stays
-            tmp.replace(db)
-    finally:
-        tmp.unlink(missing_ok=True)
+    empty_store(template_path(), db, (artifact_root(home_root) / "0").as_uri())
     return db
 
 

@@ -9,6 +9,7 @@ import os
 import shutil
 import sqlite3
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from pathlib import Path
@@ -189,6 +190,26 @@ def seed_store(db: Path, experiment: str, run_id: str, run_name: str, template: 
     return str(experiment_id)
 
 
+def empty_store(template: Path, db: Path, default_artifacts: str | None = None) -> None:
+    """A store with MLflow's schema and its Default experiment alone (artifacts at `default_artifacts`
+    when given), made whole or not at all: when two processes make it at once, the first one's stays."""
+    ensure_template(template)
+    db.parent.mkdir(parents=True, exist_ok=True)
+    tmp = db.with_name(f".{db.name}.{time.time_ns()}.tmp")
+    try:
+        shutil.copyfile(template, tmp)
+        with closing(sqlite3.connect(tmp)) as conn, conn:
+            conn.execute("DELETE FROM tags WHERE run_uuid = ?", (SEED_PLACEHOLDER,))
+            conn.execute("DELETE FROM runs WHERE run_uuid = ?", (SEED_PLACEHOLDER,))
+            conn.execute("DELETE FROM experiments WHERE name = ?", (SEED_PLACEHOLDER,))
+            if default_artifacts:
+                conn.execute("UPDATE experiments SET artifact_location = ? WHERE experiment_id = 0", (default_artifacts,))
+        if not db.exists():
+            tmp.replace(db)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 def started_runs(db: Path) -> int:
     """How many runs of a node's store a process started (all but the seeded run still SCHEDULED),
     counted with sqlite itself."""
@@ -199,35 +220,61 @@ def started_runs(db: Path) -> int:
     return int(count)
 
 
-def merge_store(source_db: Path, dest_db: Path) -> int:
-    """Copy every MLflow run of a node's store (its experiment, params, tags, metric points with
-    their steps and timestamps, status) into the run record's store, as runs of their own: ranks on
-    other nodes logged into their own node's store. Returns how many runs were copied."""
-    if not started_runs(source_db):  # the seeded run alone: no MLflow import (seconds) at every job's end
-        return 0
-    from mlflow.entities import Metric, Param, ViewType  # noqa: PLC0415
-    from mlflow.tracking import MlflowClient  # noqa: PLC0415
+def merge_store(source_db: Path, dest_db: Path, template: Path) -> int:
+    """Copy every MLflow run a process started in a node's store (its experiment, params, tags,
+    metric points with their steps and timestamps, status) into the run record's store, as runs of
+    their own: ranks on other nodes logged into their own node's store. Returns how many were copied.
 
-    source = MlflowClient(tracking_uri=f"sqlite:///{source_db}")
-    runs = [r for r in all_runs(source, ViewType.ACTIVE_ONLY)
-            if not (SEED_TAG in r.data.tags and r.info.status == "SCHEDULED")]  # seeded, never started
-    if not runs:
+    With sqlite itself, not MLflow's client: importing MLflow and opening two stores with it cost
+    ~7 CPU-s at the end of every job that logged. Both stores come from the same template, so they
+    have MLflow's current schema; the columns are read from it, not assumed. The node's store is the
+    job's file: opened read-only, and with `trusted_schema` off so a view or trigger it planted can
+    call no function with side effects."""
+    if not started_runs(source_db):  # the seeded run alone
         return 0
-    dest = MlflowClient(tracking_uri=f"sqlite:///{dest_db}")
-    for src in sorted(runs, key=lambda r: r.info.start_time or 0):
-        name = source.get_experiment(src.info.experiment_id).name
-        found = dest.get_experiment_by_name(name)
-        experiment_id = found.experiment_id if found else dest.create_experiment(name)
-        target = dest.create_run(experiment_id, start_time=src.info.start_time, run_name=src.info.run_name,
-                                 tags={k: v for k, v in src.data.tags.items() if k not in SKIP_TAGS})
-        run_id = target.info.run_id
-        for chunk in chunks([Param(k, v) for k, v in src.data.params.items()], 100):
-            dest.log_batch(run_id, params=chunk)
-        points = [Metric(m.key, m.value, m.timestamp, m.step) for key in src.data.metrics
-                  for m in source.get_metric_history(src.info.run_id, key)]
-        for chunk in chunks(points, 1000):
-            dest.log_batch(run_id, metrics=chunk)
-        # Still RUNNING in the node's store: its process died without ending it.
-        dest.set_terminated(run_id, status="KILLED" if src.info.status == "RUNNING" else src.info.status,
-                            end_time=src.info.end_time)
+    if not dest_db.exists():
+        empty_store(template, dest_db)
+    with closing(sqlite3.connect(dest_db.as_uri(), uri=True, timeout=30)) as conn, conn:
+        conn.execute("PRAGMA trusted_schema = OFF")
+        conn.execute("ATTACH DATABASE ? AS src", (f"{source_db.as_uri()}?mode=ro",))
+        runs = conn.execute(
+            "SELECT r.run_uuid, r.experiment_id, r.status FROM src.runs r JOIN src.experiments e "
+            "ON e.experiment_id = r.experiment_id WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active' "
+            "AND NOT (r.status = 'SCHEDULED' AND EXISTS (SELECT 1 FROM src.tags t WHERE t.run_uuid = r.run_uuid "
+            "AND t.key = ?)) ORDER BY COALESCE(r.start_time, 0)", (SEED_TAG,)).fetchall()  # seeded, never started
+        for source_id, source_experiment, status in runs:
+            new_id = uuid.uuid4().hex
+            _copy_rows(conn, "runs", "run_uuid = ?", (source_id,), {
+                "run_uuid": new_id, "experiment_id": _dest_experiment(conn, source_experiment),
+                # Still RUNNING in the node's store: its process died without ending it.
+                "status": "KILLED" if status == "RUNNING" else status})
+            conn.execute("UPDATE runs SET end_time = COALESCE(end_time, ?) WHERE run_uuid = ?",
+                         (int(time.time() * 1000), new_id))
+            for table in ("params", "metrics", "latest_metrics"):
+                _copy_rows(conn, table, "run_uuid = ?", (source_id,), {"run_uuid": new_id})
+            skip = sorted(SKIP_TAGS - {"mlflow.runName"})  # the run keeps its name
+            _copy_rows(conn, "tags", f"run_uuid = ? AND key NOT IN ({', '.join('?' * len(skip))})",
+                       (source_id, *skip), {"run_uuid": new_id})
     return len(runs)
+
+
+def _copy_rows(conn: sqlite3.Connection, table: str, where: str, args: tuple[Any, ...], values: dict[str, Any]) -> None:
+    """Rows of src.`table` into main.`table`, the columns both have, with `values` replacing some."""
+    mine = [row[1] for row in conn.execute(f"PRAGMA main.table_info({table})")]
+    theirs = {row[1] for row in conn.execute(f"PRAGMA src.table_info({table})")}
+    columns = [c for c in mine if c in theirs]
+    picks = ", ".join("?" if c in values else f'"{c}"' for c in columns)  # names from our own schema
+    names = ", ".join(f'"{c}"' for c in columns)
+    conn.execute(f"INSERT INTO main.{table} ({names}) SELECT {picks} FROM src.{table} WHERE {where}",  # noqa: S608
+                 (*[values[c] for c in columns if c in values], *args))
+
+
+def _dest_experiment(conn: sqlite3.Connection, source_experiment: int) -> int:
+    """The record store's experiment of the source experiment's name, made (as a copy) when missing."""
+    (name,) = conn.execute("SELECT name FROM src.experiments WHERE experiment_id = ?", (source_experiment,)).fetchone()
+    found = conn.execute("SELECT experiment_id FROM main.experiments WHERE name = ?", (name,)).fetchone()
+    if found:
+        return int(found[0])
+    (top,) = conn.execute("SELECT COALESCE(MAX(experiment_id), 0) FROM main.experiments").fetchone()
+    _copy_rows(conn, "experiments", "experiment_id = ?", (source_experiment,), {"experiment_id": top + 1})
+    return int(top + 1)

@@ -78,12 +78,11 @@ def collect(node_dir: Path, node: str, run_id: str, run_dir: Path, log: Callable
         source = nodefs.inside(job_dir, f"exe/wd/{sub}")
         if source is not None:
             shutil.copytree(source, run_dir / sub, dirs_exist_ok=True)
-    # A copy of its own name: MLflow caches a store per path, and the next attempt's node store
-    # will have this one's path.
+    # A copy: the node's file is the job's (nodefs copies it without following its links).
     copy = run_dir / f".merge-{node}-{time.time_ns()}.db"
     try:
         if nodefs.copy_file(node_dir, f"{job_rel(run_id)}/tracking/mlflow.db", copy):
-            merge_store(copy, run_dir / "mlflow.db")
+            merge_store(copy, run_dir / "mlflow.db", template_path())
     except Exception as exc:  # noqa: BLE001 - a broken store loses metrics, not the run
         log(f"warning: the MLflow store of {node} could not be read: {type(exc).__name__}: {exc}")
     finally:
