@@ -33,6 +33,9 @@ TRAINING = pytest.mark.xdist_group("training")
 # Proof-sized runs (the full MNIST's 95%, 100 jobs under faults): `make test-full`; `make test`
 # (CI) runs the same tests on less data or fewer jobs, so every behaviour is still checked there.
 FULL = pytest.mark.full
+# Seconds a job may take to start, or a waiting job to get on: a deadline, not a wait. On CI's 2
+# cores under 4 workers a start took over 60 s while the examples trained beside it (seconds alone).
+STARTUP = 180
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -234,7 +237,7 @@ def mpi_job(script):
 '''
 
 
-def release(emu: Emulator, run, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+def release(emu: Emulator, run, timeout: float = STARTUP) -> None:  # type: ignore[no-untyped-def]
     """Let a BLOCK-style job go on, once its folders exist on its nodes (they are laid out as it
     starts: a job released while queued would never see the file)."""
     def folders() -> list:  # type: ignore[type-arg]

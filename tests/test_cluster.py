@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -11,12 +14,14 @@ import docker
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import BLOCK, FULL, REPO, TRAINING, failing_rank_script, job_processes, release, wait_until
+from conftest import BLOCK, FULL, REPO, STARTUP, TRAINING, failing_rank_script, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import get_backend
 from amlemu.cli import cli
+from amlemu.cluster.teardown import ours
 from amlemu.errors import CapacityError
+from amlemu.home import PLAN_VARIABLE
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import load_job
 from amlemu.runs.contract import run_folder_id
@@ -171,7 +176,7 @@ def test_cancel_while_running_stops_every_rank_within_5_seconds(emu: Emulator, c
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
-    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), 60, "both ranks started")
+    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), STARTUP, "both ranks started")
     run.cancel()
     assert run.wait(timeout=5) is RunStatus.CANCELED
     assert job_processes(job.parent.name) == []
@@ -181,7 +186,7 @@ def test_cancel_while_running_stops_every_rank_within_5_seconds(emu: Emulator, c
 def test_jobs_queue_for_nodes_in_order_and_use_their_snapshot(emu: Emulator, cluster, make_job) -> None:
     cluster(max_nodes=2)
     first = emu.submit(make_job(BLOCK, nodes=2))
-    wait_until(lambda: first.status is RunStatus.RUNNING, 60, "the first job runs")
+    wait_until(lambda: first.status is RunStatus.RUNNING, STARTUP, "the first job runs")
     job = make_job("print('version 1', flush=True)\n", nodes=2)
     second = emu.submit(job)
     third = emu.submit(make_job("print('third', flush=True)\n", nodes=1))
@@ -281,7 +286,7 @@ def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluste
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
-    wait_until(lambda: "started" in run.logs(0), 60, "the job started")
+    wait_until(lambda: "started" in run.logs(0), STARTUP, "the job started")
     supervisor = psutil.Process(run.record.supervisor_pid)
     supervisor.send_signal(signal.SIGKILL)  # the emulator itself dies mid-run
     wait_until(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE, 10, "it died")
@@ -293,12 +298,27 @@ def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluste
     assert emu.store.nodes("c1") == [] and emu_nodes(emu) == []  # nobody is left to scale them down
 
 
+def test_cleanup_knows_a_runs_mpirun_by_its_launch_plan(tmp_path: Path) -> None:
+    """mpirun's argv names the run's folder by a hash, so a launch left by a dead supervisor is
+    known by the launch plan its environment names; a process reusing the pid has none."""
+    run_id = "brave_apple_0123456789"
+    env = {**os.environ, PLAN_VARIABLE: str(tmp_path / "runs" / run_id / "agent-plan.json")}
+    with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env) as launch, \
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as stranger:
+        try:
+            assert ours(launch.pid, run_id) and not ours(launch.pid, "brave_apple")
+            assert not ours(stranger.pid, run_id)
+        finally:
+            launch.kill()
+            stranger.kill()
+
+
 @pytest.mark.parametrize("backend", ["docker"], indirect=True)
 def test_a_node_killed_from_outside_fails_the_run(emu: Emulator, cluster, make_job) -> None:
     cluster()
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
-    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), 60, "both ranks started")
+    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), STARTUP, "both ranks started")
     killed_at = time.monotonic()
     docker.from_env().containers.get(f"amlemu-{emu.home.id}-c1-node-1").kill()
     assert run.wait(timeout=30) is RunStatus.FAILED

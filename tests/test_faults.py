@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import FULL, REPO, TRAINING, job_processes, release, wait_until
+from conftest import FULL, REPO, STARTUP, TRAINING, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import backend_class
@@ -53,7 +53,7 @@ def _faults_log(run) -> str:  # type: ignore[no-untyped-def]
 
 
 def _both_started(run, what: str = "started"):  # type: ignore[no-untyped-def]
-    wait_until(lambda: what in run.logs(0) and what in run.logs(1), 60, "both ranks started")
+    wait_until(lambda: what in run.logs(0) and what in run.logs(1), STARTUP, "both ranks started")
 
 
 def test_preemption_delays_are_reproducible() -> None:
@@ -102,7 +102,7 @@ def test_a_run_preempted_more_often_than_allowed_fails_keeping_its_outputs(emu: 
     for attempt in (1, 2):
         # both ranks, so that each has written its partial output before the fault
         wait_until(lambda: all(run.logs(r).count("started") == attempt for r in (0, 1))
-                   and run.status is RunStatus.RUNNING, 60, f"attempt {attempt} running")
+                   and run.status is RunStatus.RUNNING, STARTUP, f"attempt {attempt} running")
         emu.faults.preempt("c1", node=0)
     assert run.wait(timeout=60) is RunStatus.FAILED
     assert run.record.error.startswith("preempted 2 times, more than the 1 restarts allowed")
@@ -160,7 +160,8 @@ def test_a_partitioned_node_ends_the_run_in_bounded_time(emu: Emulator, cluster,
         run.cancel()
         return
     emu.faults.partition("c1", 1)
-    wait_until(lambda: run.status.is_terminal, PARTITION_TIMEOUT + 15, "the run ends, bounded")
+    # bounded: the partition's timeout, plus stopping the job on a loaded machine
+    wait_until(lambda: run.status.is_terminal, PARTITION_TIMEOUT + 60, "the run ends, bounded")
     assert run.status is RunStatus.FAILED
     assert "fault: partition c1-node-1" in _faults_log(run)
     assert job_processes(job.parent.name) == []
@@ -203,7 +204,7 @@ def test_a_failing_datastore_read(emu: Emulator, cluster, make_job) -> None:
     job = make_job(READ_AFTER_RELEASE, args="${{inputs.d}}",
                    extra="inputs:\n  d: {path: azureml://datastores/workspaceblobstore/paths/fault}\n")
     run = emu.submit(job)
-    wait_until(lambda: "started" in run.logs(0), 60, "the job started")
+    wait_until(lambda: "started" in run.logs(0), STARTUP, "the job started")
     emu.faults.fail_data_read("c1", 0, "azureml://datastores/workspaceblobstore/paths/fault/v.txt")
     release(emu, run)
     assert run.wait(timeout=60) is RunStatus.FAILED
@@ -241,7 +242,7 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
         if fault == "cancel-queued":
             run.cancel()
         elif fault != "none":
-            wait_until(lambda: run.status in (RunStatus.RUNNING,) or run.status.is_terminal, 60, f"job {i} runs")
+            wait_until(lambda: run.status in (RunStatus.RUNNING,) or run.status.is_terminal, STARTUP, f"job {i} runs")
             if run.status is RunStatus.RUNNING:
                 try:
                     if fault == "preempt":

@@ -16,7 +16,7 @@ from typing import Any
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import release, wait_until
+from conftest import STARTUP, release, wait_until
 
 from amlemu.api import Emulator, Run
 from amlemu.cli import cli
@@ -160,7 +160,7 @@ def test_a_failed_run_is_plotted_and_a_run_without_metrics_is_not(emu: Emulator,
 def test_a_preempted_run_plots_every_attempt(emu: Emulator, cluster, make_job) -> None:
     cluster(max_nodes=1, vm_priority="lowpriority")
     run = emu.submit(make_job(ATTEMPTS, distribution="none"))
-    wait_until(lambda: "attempt 0" in run.logs(0) and run.status is RunStatus.RUNNING, 60, "attempt 0 running")
+    wait_until(lambda: "attempt 0" in run.logs(0) and run.status is RunStatus.RUNNING, STARTUP, "attempt 0 running")
     assert run.plot_path is None  # not while it runs
     emu.faults.preempt("c1", node=0)
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
@@ -228,7 +228,7 @@ def test_build_ui_store_copies_each_run_once_and_refreshes_active_ones(emu: Emul
     done = emu.submit(make_job(LOGS, distribution="none"))
     active = emu.submit(make_job(STEPWISE, distribution="none"))
     assert done.wait(timeout=120) is RunStatus.COMPLETED, done.record.error
-    wait_until(lambda: "step 0 logged" in active.logs(0), 60, "the second run logged step 0")
+    wait_until(lambda: "step 0 logged" in active.logs(0), STARTUP, "the second run logged step 0")
     dest = tmp_path / "ui" / "mlflow.db"
     assert build_ui_store(emu, dest) == 2
     client = MlflowClient(tracking_uri=f"sqlite:///{dest}")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from azure.storage.blob import AccountSasPermissions, ResourceTypes, generate_account_sas
-from conftest import wait_until
+from conftest import STARTUP, wait_until
 
 from amlemu.api import Emulator
 from amlemu.errors import ConfigError
@@ -115,7 +115,7 @@ def test_a_running_job_sees_a_changed_blob_once_the_ttl_has_passed(emu: Emulator
                                 "environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 1000\n",
                    args="${{inputs.d}}")
     run = emu.submit(job)
-    wait_until(lambda: "first: before" in run.logs(), 60, "the job read the file")
+    wait_until(lambda: "first: before" in run.logs(), STARTUP, "the job read the file")
     _put(emu, "w/v.txt", b"after!")
     assert run.wait(timeout=90) is RunStatus.COMPLETED, run.record.error
     assert run.logs().splitlines()[-1] == "now: after!"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import BLOCK, FULL, TRAINING, failing_rank_script, job_processes, wait_until
+from conftest import BLOCK, FULL, STARTUP, TRAINING, failing_rank_script, job_processes, wait_until
 
 from amlemu.api import Emulator
 from amlemu.specs import RunStatus
@@ -119,7 +119,7 @@ def test_cancel_stops_every_process_of_a_pytorch_job(emu: Emulator, cluster, mak
     cluster()
     job = make_job(BLOCK, nodes=2, per_node=2, distribution="pytorch")
     run = emu.submit(job)
-    wait_until(lambda: all("started" in run.logs(rank) for rank in range(4)), 60, "every process started")
+    wait_until(lambda: all("started" in run.logs(rank) for rank in range(4)), STARTUP, "every process started")
     run.cancel()
     assert run.wait(timeout=5) is RunStatus.CANCELED
     assert job_processes(job.parent.name) == []

@@ -22,7 +22,7 @@ from amlemu.backends import BACKENDS, backend_class, get_backend
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
-from amlemu.home import Home
+from amlemu.home import PLAN_VARIABLE, Home
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
@@ -43,8 +43,14 @@ def ours(pid: int, run_id: str) -> bool:
         # The id as a whole word of the argv (an argument, a path component): a job may be named
         # `a`, which a bare substring test would find in almost any process reusing the pid.
         word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
-        return proc.status() != psutil.STATUS_ZOMBIE and any(word.search(part) for part in proc.cmdline())
-    except psutil.NoSuchProcess:
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        if any(word.search(part) for part in proc.cmdline()):
+            return True
+        # mpirun's argv names the run's folder by a hash, as Azure ML's does; its environment names
+        # the run's launch plan (runs/agent.py), which a process reusing the pid would not have.
+        return bool(word.search(proc.environ().get(PLAN_VARIABLE, "")))
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 
 

@@ -24,8 +24,7 @@ from typing import Any
 from amlemu.backends import backend_class
 from amlemu.backends.base import NodeBackend
 from amlemu.errors import ConfigError
-
-PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
+from amlemu.home import PLAN_VARIABLE
 
 
 class AgentError(RuntimeError):

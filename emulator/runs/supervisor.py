@@ -20,7 +20,7 @@ from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjec
 from amlemu.cluster.store import Store
 from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
-from amlemu.home import Home, default_cache
+from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.runs import homestore, rundisk, servicelink
 from amlemu.runs.gang import Gang
@@ -176,7 +176,7 @@ class Supervisor:
         launch = self.run_dir / "system_logs" / "launch.json"  # what ran, as the dry run shows it
         launch.touch(mode=0o600)  # the job's variables may hold secrets
         launch.write_text(json.dumps(plan.to_dict(), indent=2))
-        env = {**os.environ, "AMLEMU_AGENT_PLAN": str(self.run_dir / "agent-plan.json")}
+        env = {**os.environ, PLAN_VARIABLE: str(self.run_dir / "agent-plan.json")}
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
