@@ -175,7 +175,9 @@ def healthy(endpoint: AzuriteEndpoint) -> bool:
 
     try:
         socket.create_connection(("127.0.0.1", endpoint.port), timeout=1).close()
-        client = BlobServiceClient.from_connection_string(endpoint.connection_string, retry_total=0)
+        # Short timeouts: a request left unanswered must not use up the caller's whole deadline.
+        client = BlobServiceClient.from_connection_string(endpoint.connection_string, retry_total=0,
+                                                          connection_timeout=2, read_timeout=5)
         list(client.list_containers(results_per_page=1))
         return True
     except Exception:  # noqa: BLE001 - any failure means: not ready yet
