@@ -199,6 +199,7 @@ def test_merge_store_copies_what_ranks_logged_as_mlflow_reads_it(tmp_path: Path)
     assert job.info.status == "KILLED" and job.info.end_time is not None
     assert job.data.params == {"lr": "0.1"} and job.data.tags["mine"] == "x" and SEED_TAG not in job.data.tags
     assert merged.get_experiment(job.info.experiment_id).name == "exp"
+
     def points(of: Any, run_id: str) -> list[tuple[int, str, int]]:  # NaN as text: nan != nan
         return [(step, repr(value), at) for step, value, at in _history(of, run_id, "loss")]
 
