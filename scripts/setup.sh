@@ -103,7 +103,8 @@ horovod() {
   step "horovod wheel: waiting for its build"
   wait "$HOROVOD_BUILD" || die "horovod build failed (see above)"
   trap - EXIT
-  pip_install --no-deps "$(cat "$HOROVOD_OUT")"
+  # --force-reinstall: a rebuilt wheel of the same version (another recipe) would be skipped otherwise.
+  pip_install --no-deps --force-reinstall "$(cat "$HOROVOD_OUT")"
   rm -f "$HOROVOD_OUT"
   pip_install -e "$ROOT[trainer,dev,sdk1,sdk2]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
