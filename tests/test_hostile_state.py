@@ -157,7 +157,7 @@ def test_a_refused_blob_credential_is_one_redacted_line(tmp_path: Path, monkeypa
                                                 credential="sas", endpoint=endpoint), secret)
             started = time.monotonic()
             result = run_cli(emu.home.root, "data", "ls", f"azureml://datastores/{name}/paths/x")
-            assert result.exit_code == 1 and time.monotonic() - started < 10
+            assert result.exit_code == 1 and time.monotonic() - started < 30  # no retry storm (minutes)
             assert result.stderr.startswith(f"amlemu: error: datastore {name}: ") and result.stderr.count("\n") == 1
             assert "Traceback" not in result.output and bad.split("sig=")[1].split("&")[0] not in result.output
     finally:
@@ -189,7 +189,7 @@ def test_a_blob_endpoint_that_resets_every_connection_fails_within_seconds(world
                                             credential="sas", endpoint=f"http://127.0.0.1:{server.getsockname()[1]}"), SAS)
         started = time.monotonic()
         result = run_cli(home, "data", "ls", "azureml://datastores/resetting/paths/x")
-        assert result.exit_code == 1 and time.monotonic() - started < 30, time.monotonic() - started
+        assert result.exit_code == 1 and time.monotonic() - started < 60, time.monotonic() - started  # was 247 s
         assert result.stderr.startswith("amlemu: error: datastore resetting: ") and result.stderr.count("\n") == 1
         assert "Traceback" not in result.output and "NOTREAL" not in result.output
     finally:
