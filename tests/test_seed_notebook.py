@@ -94,7 +94,8 @@ def test_the_seed_notebook_runs_unchanged_and_its_v1_metrics_reach_get_metrics(
     # Its log pane: v1's files, each fetched from the service's signed URL (by default the newest
     # group's first, mpirun's own log: empty for a run that went well).
     assert {"azureml-logs/70_driver_log_0.txt", "azureml-logs/70_mpi_log.txt"} <= set(widget["log_files"])
-    assert widget["default_log"].strip() == "Run is completed."
+    # (mpirun may warn there first: "plm:rsh: Warning: setpgid(...) failed", a benign race of its own)
+    assert widget["default_log"].strip().endswith("Run is completed.")
     assert "final test accuracy" in widget["logs"] and widget["logs"].endswith("Run is completed.")
     # The emulator ran it as any job: 2 ranks' driver logs in v1's layout.
     run_dir = service.home / "runs" / widget["run_id"]
