@@ -242,6 +242,7 @@ def merge_store(source_db: Path, dest_db: Path, template: Path) -> int:
             "ON e.experiment_id = r.experiment_id WHERE r.lifecycle_stage = 'active' AND e.lifecycle_stage = 'active' "
             "AND NOT (r.status = 'SCHEDULED' AND EXISTS (SELECT 1 FROM src.tags t WHERE t.run_uuid = r.run_uuid "
             "AND t.key = ?)) ORDER BY COALESCE(r.start_time, 0)", (SEED_TAG,)).fetchall()  # seeded, never started
+        skip = sorted(SKIP_TAGS - {"mlflow.runName"})  # the run keeps its name
         for source_id, source_experiment, status in runs:
             new_id = uuid.uuid4().hex
             _copy_rows(conn, "runs", "run_uuid = ?", (source_id,), {
@@ -252,7 +253,6 @@ def merge_store(source_db: Path, dest_db: Path, template: Path) -> int:
                          (int(time.time() * 1000), new_id))
             for table in ("params", "metrics", "latest_metrics"):
                 _copy_rows(conn, table, "run_uuid = ?", (source_id,), {"run_uuid": new_id})
-            skip = sorted(SKIP_TAGS - {"mlflow.runName"})  # the run keeps its name
             _copy_rows(conn, "tags", f"run_uuid = ? AND key NOT IN ({', '.join('?' * len(skip))})",
                        (source_id, *skip), {"run_uuid": new_id})
     return len(runs)
