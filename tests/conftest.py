@@ -1,7 +1,11 @@
 """Shared fixtures: the real MNIST prepared by the setup, a fast deterministic subset of it, the trainer."""
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -55,14 +59,6 @@ def mnist_subset(mnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 
 @pytest.fixture(scope="session")
-def mnist_12k(mnist_root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The first 12,000 training and 2,000 test images: the seed's job trains on it in a fifth of the
-    time and still reaches 90% (the full set's 95% is checked once, on the seed's docker nodes)."""
-    dest = tmp_path_factory.mktemp("mnist-12k")
-    return mnist.write_subset(mnist.MnistLayout(mnist_root), dest, train=12000, test=2000).root
-
-
-@pytest.fixture(scope="session")
 def trainer_module():
     """trainer/train.py imported the way a node runs it (its own folder on sys.path)."""
     sys.path.insert(0, str(TRAINER_DIR))
@@ -104,12 +100,16 @@ def _homes():
 
 
 @pytest.fixture
-def emu(tmp_path: Path, backend: str, _homes: set[str]):
+def emu(tmp_path: Path, backend: str, _homes: set[str], request: pytest.FixtureRequest):
     """An emulator with its own home; afterwards nothing it made may remain."""
     emulator = Emulator(home=tmp_path / "home", backend=backend)
     _homes.add(emulator.home.id)
     yield emulator
-    emulator.cleanup()
+    try:
+        if getattr(request.node, "failed_call", False):
+            post_mortem(emulator, tmp_path / "post-mortem")
+    finally:
+        emulator.cleanup()
     if backend == "docker":
         import docker  # noqa: PLC0415
 
@@ -121,6 +121,35 @@ def emu(tmp_path: Path, backend: str, _homes: set[str]):
                  for p in psutil.process_iter(["cmdline", "status"])
                  if any(str(emulator.home.root) in part for part in (p.info["cmdline"] or []))]
     assert leftovers == [], f"the test left processes behind: {leftovers}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):  # type: ignore[no-untyped-def]
+    report = yield
+    if report.when == "call" and report.failed:
+        item.failed_call = True  # type: ignore[attr-defined] # read by the emu fixture's teardown
+    return report
+
+
+def post_mortem(emulator: Emulator, dest: Path) -> None:
+    """A failed test's runs, before cleanup removes them: each live supervisor first writes its
+    threads' stacks into its log (SIGUSR1), then the runs' folders are copied (pytest keeps the
+    last sessions' tmp_path)."""
+    dumps = []
+    for record in emulator.store.runs():
+        pid, log = record.supervisor_pid, emulator.home.run_dir(record.id) / "system_logs" / "supervisor.txt"
+        with contextlib.suppress(psutil.Error, OSError):
+            if not record.status.is_terminal and pid and str(emulator.home.root) in psutil.Process(pid).cmdline():
+                dumps.append((log, log.stat().st_size if log.exists() else 0))
+                os.kill(pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(not log.exists() or log.stat().st_size == size for log, size in dumps):
+        time.sleep(0.1)
+    dest.mkdir(parents=True, exist_ok=True)
+    if (emulator.home.root / "runs").is_dir():
+        shutil.copytree(emulator.home.root / "runs", dest / "runs", symlinks=True, dirs_exist_ok=True)
+    shutil.copy2(emulator.home.db, dest / emulator.home.db.name)  # statuses and their times
+    print(f"post-mortem of the failed test's runs: {dest}")
 
 
 class JobFactory:

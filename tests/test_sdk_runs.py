@@ -24,17 +24,12 @@ def v1_environment():  # type: ignore[no-untyped-def]
     return env
 
 
-@TRAINING
-@pytest.mark.slow
-@pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind; one training is enough
-def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_subset: Path) -> None:
-    """The seed's code, as written in the article, with an offline workspace and compute target, on
-    real MNIST in workspaceblobstore (a subset: the figure is tests/test_cluster.py's business)."""
+def _seed_estimator(emu: Emulator):  # type: ignore[no-untyped-def]
+    """The seed's code, as written in the article, with an offline workspace and compute target."""
     with sdk1.quiet():  # their imports warn about the SDK's own deprecated enums
         from azureml.data.azure_storage_datastore import AzureBlobDatastore
         from azureml.train.dnn import PyTorch
 
-    emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
     ws = emu.workspace()
     workspace = sdk1.offline_workspace(ws["subscription_id"], ws["resource_group"], ws["workspace_name"])
     config = ClusterSpec("gpucluster", "STANDARD_NC6", vm_priority="lowpriority", max_nodes=2,
@@ -47,7 +42,32 @@ def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_subset: P
                             entry_script="train.py",
                             script_params={"--data-dir": datastore.path("mnist").as_mount(), "--epochs": 3},
                             node_count=2, process_count_per_node=1, distributed_backend="mpi", use_gpu=True)
-    run = emu.submit(estimator)
+    return estimator
+
+
+@pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind
+def test_the_seed_v1_estimator_is_planned_as_the_seed_job(emu: Emulator, mnist_subset: Path) -> None:
+    """`emu.submit(estimator)`'s dry run: the estimator's 2 nodes x 1 process under the platform's
+    mpirun, MNIST mounted from workspaceblobstore, the script's arguments; nothing is created. (Its
+    training: the seed notebook's test in `make test`, through the service; the next test, here.)"""
+    emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
+    plan = emu.plan_job(_seed_estimator(emu))
+    assert plan["launch"][0] == "mpirun" and plan["launch"][plan["launch"].index("-np") + 1] == "2"
+    assert [r["node"] for r in plan["ranks"]] == ["gpucluster-node-0", "gpucluster-node-1"]
+    command = plan["launch"][-1].split()
+    assert command[:3] == ["python", "train.py", "--data-dir"] and command[4:] == ["--epochs", "3"]
+    assert command[3].endswith("/cap/data-capability/wd/INPUT_data_dir")
+    assert emu.runs() == [] and emu.store.nodes("gpucluster") == []
+
+
+@TRAINING
+@pytest.mark.slow
+@pytest.mark.full  # the same training runs in `make test` as the seed notebook's (test_seed_notebook.py)
+@pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind; one training is enough
+def test_seed_v1_estimator_trains_on_the_emulator(emu: Emulator, mnist_subset: Path) -> None:
+    """On real MNIST in workspaceblobstore (a subset: the figure is tests/test_cluster.py's business)."""
+    emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
+    run = emu.submit(_seed_estimator(emu))
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.summary() + run.logs(0)[-2000:]
     job = run.job
     assert (job.instance_count, job.distribution.process_count_per_instance) == (2, 1)

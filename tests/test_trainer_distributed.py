@@ -10,7 +10,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 import pytest
-from conftest import TRAINER_DIR, TRAINING
+from conftest import FULL, TRAINER_DIR, TRAINING
 
 from amlemu.home import default_cache
 from amlemu.runs.metrics import seed_store
@@ -67,8 +67,11 @@ def _assert_trained(cwd: Path, summary_steps: int) -> dict:
 
 
 @TRAINING
+@FULL  # `make test` checks the same contract on emulated nodes (test_cluster's Horovod MNIST)
 def test_two_ranks_under_mpirun(tmp_path: Path, mnist_subset: Path) -> None:
-    """(A restart resuming from its newest checkpoint: test_faults' preemption of the seed's job.)"""
+    """The trainer outside the emulator, under a bare mpirun (bench/'s baseline): --max-steps, the
+    loss every --log-interval steps, rank 0 alone logging to the job's MLflow run. (A restart
+    resuming from its newest checkpoint: test_faults' preemption of the seed's job.)"""
     tracking = _tracking(tmp_path)
     done = _mpirun(tmp_path, _trainer(mnist_subset, *FAST), tracking)
     summary = _assert_trained(tmp_path, summary_steps=30)

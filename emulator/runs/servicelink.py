@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from amlemu import servicefile, servicekeys
+from amlemu import servicefile
 from amlemu.backends import NodeBackend, NodeRequest
 from amlemu.backends.base import SERVICE_HOST
 from amlemu.runs.contract import node_job_dir
@@ -93,6 +93,8 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 def _server_context(ca_folder: Path, hosts: list[str]) -> ssl.SSLContext | None:
+    from amlemu import servicekeys  # noqa: PLC0415 - cryptography: a fifth of an offline run's start
+
     ca = servicekeys.load_ca(ca_folder)
     if ca is None:
         return None
@@ -125,10 +127,14 @@ def attach(home_root: Path, run_id: str, backend: NodeBackend, request: NodeRequ
            log: Callable[[str], None]) -> RunLink | None:
     """The run's link when the home's service runs (else None: the run is offline, as before)."""
     state = servicefile.read_state(home_root)
+    if state is None:
+        return None
+    from amlemu import servicekeys  # noqa: PLC0415 - see _server_context
+
     folder = servicefile.service_dir(home_root)
     key = servicekeys.home_key(folder)
     address = backend.host_address(request)
-    if state is None or key is None or address is None:
+    if key is None or address is None:
         return None
     server = _server_context(folder, [SERVICE_HOST, address])
     bundle = folder / "ca-bundle.pem"

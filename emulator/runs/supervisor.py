@@ -6,9 +6,11 @@ them (Preparing), launches the job the way AmlCompute does (Running), collects o
 """
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import shutil
+import signal
 import sys
 import threading
 import time
@@ -383,6 +385,8 @@ class Supervisor:
 
 def main(argv: list[str] | None = None) -> int:
     home_root, run_id = (sys.argv[1:] if argv is None else argv)[:2]
+    # `kill -USR1 <supervisor_pid>`: every thread's stack into system_logs/supervisor.txt (a stuck run)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     Supervisor(Home.at(home_root), run_id).run()
     return 0
 
