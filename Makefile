@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 export AMLEMU_VENV := $(VENV)
 export AMLEMU_CACHE := $(CACHE)
 
-.PHONY: setup demo test test-full gpu-check
+.PHONY: setup demo test test-full gpu-check constraints
 
 setup:
 	bash scripts/setup.sh
@@ -39,3 +39,9 @@ test-full: setup
 # GPU path (scripts/gpu_check.sh); one report line per check. Without a GPU it stops at once (exit 2).
 gpu-check:
 	bash scripts/gpu_check.sh
+
+# After changing pyproject.toml's dependencies: the venv's versions (less amlemu itself and the
+# horovod built here) become the set scripts/setup.sh installs; then run the suite on them.
+constraints:
+	{ grep '^#' scripts/constraints.txt; $(PY) -m pip freeze --exclude-editable | grep -v '^horovod ' | sort -f; } \
+		>scripts/constraints.txt.new && mv scripts/constraints.txt.new scripts/constraints.txt

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The one idempotent setup of amlemu, used by `make demo`, `make test` and CI.
 #
-#   1. Debian packages: Docker engine, Open MPI, build tools, chromium (apt, as root; skipped when present)
-#   2. a running Docker engine                                     (starts dockerd when none answers)
-#   3. the project's venv with torch and the project itself; horovod (built once, cached) compiles
-#      in the background while
-#   4. Azurite (npm) for blob datastores and the real MNIST data set as torchvision expects it install
+#   1. Debian packages: Docker engine, Open MPI, build tools, chromium (apt, as root; skipped when
+#      present), installed in the background while
+#   2. the project's venv gets torch and the project itself (uv, at the versions of
+#      scripts/constraints.txt: what the suite last passed with);
+#   3. a running Docker engine (starts dockerd when none answers);
+#   4. horovod (built once, cached) compiles in the background while Azurite (npm) for blob
+#      datastores and the real MNIST data set, as torchvision expects it, install.
 #
 # A second run on a ready machine checks each step and changes nothing.
 # Knobs: AMLEMU_VENV (default ./.venv), AMLEMU_CACHE (default ~/.cache/amlemu; horovod wheels and
@@ -36,10 +38,19 @@ system_packages() {
   [ -z "$missing" ] && { step "Debian packages present"; return; }
   [ "$(id -u)" = 0 ] || die "missing Debian packages: ${missing}; run as root or: sudo apt-get install -y ${missing}"
   command -v apt-get >/dev/null || die "missing Debian packages (${missing}) and no apt-get to install them"
-  step "installing Debian packages: ${missing}"
-  apt-get update -q
+  step "installing Debian packages in the background: ${missing}"
+  APT_LOG=$(mktemp)
   # shellcheck disable=SC2086 # the package list is meant to split
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q ${missing}
+  (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q ${missing}) >"$APT_LOG" 2>&1 &
+  APT_INSTALL=$!
+}
+
+system_packages_done() {
+  [ -n "${APT_INSTALL:-}" ] || return 0
+  step "Debian packages: waiting for apt"
+  wait "$APT_INSTALL" || { tail -n 30 "$APT_LOG" >&2; die "apt-get could not install the Debian packages (above)"; }
+  rm -f "$APT_LOG"
+  APT_INSTALL=
 }
 
 docker_engine() {
@@ -69,28 +80,57 @@ pip_install() {
   return "$status"
 }
 
+# uv reads no pip configuration: this machine's package sources for pip (local indexes, wheel
+# folders, a cap on versions, the CA file) are handed to uv, so both install from the same places.
+uv_sources() {
+  local line key value
+  UV_ARGS=(--python "$VENV/bin/python" --constraint "$ROOT/scripts/constraints.txt" --index-strategy unsafe-best-match)
+  while IFS= read -r line; do
+    key=${line%%=*}; key=${key#*.}; value=${line#*=}; value=${value#\'}; value=${value%\'}
+    case $key in
+      index-url) export UV_INDEX_URL=$value ;;
+      extra-index-url) export UV_EXTRA_INDEX_URL=$value ;;
+      find-links) export UV_FIND_LINKS=${value// /,} ;;
+      constraint) UV_ARGS+=(--constraint "$value") ;;
+      cert) export SSL_CERT_FILE=$value ;;
+    esac
+  done < <("$VENV/bin/python" -m pip config list 2>/dev/null)
+}
+
+uv_install() {
+  "$VENV/bin/uv" pip install -q "${UV_ARGS[@]}" "$@"
+}
+
 venv_up_to_date() {
   local stamp_file=$VENV/.amlemu-stamp
-  STAMP=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" | sha256sum | cut -c1-16)
+  STAMP=$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/constraints.txt" "$ROOT/scripts/setup.sh" "$ROOT/scripts/horovod_wheel.py" |
+    sha256sum | cut -c1-16)
   [ -f "$stamp_file" ] && [ "$(cat "$stamp_file")" = "$STAMP" ] &&
     "$VENV/bin/python" -c 'import horovod.torch, amlemu, pytest_amlemu, azure.ai.ml, azureml.core' 2>/dev/null
 }
 
-# Everything but Horovod in one resolution, then Horovod's build starts in the background: it
-# compiles while Azurite and MNIST install, and no pip changes a package it reads meanwhile.
+# Everything but Horovod in one resolution, by uv (half pip's time for torch's 5 GB, bytecode
+# compiled on every core), at the tested versions.
 python_env() {
-  if venv_up_to_date; then step "venv up to date ($VENV)"; return; fi
+  if venv_up_to_date; then step "venv up to date ($VENV)"; VENV_READY=1; return; fi
   [ -x "$VENV/bin/python" ] || { step "creating venv $VENV"; "$PY" -m venv "$VENV"; }
-  step "installing torch, amlemu's dependencies and build tools"
-  pip_install --upgrade pip setuptools wheel
+  step "installing torch, amlemu's dependencies and build tools (uv)"
+  pip_install "uv==$(grep -oP '^uv==\K.*' "$ROOT/scripts/constraints.txt")"
+  uv_sources
   local trainer_deps
   # The trainer extra minus horovod (no wheel on PyPI), read from pyproject.toml: written once.
   trainer_deps=$("$VENV/bin/python" -c 'import sys, tomllib
 extra = tomllib.load(open(sys.argv[1], "rb"))["project"]["optional-dependencies"]["trainer"]
 print(" ".join(r for r in extra if not r.startswith("horovod")))' "$ROOT/pyproject.toml")
-  # horovod's own dependencies come too: its wheel is installed with --no-deps.
+  # horovod's own dependencies come too: its wheel is installed with --no-deps. pip and setuptools:
+  # horovod_wheel.py builds with pip, without build isolation.
   # shellcheck disable=SC2086 # the requirement list is meant to split
-  pip_install -e "$ROOT[dev,sdk1,sdk2]" $trainer_deps cloudpickle psutil pyyaml packaging
+  uv_install --compile-bytecode -e "$ROOT[dev,sdk1,sdk2]" $trainer_deps cloudpickle psutil pyyaml packaging pip setuptools wheel
+}
+
+# After the Debian packages (Open MPI's headers, cmake, g++): Horovod compiles in the background.
+horovod_build() {
+  [ -z "${VENV_READY:-}" ] || return 0
   step "horovod wheel: building in the background (cached in $CACHE/horovod; ~3.5 min the first time)"
   HOROVOD_OUT=$(mktemp)
   "$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE" >"$HOROVOD_OUT" &
@@ -103,10 +143,10 @@ horovod() {
   step "horovod wheel: waiting for its build"
   wait "$HOROVOD_BUILD" || die "horovod build failed (see above)"
   trap - EXIT
-  # --force-reinstall: a rebuilt wheel of the same version (another recipe) would be skipped otherwise.
-  pip_install --no-deps --force-reinstall "$(cat "$HOROVOD_OUT")"
+  # --reinstall: a rebuilt wheel of the same version (another recipe) would be skipped otherwise.
+  uv_install --no-deps --reinstall-package horovod "$(cat "$HOROVOD_OUT")"
   rm -f "$HOROVOD_OUT"
-  pip_install -e "$ROOT[trainer,dev,sdk1,sdk2]"
+  uv_install -e "$ROOT[trainer,dev,sdk1,sdk2]"
   "$VENV/bin/python" -c 'import horovod.torch' || die "horovod.torch does not import after install"
   echo "$STAMP" >"$VENV/.amlemu-stamp"
 }
@@ -135,8 +175,10 @@ mnist() {
 }
 
 system_packages
-docker_engine
 python_env
+system_packages_done
+docker_engine
+horovod_build
 azurite
 mnist
 horovod
