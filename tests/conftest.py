@@ -28,12 +28,10 @@ from pytest_amlemu import mnist
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DIR = REPO / "trainer"
-# Tests that train with torch run in two lanes (`--dist loadgroup`: each lane's tests one after
-# another on one xdist worker): at most two trainings at once, one per core of a small machine
-# (more spin on each other's cores and take longer than in turn). One lane would be the suite's
-# critical path: its trainings alone took longer than the rest of the suite on 3 workers.
+# Tests that train with torch run one after another on one xdist worker (`--dist loadgroup`): two
+# trainings at once on a small machine spin on each other's cores and take longer than in turn.
+# (Two lanes were tried: the suite is bound by CPU, not by this lane, and took longer.)
 TRAINING = pytest.mark.xdist_group("training")
-TRAINING_2 = pytest.mark.xdist_group("training-2")
 # Proof-sized runs (the full MNIST's 95%, 100 jobs under faults): `make test-full`; `make test`
 # (CI) runs the same tests on less data or fewer jobs, so every behaviour is still checked there.
 FULL = pytest.mark.full

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import docker
 import pytest
-from conftest import FULL, REPO, STARTUP, TRAINING_2, job_processes, release, wait_until
+from conftest import FULL, REPO, STARTUP, TRAINING, job_processes, release, wait_until
 
 from amlemu.api import Emulator
 from amlemu.backends import backend_class
@@ -262,7 +262,7 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
 
 
 # The seed's own setup (docker nodes); preemption itself is tested on both backends above.
-@TRAINING_2
+@TRAINING
 @pytest.mark.parametrize("backend", ["docker"])
 def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_subset: Path) -> None:
     """Preempted after its first checkpoint, the 2-node MNIST job restarts on fresh nodes, resumes

@@ -13,7 +13,7 @@ from pathlib import Path
 import docker
 import psutil
 import pytest
-from conftest import REPO, TRAINING_2
+from conftest import REPO, TRAINING
 
 from amlemu.api import Emulator
 from amlemu.backends import get_backend
@@ -47,7 +47,7 @@ def test_the_plugin_is_registered_by_the_package() -> None:
     assert "--aml-backend" in out and "--aml-strict" in out
 
 
-@TRAINING_2
+@TRAINING
 def test_the_examples_run_in_parallel_on_docker_nodes_and_leave_nothing(tmp_path: Path) -> None:
     done = _pytest("-n", "2", "examples", "--aml-backend", "docker", "--aml-strict", "-q", "-rs",
                    f"--basetemp={tmp_path / 'base'}")
