@@ -22,8 +22,10 @@ import pytest
 
 from amlemu.api import Emulator
 from amlemu.backends import BACKENDS, backend_class
+from amlemu.home import default_cache
 from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
+from amlemu.storage.azurite import SHARED_ENV, Azurite
 from pytest_amlemu import mnist
 
 REPO = Path(__file__).resolve().parents[1]
@@ -98,6 +100,27 @@ def _homes():
         for network in client.networks.list(filters={"label": f"amlemu.home={home}"}):
             network.remove()
     assert late == [], f"left behind by the test session: {late}"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _one_azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """One Azurite per test worker for every home (AMLEMU_AZURITE_DIR; each home its own container,
+    as each workspace has), started on first use: a start costs ~3 CPU-s, and ~50 homes used one.
+    Tests of Azurite's own start, stop and logs take `own_azurite`. Set in os.environ on purpose:
+    the CLI, supervisors and services that tests start inherit it."""
+    folder = tmp_path_factory.mktemp("azurite")
+    os.environ[SHARED_ENV] = str(folder)
+    try:
+        yield
+    finally:
+        del os.environ[SHARED_ENV]
+        Azurite(folder, default_cache(), env={SHARED_ENV: str(folder)}).stop()
+
+
+@pytest.fixture
+def own_azurite(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Homes made in this test start (and their cleanup stops) an Azurite of their own."""
+    monkeypatch.delenv(SHARED_ENV)
 
 
 @pytest.fixture

@@ -3,6 +3,8 @@ secrets kept out of everything printed, and the fallback when Azurite is not ins
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import psutil
@@ -10,9 +12,11 @@ import pytest
 from click.testing import CliRunner
 
 from amlemu.cli import cli
+from amlemu.cluster.teardown import plan_stop_azurite
 from amlemu.cluster.store import Store
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import default_cache
+from amlemu.storage.azurite import SHARED_ENV
 from amlemu.storage.datastores import DEFAULT, Datastores, DatastoreSpec, parse_uri, redact
 
 
@@ -58,7 +62,8 @@ def test_secrets_are_redacted_from_text() -> None:
 def datastores(tmp_path: Path):
     ds = Datastores(Store(tmp_path / "amlemu.db"), tmp_path / "home", default_cache())
     yield ds
-    ds.azurite.stop()
+    if not ds.azurite.shared:  # the test session's (conftest._one_azurite) stops itself
+        ds.azurite.stop()
 
 
 @pytest.fixture
@@ -80,6 +85,21 @@ def test_the_default_datastore_is_azurite_and_round_trips(datastores: Datastores
     assert (tmp_path / "back" / "a.txt").read_text() == "alpha"
     assert (tmp_path / "back" / "sub" / "b.bin").read_bytes() == (sample / "sub" / "b.bin").read_bytes()
     assert not (datastores.azurite.dir / "azurite.log").exists()  # the debug log (SAS tokens) is off
+
+
+def test_homes_sharing_one_azurite_each_have_their_workspaces_container(tmp_path: Path, sample: Path) -> None:
+    """AMLEMU_AZURITE_DIR (set for this session by conftest): one server for every home, never
+    stopped by a home's cleanup, and each home's workspaceblobstore in a container of its own."""
+    a, b = (Datastores(Store(tmp_path / f"{n}.db"), tmp_path / n, default_cache()) for n in ("a", "b"))
+    assert a.azurite.shared and a.azurite.dir == b.azurite.dir == Path(os.environ[SHARED_ENV]).absolute()
+    containers = [d.get(DEFAULT).container for d in (a, b)]
+    assert containers[0] != containers[1] and all(re.fullmatch(r"azureml-blobstore-[0-9a-f-]{36}", c) for c in containers)
+    uri = "azureml://datastores/workspaceblobstore/paths/mine"
+    a.upload(sample, uri)
+    assert b.ls(uri) == [] and len(a.ls(uri)) == 2
+    assert a.azurite.ensure().port == b.azurite.ensure().port
+    assert plan_stop_azurite(a.azurite) == []  # the home's cleanup leaves the shared server running
+    assert Datastores(Store(tmp_path / "a.db"), tmp_path / "a", default_cache()).get(DEFAULT).container == containers[0]
 
 
 def test_upload_skips_what_is_already_there(datastores: Datastores, sample: Path) -> None:
@@ -133,7 +153,7 @@ def test_secrets_stay_out_of_the_cli_and_the_database(tmp_path: Path, monkeypatc
     assert missing.exit_code == 1 and "amlemu: error: $UNSET_VAR: is empty or unset" in missing.output
 
 
-def test_concurrent_starts_share_one_azurite(tmp_path: Path) -> None:
+def test_concurrent_starts_share_one_azurite(tmp_path: Path, own_azurite) -> None:
     """A supervisor prepares its nodes in parallel threads: they must not start a server each."""
     from concurrent.futures import ThreadPoolExecutor  # noqa: PLC0415
 

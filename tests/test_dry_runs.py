@@ -11,6 +11,7 @@ import json
 import sqlite3
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +26,7 @@ from test_hostile_input import corrupt_db
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.azurite import SHARED_ENV
 from amlemu.storage.datastores import DatastoreSpec
 from amlemu.targets.azureml import WorkspaceRef
 
@@ -60,6 +62,8 @@ class World:
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterator[World]:
     root = tmp_path_factory.mktemp("dry")
+    own_azurite = pytest.MonkeyPatch()  # cleanup's plan stops the home's own Azurite and removes its data
+    own_azurite.delenv(SHARED_ENV)
     emu = Emulator(root / "home", backend="process")
     _homes.add(emu.home.id)
     sleeper = None
@@ -100,6 +104,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
             sleeper.kill()
             sleeper.wait()
         emu.cleanup()
+        own_azurite.undo()
 
 
 def snapshot(world: World) -> dict[str, Any]:
@@ -203,7 +208,9 @@ CASES = [
         has(action="skip", what="file", name="{root}/ds/x/b.txt", size=3),)),
     c("data-upload-default-datastore", "data", "upload", "{root}/up", "azureml://datastores/workspaceblobstore/paths/y",
       checks=(has(action="add", what="datastore", name="workspaceblobstore"),
-              has(action="create", what="container", name="azureml-blobstore"),
+              # the workspace's own container, as Azure ML names it: azureml-blobstore-<a guid of the home>
+              lambda doc, w: has(action="create", what="container", name="azureml-blobstore-"
+                                 f"{uuid.uuid5(uuid.NAMESPACE_URL, f'amlemu-home:{w.home}')}")(doc, w),
               has(action="copy", what="file", name="{root}/up/new.txt", size=4))),
     c("data-download", "data", "download", UP, "{root}/dl", checks=(
         has(action="copy", what="file", name=f"{UP}/a.txt", to="{root}/dl/a.txt", size=3),)),

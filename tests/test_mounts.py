@@ -170,9 +170,10 @@ def test_credentials_never_reach_runs_logs_or_nodes(emu: Emulator, cluster, make
     _put(emu, "secure/v.txt", b"private data")
     sas = generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(container=True, object=True),
                                AccountSasPermissions(read=True, list=True, write=True), expiry="2099-01-01")
-    emu.datastores.create(DatastoreSpec("securestore", "azure_blob", container="azureml-blobstore", account=ACCOUNT,
+    container = emu.datastores.get(DEFAULT).container  # the workspace's own (azureml-blobstore-<guid>)
+    emu.datastores.create(DatastoreSpec("securestore", "azure_blob", container=container, account=ACCOUNT,
                                         credential="sas", endpoint=endpoint), sas)
-    emu.datastores.create(DatastoreSpec("badstore", "azure_blob", container="azureml-blobstore", account=ACCOUNT,
+    emu.datastores.create(DatastoreSpec("badstore", "azure_blob", container=container, account=ACCOUNT,
                                         credential="sas", endpoint=endpoint), sas.replace("sig=", "sig=AAAA"))
     signature = sas.split("sig=")[1].split("&")[0]
     job = make_job(READ_ONCE, extra="inputs:\n  d: {path: azureml://datastores/securestore/paths/secure}\n",

@@ -39,7 +39,8 @@ def azurite(tmp_path_factory: pytest.TempPathFactory):
     datastores = Datastores(Store(root / "amlemu.db"), root, default_cache())
     fs, container = datastores.filesystem(DEFAULT)
     yield datastores, fs, container
-    datastores.azurite.stop()
+    if not datastores.azurite.shared:  # the test session's (conftest._one_azurite) stops itself
+        datastores.azurite.stop()
 
 
 @pytest.fixture

@@ -107,7 +107,7 @@ def test_a_planted_sas_token_is_only_in_the_owner_only_secret_file(emu: Emulator
         return done.stdout
 
     amlemu("datastore", "create", "--name", "securestore", "--type", "azure_blob", "--account-name", ACCOUNT,
-           "--container-name", "azureml-blobstore", "--endpoint", endpoint, "--sas-token-env", SECRET_VAR)
+           "--container-name", emu.datastores.get(DEFAULT).container, "--endpoint", endpoint, "--sas-token-env", SECRET_VAR)
     job = make_job(SNOOP, extra="inputs:\n  d: {path: azureml://datastores/securestore/paths/secure}\n",
                    args="${{inputs.d}}")
     amlemu("job", "validate", "-f", str(job), ok=False)  # no environment: an error, but it must not leak
@@ -136,7 +136,7 @@ def test_a_planted_sas_token_is_only_in_the_owner_only_secret_file(emu: Emulator
     assert stat.S_IMODE(secret_file.parent.stat().st_mode) == 0o700
 
 
-def test_azurite_keeps_no_request_log_unless_asked_and_then_owner_only(tmp_path: Path, monkeypatch) -> None:
+def test_azurite_keeps_no_request_log_unless_asked_and_then_owner_only(tmp_path: Path, monkeypatch, own_azurite) -> None:
     """Azurite's debug log holds every request URL, SAS tokens included: off by default; with
     AMLEMU_AZURITE_DEBUG=1 on, readable by its owner alone."""
     from amlemu.home import default_cache  # noqa: PLC0415

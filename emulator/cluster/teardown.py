@@ -93,8 +93,9 @@ def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:
 
 
 def plan_stop_azurite(azurite: Azurite) -> list[Action]:
-    """The home's storage server, which never outlives a cleanup, even a failed one."""
-    running = azurite.running()
+    """The home's storage server, which never outlives a cleanup, even a failed one (a shared one
+    is not the home's: AMLEMU_AZURITE_DIR)."""
+    running = None if azurite.shared else azurite.running()
     return [Action("stop", "Azurite server", "", {"port": running.port}, run=azurite.stop, always=True)] \
         if running else []
 

@@ -12,6 +12,13 @@ long-lived process between Azurite and the file, whose death would take the stor
 (Node exits on a broken pipe), for a log that is only read to debug Azurite itself, where the raw
 request is the point. Access logs stay off (--silent), so stdout.log holds start-up lines only;
 the folder and every file the emulator makes in it are owner-only anyway.
+
+Shared: with AMLEMU_AZURITE_DIR set, every home uses the one Azurite of that folder (started there
+on first use, as a home's own is) and no home's cleanup stops it: whoever set the variable does.
+Each home's workspaceblobstore has a container of its own (`azureml-blobstore-<guid>`, as each
+Azure ML workspace has), so homes do not see each other's blobs by name; they share Azurite's one
+development account, whose key is public, so this is for homes of one user, such as a test
+session's (each Azurite start costs ~3 CPU-s: the suite's ~50 homes paid ~170).
 """
 from __future__ import annotations
 
@@ -23,6 +30,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,6 +64,7 @@ def free_port() -> int:
 
 
 DEBUG_ENV = "AMLEMU_AZURITE_DEBUG"
+SHARED_ENV = "AMLEMU_AZURITE_DIR"
 
 
 def debug_enabled() -> bool:
@@ -91,10 +100,13 @@ class AzuriteEndpoint:
 
 
 class Azurite:
-    """One Azurite per emulator home, found again through its state file (pid, port)."""
+    """One Azurite per emulator home (or one for several: `env` has SHARED_ENV), found again
+    through its state file (pid, port)."""
 
-    def __init__(self, home_root: Path, cache: Path) -> None:
-        self.dir = home_root / "azurite"
+    def __init__(self, home_root: Path, cache: Path, env: Mapping[str, str] | None = None) -> None:
+        shared = (os.environ if env is None else env).get(SHARED_ENV, "").strip()
+        self.shared = bool(shared)  # not this home's to stop
+        self.dir = Path(shared).absolute() if shared else home_root / "azurite"
         self.state = self.dir / "server.json"
         self.cache = cache
 

@@ -14,6 +14,7 @@ import os
 import posixpath
 import re
 import shutil
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
@@ -136,8 +137,9 @@ class Datastores:
     def _default_spec(self) -> DatastoreSpec:
         from amlemu.storage.azurite import find_binary  # noqa: PLC0415
 
-        if find_binary(self.cache):
-            return DatastoreSpec(DEFAULT, "azurite", container="azureml-blobstore")
+        if find_binary(self.cache):  # the container of this workspace, named as Azure ML names it
+            guid = uuid.uuid5(uuid.NAMESPACE_URL, f"amlemu-home:{self.home_root}")
+            return DatastoreSpec(DEFAULT, "azurite", container=f"azureml-blobstore-{guid}")
         return DatastoreSpec(DEFAULT, "local", folder=str(self.home_root / "datastores" / DEFAULT))
 
     def plan_create(self, spec: DatastoreSpec, secret: str | None = None) -> list[Action]:
