@@ -336,6 +336,8 @@ class Emulator:
             for node in autoscale.release(self.store, record.cluster, record.id, dead=set(record.nodes)):
                 backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
             reason = "the emulator process supervising this run died; the run was stopped and its nodes removed"
+            last = _last_line(self.home.run_dir(record.id) / "system_logs" / "supervisor.txt")
+            reason += f" (its last words: {last})" if last else ""
             self.store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
             fixed.append(record.id)
         return fixed
@@ -372,3 +374,14 @@ class Emulator:
 
     def cancel(self, run_id: str) -> list[str]:
         return execute(self.plan_cancel(run_id))
+
+
+def _last_line(path: Path) -> str:
+    """The last non-empty line of a log (a supervisor's traceback ends with its exception)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
+            lines = [line.strip() for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:300] if lines else ""

@@ -294,10 +294,12 @@ def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluste
     supervisor = psutil.Process(run.record.supervisor_pid)
     supervisor.send_signal(signal.SIGKILL)  # the emulator itself dies mid-run
     wait_until(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE, 10, "it died")
+    with open(run.dir / "system_logs" / "supervisor.txt", "a") as log:  # what a crash would have printed last
+        log.write("Traceback (most recent call last):\n  ...\nRuntimeError: stands for a crash\n\n")
     shown = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, "-o", "json"])
     assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
     assert run.record.error == ("the emulator process supervising this run died; the run was stopped and "
-                                "its nodes removed")
+                                "its nodes removed (its last words: RuntimeError: stands for a crash)")
     wait_until(lambda: job_processes(job.parent.name) == [], 10, "the job's processes are gone")
     assert emu.store.nodes("c1") == [] and emu_nodes(emu) == []  # nobody is left to scale them down
 
