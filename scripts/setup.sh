@@ -21,7 +21,7 @@ PY=${PYTHON:-python3}
 DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make
   chromium chromium-driver)  # the headless browser (and its driver) of the studio page test
 
-step() { printf '\033[1m==> %s\033[0m\n' "$*"; }
+step() { printf '\033[1m==> [%3ds] %s\033[0m\n' "$SECONDS" "$*"; }  # seconds since the setup began
 die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }
 
 missing_debs() {
