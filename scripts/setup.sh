@@ -23,6 +23,13 @@ DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-de
 
 step() { printf '\033[1m==> [%3ds] %s\033[0m\n' "$SECONDS" "$*"; }  # seconds since the setup began
 die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }
+# On any exit: a Horovod build still running is ended; apt is let finish (a killed dpkg leaves
+# the machine's packages half-configured).
+on_exit() {
+  [ -z "${HOROVOD_BUILD:-}" ] || kill "$HOROVOD_BUILD" 2>/dev/null || true
+  [ -z "${APT_INSTALL:-}" ] || wait "$APT_INSTALL" 2>/dev/null || true
+}
+trap on_exit EXIT
 
 missing_debs() {
   local pkg
@@ -48,9 +55,11 @@ system_packages() {
 system_packages_done() {
   [ -n "${APT_INSTALL:-}" ] || return 0
   step "Debian packages: waiting for apt"
-  wait "$APT_INSTALL" || { tail -n 30 "$APT_LOG" >&2; die "apt-get could not install the Debian packages (above)"; }
-  rm -f "$APT_LOG"
+  local status=0
+  wait "$APT_INSTALL" || status=$?
   APT_INSTALL=
+  [ "$status" = 0 ] || { tail -n 30 "$APT_LOG" >&2; die "apt-get could not install the Debian packages (above)"; }
+  rm -f "$APT_LOG"
 }
 
 docker_engine() {
@@ -135,14 +144,15 @@ horovod_build() {
   HOROVOD_OUT=$(mktemp)
   "$VENV/bin/python" "$ROOT/scripts/horovod_wheel.py" --cache "$CACHE" >"$HOROVOD_OUT" &
   HOROVOD_BUILD=$!
-  trap 'kill "$HOROVOD_BUILD" 2>/dev/null || true' EXIT  # a failed step ends the build it started
 }
 
 horovod() {
   [ -n "${HOROVOD_BUILD:-}" ] || return 0
   step "horovod wheel: waiting for its build"
-  wait "$HOROVOD_BUILD" || die "horovod build failed (see above)"
-  trap - EXIT
+  local status=0
+  wait "$HOROVOD_BUILD" || status=$?
+  HOROVOD_BUILD=
+  [ "$status" = 0 ] || die "horovod build failed (see above)"
   # --reinstall: a rebuilt wheel of the same version (another recipe) would be skipped otherwise.
   uv_install --no-deps --reinstall-package horovod "$(cat "$HOROVOD_OUT")"
   rm -f "$HOROVOD_OUT"
