@@ -121,6 +121,8 @@ def test_a_failure_to_plot_is_logged_not_raised(tmp_path: Path) -> None:
 
 # --- runs keep their plot --------------------------------------------------------------------------
 @pytest.mark.slow
+@PROCESS  # drawn on the host from the run's merged store: the same on both backends (a docker
+# node's MLflow store reaching the run: test_cluster's single-node job)
 def test_a_run_keeps_a_plot_and_job_show_lists_it(emu: Emulator, cluster, make_job, tmp_path: Path) -> None:
     cluster()
     run = emu.submit(make_job(LOGS, distribution="none"))
