@@ -34,7 +34,10 @@ def wait(done):
 
 found = [w for w in list(Widget.widgets.values()) if isinstance(w, _UserRunWidget)]
 w = found[0] if found else None
-wait(lambda: w and w.run_properties.get("status") == "Completed" and w.run_metrics)
+# Its refresher fills status, metrics and the log pane in turn: the pane holds "Your job is
+# submitted..." until the log itself arrives.
+wait(lambda: w and w.run_properties.get("status") == "Completed" and w.run_metrics
+     and "Run is completed." in (w.run_logs or ""))
 default_log = w and w.run_logs
 w.selected_run_log = "azureml-logs/70_driver_log_0.txt"  # the user picks rank 0's log in the widget
 wait(lambda: "final test accuracy" in w.run_logs)
