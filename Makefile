@@ -21,12 +21,12 @@ demo: setup
 	@$(AMLEMU) compute show -n gpucluster -o none 2>/dev/null || $(AMLEMU) compute create -f trainer/compute.yml
 	$(AMLEMU) job create -f trainer/job.yml --stream
 
-# In parallel: most of the suite's time is spent waiting on nodes, jobs and servers, not computing,
-# so more workers than cores pay (TEST_WORKERS=0 runs it in one process). The tests that train
+# In parallel: 4 workers on 2 cores keep both cores busy (a worker waiting on a node, a job or a
+# server leaves its core to another; TEST_WORKERS=0 runs it in one process). The tests that train
 # share one worker, in turn (loadgroup; tests/conftest.py says why); the slowest tests are listed.
-# `make test` (CI) leaves out the proof-sized runs marked `full`: the full MNIST's 95% on the seed's
-# docker nodes and 100 jobs under random faults (it runs them on 12,000 images and 20 jobs);
-# `make test-full` runs everything.
+# `make test` (CI) leaves out the runs marked `full`: the full MNIST's 95% on the seed's docker
+# nodes, 100 jobs under random faults (it runs them on 2,000 images and 20 jobs), and two trainings
+# it already does on another path; `make test-full` runs everything.
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
 test: setup
