@@ -31,6 +31,14 @@ on_exit() {
 }
 trap on_exit EXIT
 
+# `finish VAR`: wait for the background step whose pid VAR holds, forget it, return its status.
+finish() {
+  local pid=${!1} status=0
+  wait "$pid" || status=$?
+  printf -v "$1" '%s' ''
+  return "$status"
+}
+
 missing_debs() {
   local pkg
   for pkg in "${DEB_PACKAGES[@]}"; do
@@ -55,10 +63,7 @@ system_packages() {
 system_packages_done() {
   [ -n "${APT_INSTALL:-}" ] || return 0
   step "Debian packages: waiting for apt"
-  local status=0
-  wait "$APT_INSTALL" || status=$?
-  APT_INSTALL=
-  [ "$status" = 0 ] || { tail -n 30 "$APT_LOG" >&2; die "apt-get could not install the Debian packages (above)"; }
+  finish APT_INSTALL || { tail -n 30 "$APT_LOG" >&2; die "apt-get could not install the Debian packages (above)"; }
   rm -f "$APT_LOG"
 }
 
@@ -149,10 +154,7 @@ horovod_build() {
 horovod() {
   [ -n "${HOROVOD_BUILD:-}" ] || return 0
   step "horovod wheel: waiting for its build"
-  local status=0
-  wait "$HOROVOD_BUILD" || status=$?
-  HOROVOD_BUILD=
-  [ "$status" = 0 ] || die "horovod build failed (see above)"
+  finish HOROVOD_BUILD || die "horovod build failed (see above)"
   # --reinstall: a rebuilt wheel of the same version (another recipe) would be skipped otherwise.
   uv_install --no-deps --reinstall-package horovod "$(cat "$HOROVOD_OUT")"
   rm -f "$HOROVOD_OUT"
