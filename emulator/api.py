@@ -35,7 +35,7 @@ from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
 from amlemu.runs.plan import plan_launch
-from amlemu.runs.runlogs import rank_log
+from amlemu.runs.runlogs import rank_log, tail
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 
@@ -336,8 +336,9 @@ class Emulator:
             for node in autoscale.release(self.store, record.cluster, record.id, dead=set(record.nodes)):
                 backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
             reason = "the emulator process supervising this run died; the run was stopped and its nodes removed"
-            last = _last_line(self.home.run_dir(record.id) / "system_logs" / "supervisor.txt")
-            reason += f" (its last words: {last})" if last else ""
+            # Its last words: a crash's traceback ends with the exception.
+            last = tail(self.home.run_dir(record.id) / "system_logs" / "supervisor.txt", 5).strip()
+            reason += f" (its last words: {last.splitlines()[-1][:300]})" if last else ""
             self.store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
             fixed.append(record.id)
         return fixed
@@ -375,13 +376,3 @@ class Emulator:
     def cancel(self, run_id: str) -> list[str]:
         return execute(self.plan_cancel(run_id))
 
-
-def _last_line(path: Path) -> str:
-    """The last non-empty line of a log (a supervisor's traceback ends with its exception)."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, fh.seek(0, os.SEEK_END) - 4096))
-            lines = [line.strip() for line in fh.read().decode(errors="replace").splitlines() if line.strip()]
-    except OSError:
-        return ""
-    return lines[-1][:300] if lines else ""
