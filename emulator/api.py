@@ -375,4 +375,3 @@ class Emulator:
 
     def cancel(self, run_id: str) -> list[str]:
         return execute(self.plan_cancel(run_id))
-

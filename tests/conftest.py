@@ -108,13 +108,13 @@ def _one_azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     as each workspace has), started on first use: a start costs ~3 CPU-s, and ~50 homes used one.
     Tests of Azurite's own start, stop and logs take `own_azurite`. Set in os.environ on purpose:
     the CLI, supervisors and services that tests start inherit it."""
-    folder = tmp_path_factory.mktemp("azurite")
-    os.environ[SHARED_ENV] = str(folder)
+    home = tmp_path_factory.mktemp("azurite-home")
+    os.environ[SHARED_ENV] = str(home / "azurite")
     try:
         yield
     finally:
         del os.environ[SHARED_ENV]
-        Azurite(folder, default_cache(), env={SHARED_ENV: str(folder)}).stop()
+        Azurite(home, default_cache(), env={}).stop()  # the server's own home: the one that stops it
 
 
 @pytest.fixture

@@ -62,8 +62,7 @@ def test_secrets_are_redacted_from_text() -> None:
 def datastores(tmp_path: Path):
     ds = Datastores(Store(tmp_path / "amlemu.db"), tmp_path / "home", default_cache())
     yield ds
-    if not ds.azurite.shared:  # the test session's (conftest._one_azurite) stops itself
-        ds.azurite.stop()
+    ds.azurite.stop()
 
 
 @pytest.fixture

@@ -39,8 +39,7 @@ def azurite(tmp_path_factory: pytest.TempPathFactory):
     datastores = Datastores(Store(root / "amlemu.db"), root, default_cache())
     fs, container = datastores.filesystem(DEFAULT)
     yield datastores, fs, container
-    if not datastores.azurite.shared:  # the test session's (conftest._one_azurite) stops itself
-        datastores.azurite.stop()
+    datastores.azurite.stop()
 
 
 @pytest.fixture

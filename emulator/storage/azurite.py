@@ -14,7 +14,9 @@ request is the point. Access logs stay off (--silent), so stdout.log holds start
 the folder and every file the emulator makes in it are owner-only anyway.
 
 Shared: with AMLEMU_AZURITE_DIR set, every home uses the one Azurite of that folder (started there
-on first use, as a home's own is) and no home's cleanup stops it: whoever set the variable does.
+on first use, as a home's own is) and no home using it stops it (`stop` is a no-op there): whoever
+set the variable does, as the home whose own folder it is (`<home>/azurite`, seen without the
+variable: `Azurite(home, cache, env={}).stop()`).
 Each home's workspaceblobstore has a container of its own (`azureml-blobstore-<guid>`, as each
 Azure ML workspace has), so homes do not see each other's blobs by name; they share Azurite's one
 development account, whose key is public, so this is for homes of one user, such as a test
@@ -166,6 +168,9 @@ class Azurite:
         raise BackendError(f"Azurite did not answer within {timeout:g} s; see {log or self.dir / 'stdout.log'}")
 
     def stop(self) -> bool:
+        """Stop this home's server; a shared one is not this home's to stop (module docstring)."""
+        if self.shared:
+            return False
         running = self.running()
         if running is None:
             return False
