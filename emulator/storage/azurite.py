@@ -155,7 +155,10 @@ class Azurite:
             proc = subprocess.Popen(azurite_argv(binary, port=port, location=self.dir / "data", log=log),
                                     stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
-        owner_only(self.state).write_text(json.dumps({"pid": proc.pid, "port": port}))
+        # Whole or absent: `running()` reads it outside the start lock (a half-written file is not JSON).
+        staged = owner_only(self.dir / f".server.json.{proc.pid}")
+        staged.write_text(json.dumps({"pid": proc.pid, "port": port}))
+        staged.replace(self.state)
         endpoint = AzuriteEndpoint(port)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
