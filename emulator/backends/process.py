@@ -23,6 +23,7 @@ from amlemu.actions import Action
 from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
+from amlemu import statefile
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
 KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
@@ -79,7 +80,7 @@ class ProcessBackend(NodeBackend):
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
         state.mkdir(parents=True, exist_ok=True)
-        (state / NODE_FILE).write_text(json.dumps(self.plan_node(request)))
+        statefile.write_json(state / NODE_FILE, self.plan_node(request))
         return "127.0.0.1"
 
     def remove_node(self, request: NodeRequest) -> None:

@@ -21,6 +21,7 @@ from contextlib import closing
 from importlib.metadata import version
 from pathlib import Path
 
+from amlemu import statefile
 from amlemu.home import default_cache
 from amlemu.runs.metrics import HOME_MARK as MARK
 from amlemu.runs.metrics import SEED_PLACEHOLDER, SEED_TAG, empty_store, marked_store
@@ -85,7 +86,7 @@ def add_run(home_root: Path, run_dir: Path, experiment: str, run_id: str, run_na
                          (run_id, run_name, now, experiment_id, SEED_PLACEHOLDER))
             conn.executemany("INSERT INTO tags (key, value, run_uuid) VALUES (?, ?, ?)",
                              [("mlflow.runName", run_name, run_id), (SEED_TAG, "1", run_id)])
-    (run_dir / MARK).write_text(str(db))
+    statefile.write_text(run_dir / MARK, str(db))
     return str(experiment_id)
 
 

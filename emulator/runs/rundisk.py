@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from amlemu import statefile
 from amlemu.backends import nodefs
 from amlemu.runs.contract import NODE_MLFLOW_EXPERIMENT_ID, env_file_text, job_rel
 from amlemu.runs.homestore import template_path
@@ -55,9 +56,7 @@ def lay_out(node_dir: Path, run_id: str, run_dir: Path, env: dict[str, str], res
     (job_dir / "tracking").mkdir()
     if seed is not None:
         shutil.copyfile(seed, job_dir / "tracking" / "mlflow.db")
-    env_file = job_dir / ENV_FILE
-    env_file.touch(mode=0o600)
-    env_file.write_text(env_file_text(env))
+    statefile.write_text(job_dir / ENV_FILE, env_file_text(env), owner_only=True)
     return job_dir
 
 

@@ -7,7 +7,6 @@ them (Preparing), launches the job the way AmlCompute does (Running), collects o
 from __future__ import annotations
 
 import faulthandler
-import json
 import os
 import shutil
 import signal
@@ -16,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from amlemu import statefile
 from amlemu.backends import NodeRequest, get_backend, nodefs
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
@@ -138,9 +138,7 @@ class Supervisor:
         self.prepare_data()
         plan = agent_plan(self.backend, self.requests, self.run_id,
                           sandbox_root=self.home.root / "process-nodes" / ".root")
-        plan_file = self.run_dir / "agent-plan.json"
-        plan_file.touch(mode=0o600)
-        plan_file.write_text(json.dumps(plan))
+        statefile.write_json(self.run_dir / "agent-plan.json", plan, owner_only=True)
         if self.canceled():
             self.set(RunStatus.CANCELED, "canceled while preparing")
             self.cleanup_nodes(dead=set())
@@ -175,9 +173,8 @@ class Supervisor:
         """Run the plan to its end; True when the run was preempted and must be restarted."""
         if self.preempted():  # taken away while preparing
             return self.restart()
-        launch = self.run_dir / "system_logs" / "launch.json"  # what ran, as the dry run shows it
-        launch.touch(mode=0o600)  # the job's variables may hold secrets
-        launch.write_text(json.dumps(plan.to_dict(), indent=2))
+        # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
+        statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
         env = {**os.environ, PLAN_VARIABLE: str(self.run_dir / "agent-plan.json")}
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"

@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from amlemu import statefile
 from amlemu.actions import Action
 from amlemu.errors import AmlEmuError, BackendError, ConfigError, NotFoundError, StateError
 from amlemu.names import check_datastore_name
@@ -184,8 +185,7 @@ class Datastores:
             made.append(self._secrets_dir)
         path = self._secrets_dir / name
         made.append(path)
-        path.touch(mode=0o600)
-        path.write_text(secret)
+        statefile.write_text(path, secret, owner_only=True)
         return made
 
     def _secret(self, name: str) -> str:
