@@ -19,11 +19,11 @@ from typing import Any
 
 import psutil
 
+from amlemu import statefile
 from amlemu.actions import Action
 from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
-from amlemu import statefile
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
 KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
