@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import abc
+import socket
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,20 @@ class NodeBackend(abc.ABC):
         """The address of this machine that the node reaches (where a run's service link
         listens, and SERVICE_HOST resolves to on the node); None: the backend has no such link."""
         return None
+
+    def link_listener(self, request: NodeRequest) -> socket.socket | None:
+        """A socket listening where the node reaches this machine (host_address, a free port): the
+        run's service link. None: the backend has no such link."""
+        address = self.host_address(request)
+        if address is None:
+            return None
+        sock = socket.create_server((address, 0))
+        return sock
+
+    def launch_prefix(self, cluster: str) -> tuple[str, ...]:
+        """What the host's side of a launch (mpirun) runs under, to be in the cluster's network
+        (pure: the dry run shows it); nothing by default."""
+        return ()
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         """Variables the node's shell has before the run's (a container's image defaults)."""

@@ -1,6 +1,8 @@
 """Process backend: a node is a folder (its local disk) plus the processes the launch agent starts in
 a sandbox of their own (sandbox.sh, next to this module: mount, UTS and PID namespaces, a root
-holding only this machine's software, no capabilities), for machines without a Docker engine.
+holding only this machine's software, no capabilities), for machines without a Docker engine. A
+cluster's nodes share a network namespace of their own holding only loopback (netns.py): they
+reach each other and their run's service link, nothing else of this machine.
 
 The node's disk is the job's to write, so the backend keeps its own records of the node (its
 plan, the agents it started, whether it was killed) in a state folder the node never sees.
@@ -17,15 +19,19 @@ import time
 from pathlib import Path
 from typing import Any
 
+import socket
+
 import psutil
 
 from amlemu import statefile
 from amlemu.actions import Action
+from amlemu.backends import netns
 from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
+NETNS_FILE = "netns"  # in the cluster's state folder: its network namespace, bound there
 KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
 SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
 SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (package data)
@@ -33,11 +39,11 @@ SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (pac
 
 class ProcessBackend(NodeBackend):
     name = "process"
-    # Process nodes share this machine's network: ranks must talk over loopback, which Open MPI's
-    # TCP transport leaves out by default (over the other interfaces the first collective hangs).
+    # A cluster's process nodes share one loopback (their namespace's, or as non-root this machine's):
+    # ranks must talk over it, which Open MPI's TCP transport leaves out by default.
     mpi_options = ("--mca", "btl_tcp_if_include", "lo")
     auto_priority = 20  # where no Docker engine answers
-    # Its nodes share the host's network and have no CPU quota: partition, slow and limits stay off.
+    # Its nodes share one network per cluster and have no CPU quota: partition, slow and limits stay off.
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
@@ -49,14 +55,16 @@ class ProcessBackend(NodeBackend):
 
     @classmethod
     def agent_tools(cls) -> dict[str, str]:
-        found = shutil.which("unshare")
-        return {"unshare": found, "sh": "/bin/sh"} if found else {"sh": "/bin/sh"}
+        tools = {name: path for name in ("unshare", "nsenter") if (path := shutil.which(name))}
+        return {**tools, "sh": "/bin/sh"}
 
     @classmethod
     def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
-        """The node's sandbox in new namespaces; as a user without root, in a user namespace too."""
+        """The node's sandbox in new namespaces, inside its cluster's network namespace; as a user
+        without root, in a user namespace too (and the host's network: see netns.py)."""
         tools, node = plan["tools"], plan["hosts"][host]
-        unshare = [tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
+        network = [tools["nsenter"], f"--net={node['netns']}", "--"] if node.get("netns") else []
+        unshare = [*network, tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
         if not plan.get("as_root", True):
             unshare.append("--map-root-user")
         return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
@@ -69,13 +77,41 @@ class ProcessBackend(NodeBackend):
     def state_dir(self, cluster: str, node: str) -> Path:
         return self.home.root / "process-nodes" / cluster / node
 
+    def network_path(self, cluster: str) -> Path | None:
+        """The cluster's network namespace, bound at a file of its state folder; None where this
+        user cannot make one (not root): its nodes then share this machine's network."""
+        return self.home.root / "process-nodes" / cluster / NETNS_FILE if netns.supported() else None
+
+    def create_cluster(self, cluster: str) -> None:
+        if (path := self.network_path(cluster)) is not None:
+            netns.create(path)
+
+    def launch_prefix(self, cluster: str) -> tuple[str, ...]:
+        path = self.network_path(cluster)
+        return tuple(netns.enter_argv(path)) if path is not None else ()
+
+    def link_listener(self, request: NodeRequest) -> socket.socket | None:
+        """The run's service link on the nodes' own loopback, inside their namespace."""
+        path = self.network_path(request.cluster)
+        if path is None:
+            return super().link_listener(request)
+        netns.create(path)  # a cluster made before namespaces: its network appears with its next run
+        return netns.listen_in(path)
+
+    def _network_note(self) -> str:
+        if netns.supported():
+            return "the cluster's nodes share a network namespace of their own (loopback only)"
+        return ("the nodes share this machine's network (a cluster network namespace needs root): a job "
+                "reaches this machine's loopback services; use docker nodes for untrusted code")
+
     def plan_node(self, request: NodeRequest) -> dict[str, Any]:
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
                 "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
-                "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; all nodes share the host network"}
+                "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; {self._network_note()}"}
 
     def create_node(self, request: NodeRequest) -> str:
+        self.create_cluster(request.cluster)  # its network (a cluster made before namespaces had none)
         request.node_dir.mkdir(parents=True, exist_ok=True)
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
@@ -89,12 +125,14 @@ class ProcessBackend(NodeBackend):
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
         # /dev/shm is a tmpfs of the sandbox's own, capped at the job's shm_size (a cap, as docker's:
         # its pages are this machine's memory, not reserved, and the node has no memory limit).
+        network = self.network_path(request.cluster)
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
                 "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes,
+                **({"netns": str(network)} if network is not None else {}),
                 "software": [request.python_env] if request.python_env else []}  # the job's environment, read-only
 
     def host_address(self, request: NodeRequest) -> str | None:
-        return "127.0.0.1"  # its nodes share this machine's network
+        return "127.0.0.1"  # the nodes' loopback, where link_listener puts the link
 
     def node_env(self, request: NodeRequest) -> dict[str, str]:
         # This machine's software with the emulator's venv first (as a docker node's mirror image
@@ -155,6 +193,7 @@ class ProcessBackend(NodeBackend):
         return found
 
     def remove_cluster(self, cluster: str) -> None:
+        netns.remove(self.home.root / "process-nodes" / cluster / NETNS_FILE)  # before its folder goes
         for sub in ("nodes", "caches", "process-nodes"):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
@@ -176,9 +215,13 @@ class ProcessBackend(NodeBackend):
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
         """This home's process nodes: their processes, then their folders (other homes are not ours
         to find: a process node is known only to the home that holds its folder)."""
-        return [Action("remove", "process node", node.name, self._node_parts(node.cluster, node.name),
-                       run=functools.partial(self._remove_found, node.cluster, node.name))
-                for node in self.list_nodes()]
+        nodes = [Action("remove", "process node", node.name, self._node_parts(node.cluster, node.name),
+                        run=functools.partial(self._remove_found, node.cluster, node.name))
+                 for node in self.list_nodes()]
+        networks = [Action("remove", "network namespace", path.parent.name, {"path": str(path)},
+                           run=functools.partial(netns.remove, path))
+                    for path in sorted((self.home.root / "process-nodes").glob(f"*/{NETNS_FILE}"))]
+        return nodes + networks
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
         return [Action("remove", "process node", request.name, self._node_parts(request.cluster, request.name),

@@ -91,9 +91,11 @@ class LaunchPlan:
 
 def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests: list[NodeRequest],
                 addresses: list[str], workspace: dict[str, str], *, base_env: list[dict[str, str]],
-                mpi_options: tuple[str, ...], as_root: bool, notices: tuple[str, ...] = ()) -> LaunchPlan:
+                mpi_options: tuple[str, ...], as_root: bool, notices: tuple[str, ...] = (),
+                launch_prefix: tuple[str, ...] = ()) -> LaunchPlan:
     """The plan for `job` on these nodes (requests, in rank order, with the addresses other nodes
-    reach them at). Pure: the same inputs give the same plan, in a dry run and in the supervisor."""
+    reach them at). Pure: the same inputs give the same plan, in a dry run and in the supervisor.
+    `launch_prefix` (the backend's) puts mpirun in the cluster's network (process nodes' namespace)."""
     slots = [NodeSlot(i, r.name, address) for i, (r, address) in enumerate(zip(requests, addresses))]
     _, cache_notices = policy_from_env(job.environment_variables, job_start=0.0)
     how = launcher(job)
@@ -107,7 +109,7 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
     mpirun = how == "mpirun"
     return LaunchPlan(
         run_id=run_id, compute=compute, backend=backend, nodes=nodes, launcher=how,
-        argv=tuple(launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options))
+        argv=(*launch_prefix, *launch_argv(job, run_id, slots, agent=AGENT, as_root=as_root, mpi_options=mpi_options))
         if mpirun else (),
         processes=() if mpirun else tuple(node_processes(job, run_id, slots, agent=AGENT, unset=hidden)),
         env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share, cluster=compute,

@@ -3,14 +3,16 @@ gets the variables the v1 runtime sets (AZUREML_SERVICE_ENDPOINT, AZUREML_RUN_TO
 AZUREML_DISCOVERY_SERVICE_ENDPOINT, with the run's ids from runs/contract.py), so azureml-core's
 Run.get_context() in the job is the online run and its log*/tag/upload_file reach the service.
 
-Why a link of the run's own, opened by its supervisor: docker nodes cannot reach this machine's
-127.0.0.1, where the service listens, and the service must not listen wider for them. So for the
-run's lifetime only, the supervisor listens on the one address the nodes reach this machine at
-(backend.host_address: the cluster network's gateway; process nodes share this machine's network:
-loopback) on a port of its own, terminates TLS there with a certificate the home's CA signs for
-that address and SERVICE_HOST (the name each node resolves to it), and relays every connection
-to the service over TLS (a host address is reachable from other containers of this machine too: the
-service still asks every request for a token). The job trusts the CA through a copy of the home's bundle in its own run
+Why a link of the run's own, opened by its supervisor: nodes cannot reach this machine's 127.0.0.1,
+where the service listens, and the service must not listen wider for them. So for the run's
+lifetime only, the supervisor listens where the nodes reach this machine (backend.link_listener:
+docker, the cluster network's gateway; process nodes, their cluster namespace's loopback) on a
+port of its own, terminates TLS there with a certificate the home's CA signs for that address and
+SERVICE_HOST (the name each node resolves to it), and relays every connection to the service's
+link port (servicefile's `link_port`): requests that arrive there are a job's, and the service
+refuses them its studio and identity routes whatever they carry (a gateway address is reachable
+from other containers of this machine too; every other route still asks for a token, and a run's
+token opens its own run only). The job trusts the CA through a copy of the home's bundle in its own run
 folder (REQUESTS_CA_BUNDLE, SSL_CERT_FILE). The link closes when the run ends, and the token it
 hands the job is the run's own: the service refuses it for any other run or route, and once the
 run has ended (emulator/service/calls.py). The token is written to the node's environment file
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import socket
 import ssl
 import tempfile
 import threading
@@ -41,10 +44,12 @@ CHUNK = 256 * 1024
 
 
 class ServiceLink:
-    """A TLS relay from `bind`:<its port> to the service on this machine's loopback."""
+    """A TLS relay from a listening socket (where the nodes reach this machine) to the service's
+    link port on this machine's loopback."""
 
-    def __init__(self, bind: str, service_port: int, server: ssl.SSLContext, client: ssl.SSLContext) -> None:
-        self.bind, self.service_port, self.server_ctx, self.client_ctx = bind, service_port, server, client
+    def __init__(self, listener: socket.socket, service_port: int, server: ssl.SSLContext,
+                 client: ssl.SSLContext) -> None:
+        self.listener, self.service_port, self.server_ctx, self.client_ctx = listener, service_port, server, client
         self.loop = asyncio.new_event_loop()
         self.loop.set_exception_handler(lambda loop, context: None)  # a client that hangs up is no error
         self.port = 0
@@ -52,8 +57,10 @@ class ServiceLink:
         self._thread = threading.Thread(target=self.loop.run_forever, name="amlemu-service-link", daemon=True)
 
     def start(self) -> int:
-        self._server = self.loop.run_until_complete(asyncio.start_server(self._relay, self.bind, 0, ssl=self.server_ctx))
-        self.port = self._server.sockets[0].getsockname()[1]
+        self.listener.setblocking(False)
+        self._server = self.loop.run_until_complete(asyncio.start_server(self._relay, sock=self.listener,
+                                                                         ssl=self.server_ctx))
+        self.port = self.listener.getsockname()[1]
         self._thread.start()
         return self.port
 
@@ -78,6 +85,7 @@ class ServiceLink:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=10)
         self.loop.close()
+        self.listener.close()
 
 
 async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -134,17 +142,23 @@ def attach(home_root: Path, run_id: str, backend: NodeBackend, request: NodeRequ
     folder = servicefile.service_dir(home_root)
     key = servicekeys.home_key(folder)
     address = backend.host_address(request)
-    if key is None or address is None:
+    if key is None or address is None or not state.link_port:
         return None
     server = _server_context(folder, [SERVICE_HOST, address])
     bundle = folder / "ca-bundle.pem"
     if server is None or not bundle.is_file():
         return None
-    relay = ServiceLink(address, state.port, server, ssl.create_default_context(cafile=str(folder / "ca.pem")))
+    relay: ServiceLink | None = None
     try:
+        listener = backend.link_listener(request)
+        if listener is None:
+            return None
+        relay = ServiceLink(listener, state.link_port, server,
+                            ssl.create_default_context(cafile=str(folder / "ca.pem")))
         port = relay.start()
     except OSError as exc:  # the run goes on offline, as without a service
-        relay.stop()
+        if relay is not None:
+            relay.stop()
         log(f"warning: no link to the service on {address}: {exc.strerror or exc}; the run is offline")
         return None
     token, expires = servicekeys.run_token(key, run_id, TOKEN_SECONDS)
