@@ -69,7 +69,7 @@ class ServiceState:
     create_time: float  # psutil's: with the pid, names the process even after the pid is reused
     home: str = ""  # a copied home's state file does not name the copy
     remote: bool = False
-    link_port: int = 0  # loopback only: where runs' links relay jobs' requests (service/routes.py link_guard)
+    link_port: int = 0  # loopback only: where runs' links relay jobs' requests (service/linkguard.py)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
