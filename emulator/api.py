@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -25,7 +24,6 @@ from amlemu.cluster import allocation as autoscale
 from amlemu.cluster import teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, RunRecord, Store
-from amlemu.cluster.teardown import ours
 from amlemu.envs.software import planned_notices
 from amlemu.errors import CapacityError, ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
@@ -34,8 +32,9 @@ from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
+from amlemu.runs import recovery
 from amlemu.runs.plan import plan_launch
-from amlemu.runs.runlogs import rank_log, tail
+from amlemu.runs.runlogs import rank_log
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 
@@ -319,28 +318,10 @@ class Emulator:
     def reconcile(self) -> list[str]:
         """Runs whose supervisor died (killed, machine restarted) are failed and their nodes freed."""
         fixed = []
-        for record in self.store.runs():
-            if record.status.is_terminal or record.supervisor_pid is None or ours(record.supervisor_pid, record.id):
-                continue
-            if record.launch_pid and ours(record.launch_pid, record.id):
-                try:
-                    os.killpg(record.launch_pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            cluster = self.store.cluster(record.cluster)
-            backend = get_backend(cluster.backend, self.home)
-            for name in record.nodes:
-                index = int(name.rsplit("-", 1)[1])
-                backend.stop_processes(autoscale.node_request(self.home, cluster.spec, index))
-            # No supervisor is left to scale these nodes down: they go now.
-            for node in autoscale.release(self.store, record.cluster, record.id, dead=set(record.nodes)):
-                backend.remove_node(autoscale.node_request(self.home, cluster.spec, node.idx))
-            reason = "the emulator process supervising this run died; the run was stopped and its nodes removed"
-            # Its last words: a crash's traceback ends with the exception.
-            last = tail(self.home.run_dir(record.id) / "system_logs" / "supervisor.txt", 5).strip()
-            reason += f" (its last words: {last.splitlines()[-1][:300]})" if last else ""
-            self.store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
-            fixed.append(record.id)
+        for record in self.store.runs():  # a run's watchdog has usually done this already
+            if recovery.claim(self.store, record):
+                recovery.recover(self.home, self.store, record)
+                fixed.append(record.id)
         return fixed
 
     def cleanup(self, all_homes: bool = False) -> list[str]:

@@ -227,7 +227,10 @@ def emu_nodes(emu: Emulator):  # type: ignore[no-untyped-def]
 def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, make_job) -> None:
     cluster()
     plan = emu.plan_job(make_job(REPORT, nodes=2))
-    assert plan["launch"][0] == "mpirun" and plan["ranks"][1]["node"] == "c1-node-1"
+    # Process nodes' mpirun runs in their cluster's network namespace (root here, as in CI).
+    network = ["/usr/bin/nsenter", f"--net={emu.home.root / 'process-nodes' / 'c1' / 'netns'}", "--"]
+    prefix = network if emu.default_backend == "process" else []
+    assert plan["launch"][:len(prefix) + 1] == [*prefix, "mpirun"] and plan["ranks"][1]["node"] == "c1-node-1"
     assert [n["hostname"] for n in plan["nodes"]] == ["c1-node-0", "c1-node-1"]
     assert plan["env"]["AZ_BATCH_MASTER_NODE"] == "<address of c1-node-0>:6105"
     cache = {"bind": "/mnt/amlemu/cache", "mode": "ro"} if emu.default_backend == "docker" else None
@@ -286,22 +289,43 @@ def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, mak
     assert [n.state for n in emu.store.nodes("c1")] == ["idle", "idle"]
 
 
-def test_a_dead_supervisor_is_noticed_by_the_next_cli_call(emu: Emulator, cluster, make_job) -> None:
+KEEPS_OUTPUTS = """
+import os, socket, time
+os.makedirs("outputs", exist_ok=True)
+with open(f"outputs/{socket.gethostname()}.txt", "w") as out:
+    out.write("written before the supervisor died")
+with open(f"logs/{socket.gethostname()}.log", "w") as out:
+    out.write("the job's own log")
+print("started", flush=True)
+while True:
+    time.sleep(0.2)
+"""
+
+
+def test_a_dead_supervisors_run_is_recovered_at_once_keeping_its_outputs(emu: Emulator, cluster, make_job) -> None:
+    """SIGKILL of a run's supervisor: its watchdog, with no CLI call, stops the job, collects both
+    nodes' ./outputs and ./logs into the run's record, removes the nodes and fails the run with
+    the supervisor's last words; then nothing of the run is left running."""
     cluster()
-    job = make_job(BLOCK, nodes=2)
+    job = make_job(KEEPS_OUTPUTS, nodes=2)
     run = emu.submit(job)
-    wait_until(lambda: "started" in run.logs(0), STARTUP, "the job started")
-    supervisor = psutil.Process(run.record.supervisor_pid)
-    supervisor.send_signal(signal.SIGKILL)  # the emulator itself dies mid-run
-    wait_until(lambda: not supervisor.is_running() or supervisor.status() == psutil.STATUS_ZOMBIE, 10, "it died")
+    wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), STARTUP, "both ranks started")
     with open(run.dir / "system_logs" / "supervisor.txt", "a") as log:  # what a crash would have printed last
         log.write("Traceback (most recent call last):\n  ...\nRuntimeError: stands for a crash\n\n")
-    shown = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, "-o", "json"])
-    assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
+    os.kill(run.record.supervisor_pid, signal.SIGKILL)  # the emulator itself dies mid-run
+    # The store is read directly: Run.wait or a CLI call would reconcile (the slower way this was noticed).
+    wait_until(lambda: emu.store.run(run.id).status is RunStatus.FAILED, 60, "the watchdog failed the run")
     assert run.record.error == ("the emulator process supervising this run died; the run was stopped and "
                                 "its nodes removed (its last words: RuntimeError: stands for a crash)")
-    wait_until(lambda: job_processes(job.parent.name) == [], 10, "the job's processes are gone")
+    for node in ("c1-node-0", "c1-node-1"):
+        assert (run.outputs / f"{node}.txt").read_text() == "written before the supervisor died"
+        assert (run.dir / "logs" / f"{node}.log").read_text() == "the job's own log"
+    assert job_processes(job.parent.name) == []
     assert emu.store.nodes("c1") == [] and emu_nodes(emu) == []  # nobody is left to scale them down
+    wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"]) if run.id in (p.info["cmdline"] or [])],
+               10, "the watchdog exited")
+    shown = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", run.id, "-o", "json"])
+    assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
 
 
 def test_cleanup_knows_a_runs_mpirun_by_its_launch_plan(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
 from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, rundisk, servicelink
+from amlemu.runs import homestore, rundisk, servicelink, watchdog
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
@@ -384,6 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     home_root, run_id = (sys.argv[1:] if argv is None else argv)[:2]
     # `kill -USR1 <supervisor_pid>`: every thread's stack into system_logs/supervisor.txt (a stuck run)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # Before any thread or connection exists (a clean fork); its pipe stays open until this process exits.
+    watchdog.start(home_root, run_id)
     Supervisor(Home.at(home_root), run_id).run()
     return 0
 

@@ -1,0 +1,78 @@
+"""A run whose supervisor died (SIGKILL, a crash, the machine restarted): what its supervisor would
+have done at the end, done by whoever notices first (the run's watchdog at once, else the next CLI
+call's reconcile). The job's processes are stopped, its ./outputs and ./logs collected from its
+nodes' disks into the run's record, its nodes removed (no supervisor is left to scale them down),
+and the run Failed with the supervisor's last words.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+
+from amlemu.backends import get_backend
+from amlemu.cluster import allocation as autoscale
+from amlemu.cluster.store import RunRecord, Store
+from amlemu.cluster.teardown import ours
+from amlemu.errors import AmlEmuError
+from amlemu.home import Home
+from amlemu.runs import homestore, rundisk
+from amlemu.runs.runlogs import tail
+from amlemu.specs import RunStatus
+
+DIED = "the emulator process supervising this run died; the run was stopped and its nodes removed"
+
+
+def claim(store: Store, record: RunRecord) -> bool:
+    """Whether this process is the one to recover the run: its supervisor is gone (not merely busy)
+    and no other claimer (alive) took it first."""
+    if record.status.is_terminal or record.supervisor_pid is None or ours(record.supervisor_pid, record.id):
+        return False
+    return store.claim_run(record.id, record.supervisor_pid, os.getpid())
+
+
+def recover(home: Home, store: Store, record: RunRecord) -> None:
+    """Stop, collect, release, fail: a claimed run (claim) whose supervisor is gone."""
+    run_dir = home.run_dir(record.id)
+    last = tail(run_dir / "system_logs" / "supervisor.txt", 5).strip()  # before anything else writes there
+
+    def log(line: str) -> None:
+        (run_dir / "system_logs").mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "system_logs" / "lifecycle.txt", "a") as out:
+            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+    log("the supervisor died: stopping the job, collecting its outputs and logs, removing its nodes")
+    if record.launch_pid and ours(record.launch_pid, record.id):
+        try:
+            os.killpg(record.launch_pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    try:
+        _collect_and_release(home, store, record, log)
+    finally:  # whatever failed above, the run ends
+        reason = DIED + (f" (its last words: {last.splitlines()[-1][:300]})" if last else "")
+        try:
+            homestore.end_run(run_dir, RunStatus.FAILED.value)
+        except (OSError, sqlite3.Error) as exc:
+            log(f"warning: the run's MLflow status was not set: {exc}")
+        log(f"status {RunStatus.FAILED.value}: {reason}")
+        store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
+
+
+def _collect_and_release(home: Home, store: Store, record: RunRecord, log) -> None:  # type: ignore[no-untyped-def]
+    cluster = store.cluster(record.cluster)
+    backend = get_backend(cluster.backend, home)
+    requests = [autoscale.node_request(home, cluster.spec, int(name.rsplit("-", 1)[1]), host_gpus=())
+                for name in record.nodes]
+    for request in requests:  # as the supervisor's quiesce and collect: no job process left first
+        try:
+            backend.stop_processes(request)
+            made = rundisk.secure(request.node_dir, record.id)
+            if made:
+                log(f"notice: {request.name}: not collected (links or special files): {', '.join(made[:10])}")
+            rundisk.collect(request.node_dir, request.name, record.id, home.run_dir(record.id), log)
+        except (AmlEmuError, OSError) as exc:  # a node gone or unreadable: the others are still collected
+            log(f"warning: {request.name}: {type(exc).__name__}: {exc}")
+    for node in autoscale.release(store, record.cluster, record.id, dead=set(record.nodes)):
+        backend.remove_node(autoscale.node_request(home, cluster.spec, node.idx, host_gpus=()))
