@@ -9,7 +9,7 @@ from typing import Any
 
 from amlemu.service.auth import Auth
 from amlemu.service.blocks import Blocks
-from amlemu.service.state import ServiceError, State
+from amlemu.service.state import ServiceError, State, bad_request
 from amlemu.servicekeys import RUN_CLAIM
 
 
@@ -24,6 +24,10 @@ class Context:
     # Called with each request (method, path, query, parsed body, headers less the secret ones).
     on_request: Callable[[str, str, dict[str, str], Any, dict[str, str]], None] | None = None
     blocks: Blocks = field(default_factory=Blocks)  # pieces of uploads over 64 MiB, until their list
+    # What the health route (service/health.py) checks besides the service's own: name -> a check
+    # that raises when its component cannot serve (the MLflow mount adds its own).
+    health_checks: dict[str, Callable[[], None]] = field(default_factory=dict)
+    link_port: int = 0  # the loopback port runs' links relay jobs' requests to (routes.link_guard)
 
 
 @dataclass
@@ -51,9 +55,14 @@ class Call:
 
     @property
     def props(self) -> dict[str, Any]:
-        """A copy of the body's ARM `properties` ({} when there are none)."""
-        props = self.body.get("properties") if isinstance(self.body, dict) else None
-        return dict(props) if isinstance(props, dict) else {}
+        """A copy of the body's ARM `properties` ({} when there are none); a 400 naming them when
+        the body or they are not JSON objects."""
+        if self.body is None:
+            return {}
+        props = self.body.get("properties") if isinstance(self.body, dict) else []
+        if props is not None and not isinstance(props, dict):
+            raise bad_request("properties", "properties: not a JSON object; send the resource's ARM body")
+        return dict(props or {})
 
 
 @dataclass
@@ -80,12 +89,25 @@ def run_of(params: dict[str, str]) -> str | None:
     return params.get("name")
 
 
+# Signed routes: the resource their `sig` signs (auth.sign), from the path's parameters.
+SIGNED: dict[str, Callable[[dict[str, str]], str]] = {
+    "sas": lambda params: params["container"],  # a code upload's container (routes.code_pending_upload)
+    "upload": lambda params: f"upload/{params['name']}",  # a v1 run's artifact uploads (v1online)
+}
+
+
 def authorize(call: Call, scope: bool | str) -> Reply | None:
     """None when the caller may use a route of this scope, else ARM's 401/403 reply. True: a
     workspace token; "run": also the route's own run's token (AZUREML_RUN_TOKEN), while that run
-    is active. A run token opens nothing else: not another run, not the workspace's routes."""
+    is active. A run token opens nothing else: not another run, not the workspace's routes.
+    "sas"/"upload": the URL's signature (SIGNED), as Azure Storage answers a wrong one."""
     if scope is False:
         return None
+    if scope in SIGNED:  # a URL the service signed (a SAS): checked before its body is read
+        resource = SIGNED[scope](call.params)
+        if call.ctx.auth.check_signature(resource, call.query.get("sig")):
+            return None
+        return Reply(403, b"AuthenticationFailed", {"x-ms-error-code": "AuthenticationFailed"})
     claims = call.ctx.auth.claims(call.headers.get("authorization"))
     if claims is None:
         return Reply(401, ServiceError(401, "InvalidAuthenticationToken", "no bearer token issued by this service, "

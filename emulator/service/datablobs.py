@@ -39,17 +39,28 @@ def _needs(call: Call, method: str) -> Any:
     return fn
 
 
+def _field(call: Call, key: str) -> Any:
+    """A top-level field of a JSON object body (None when absent); a 400 when the body is no object."""
+    if call.body is None:
+        return None
+    if not isinstance(call.body, dict):
+        raise bad_request(key, f"{key}: the body is not a JSON object with {key} in it")
+    return call.body.get(key)
+
+
 def run_data(call: Call) -> Reply:
-    name = str((call.body or {}).get("runId") or "")
-    if not name:
-        raise bad_request("runId", "runId: missing; name the job whose data is wanted")
+    name = _field(call, "runId") or ""
+    if not isinstance(name, str) or not name:
+        raise bad_request("runId", "runId: missing or not a string; name the job whose data is wanted")
     outputs = _needs(call, "run_outputs")(name)
     return Reply(body={"runMetadata": {"runId": name, "status": call.st.get_job(name).get("status"), "outputs": {
         out: {"assetId": f"{ASSET_PREFIX}{name}/{out}", "type": "uri_folder"} for out in outputs}}})
 
 
 def resolved_uris(call: Call) -> Reply:
-    ids = (call.body or {}).get("values") or []
+    ids = _field(call, "values") or []
+    if not isinstance(ids, list):
+        raise bad_request("values", "values: not a list of asset ids")
     found: dict[str, Any] = {}
     for asset in ids:
         job, _, out = str(asset).removeprefix(ASSET_PREFIX).partition("/")

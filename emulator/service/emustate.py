@@ -33,6 +33,7 @@ from amlemu.service.state import (
     Workspace,
     bad_request,
     not_found,
+    whole_number,
 )
 from amlemu.specs import ClusterSpec, JobSpec, Priority
 
@@ -53,12 +54,16 @@ def cluster_from_rest(name: str, body: Any) -> ClusterSpec:
         raise bad_request("properties.computeType", f"properties.computeType: {kind or 'missing'} computes are "
                           "not emulated; use AmlCompute")
     inner = props.get("properties") or {}
-    scale = inner.get("scaleSettings") or {}
+    scale = inner.get("scaleSettings") or {} if isinstance(inner, dict) else None
+    if not isinstance(inner, dict) or not isinstance(scale, dict):
+        field = "properties.properties" + ("" if scale is None else ".scaleSettings")
+        raise bad_request(field, f"{field}: not a JSON object; send the compute's ARM body")
     idle = scale.get("nodeIdleTimeBeforeScaleDown")
     try:
         return ClusterSpec(name=name, vm_size=str(inner.get("vmSize") or "Standard_D2_v2"),
                            vm_priority=Priority.parse(str(inner.get("vmPriority") or "dedicated")),
-                           min_nodes=int(scale.get("minNodeCount", 0)), max_nodes=int(scale.get("maxNodeCount", 4)),
+                           min_nodes=whole_number(scale.get("minNodeCount"), "scaleSettings.minNodeCount", 0),
+                           max_nodes=whole_number(scale.get("maxNodeCount"), "scaleSettings.maxNodeCount", 4),
                            idle_seconds_before_scaledown=120 if idle is None else
                            emujobs.seconds(idle, "scaleSettings.nodeIdleTimeBeforeScaleDown"))
     except ConfigError as exc:
@@ -76,7 +81,7 @@ class EmulatorState:
         folder.mkdir(parents=True, exist_ok=True)
         self._local = threading.local()
         self._local.emu = emulator
-        self.registry = Registry(self.workspace, folder / "registry.json")
+        self.registry = Registry(self.workspace, folder / "registry.json", log)
         self.blobs = DiskBlobs(folder / "blobs")
         self.jobs_dir = folder / "jobs"  # each job's REST body as it was PUT
         self.jobs_dir.mkdir(exist_ok=True)

@@ -7,8 +7,9 @@ not a REST double or a second server process: its REST protocol is MLflow's, wha
 version asks, with nothing to keep in step; one process and one port serve both APIs, behind the
 same TLS, the same run links (emulator/runs/servicelink.py) and the same tokens. MLflow's server
 imports in seconds, so it is imported on the first MLflow request, not when the service starts.
-The request body is read whole before the app sees it (MLflow's tracking calls are small JSON):
-the run-token policy below needs it, and so no deprecated WSGI bridge is needed.
+The request body is read before the app sees it, once the token is known good and at most
+bodies.MLFLOW_LIMIT (MLflow's tracking calls are small JSON): the run-token policy below needs
+it, and so no deprecated WSGI bridge is needed.
 
 Who may do what (a job is untrusted code): a workspace token (the user's, from `amlemu env`'s
 identity) may call every route. A run's token (the job's AZUREML_RUN_TOKEN, sent as
@@ -22,7 +23,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import sqlite3
 import threading
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 from urllib.parse import parse_qs
@@ -33,6 +36,7 @@ from starlette.responses import Response
 from starlette.routing import Mount
 
 from amlemu.runs.homestore import MOUNT, artifact_root, ensure_store
+from amlemu.service import bodies
 from amlemu.service.calls import Context, Reply, arm_error
 from amlemu.service.state import ServiceError
 from amlemu.servicekeys import RUN_CLAIM
@@ -126,11 +130,26 @@ class MlflowMount:
 
     def bind(self, ctx: Context) -> None:
         self.ctx = ctx
+        ctx.health_checks["mlflow"] = self.check
+
+    def check(self) -> None:
+        """For the health route: the store opens, and once MLflow's app is loaded, it answers a
+        search (what failed with a removed working directory while the rest of the service worked)."""
+        with closing(sqlite3.connect(f"file:{ensure_store(self.home_root)}?mode=ro", uri=True, timeout=5)) as db:
+            db.execute("SELECT COUNT(*) FROM experiments").fetchone()
+        app = _app.get("app")
+        if app is not None:
+            status, _, data = _call_wsgi(app, "POST", "/api/2.0/mlflow/experiments/search", "",
+                                         {"content-type": "application/json"}, b'{"max_results": 1}', "localhost")
+            if status != 200:
+                raise RuntimeError(f"MLflow's server answered {status}: {data[:200].decode(errors='replace')}")
 
     def route(self) -> Mount:
         return Mount(MOUNT, app=self.asgi)
 
-    def _refusal(self, request: Request, path: str, body: bytes) -> Reply | None:
+    def _run_of(self, request: Request) -> Reply | str | None:
+        """The caller's run (None: a workspace token), or the 401 that refuses it: checked before
+        the body is read."""
         assert self.ctx is not None
         claims = self.ctx.auth.claims(request.headers.get("authorization"))
         if claims is None:
@@ -144,11 +163,29 @@ class MlflowMount:
         if active is None or not active(run):
             return Reply(401, ServiceError(401, "ExpiredAuthenticationToken", f"the token of run {run} expired "
                                            "with the run").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
+        return str(run)
+
+    def _refusal(self, request: Request, path: str, body: bytes, run: str | None) -> Reply | None:
+        if run is None:
+            return None
         why = run_token_refusal(request.method, path, request.url.query, body, run)
         if why is None:
             return None
         return arm_error(403, "AuthorizationFailed", f"the token of run {run} does not have authorization to "
                          f"perform {request.method} on {MOUNT}{path}: {why}")
+
+    async def _admit(self, request: Request, path: str) -> Reply | bytes:
+        """The request's body, read (bounded) once its token may make the call; else the refusal."""
+        assert self.ctx is not None
+        try:
+            bodies.check_length({k.lower(): v for k, v in request.headers.items()}, bodies.MLFLOW_LIMIT)
+            run = await run_in_threadpool(self._run_of, request)
+            if isinstance(run, Reply):
+                return run
+            body = await bodies.read(request, bodies.MLFLOW_LIMIT)
+        except ServiceError as exc:
+            return Reply(exc.status, exc.body())
+        return self._refusal(request, path, body, run) or body
 
     async def asgi(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or self.ctx is None:
@@ -156,17 +193,16 @@ class MlflowMount:
             return
         request = Request(scope, receive)
         path = scope["path"][len(MOUNT):] if scope["path"].startswith(MOUNT) else scope["path"]
-        body = await request.body()
-        refused = self._refusal(request, path, body)
-        if refused is not None:
-            response = Response(json.dumps(refused.body).encode(), refused.status,
-                                {**refused.headers, "Content-Type": "application/json; charset=utf-8"})
+        admitted = await self._admit(request, path)
+        if isinstance(admitted, Reply):
+            response = Response(json.dumps(admitted.body).encode(), admitted.status,
+                                {**admitted.headers, "Content-Type": "application/json; charset=utf-8"})
         else:
             try:
                 app = await run_in_threadpool(_flask_app, self.home_root)
                 status, headers, data = await run_in_threadpool(
                     _call_wsgi, app, request.method, path, request.url.query,
-                    {k.lower(): v for k, v in request.headers.items()}, body, request.headers.get("host", ""))
+                    {k.lower(): v for k, v in request.headers.items()}, admitted, request.headers.get("host", ""))
             except Exception as exc:  # noqa: BLE001 - the client gets a 500, the log its cause
                 self.ctx.log(f"MLflow server failed: {type(exc).__name__}: {exc}")
                 status, headers, data = 500, [("Content-Type", "application/json")], json.dumps(

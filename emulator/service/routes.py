@@ -3,33 +3,27 @@ over a `State` (emulator/service/state.py), on Starlette.
 
 Each route is (methods, path, handler, auth); a handler is a plain function of a `Call` that
 returns a `Reply`, run in Starlette's thread pool (the states block: SQLite, Docker). The
-wrapper reads the body, checks the workspace named in the path and the caller's credential,
-turns ServiceError into Azure's error JSON and logs one line per request: method, path, status,
-never a query (SAS signatures) or a header (tokens, the identity secret).
+wrapper (emulator/service/endpoint.py) checks the names, the workspace named in the path and
+the caller's credential before it reads the body (bounded), turns ServiceError into Azure's error
+JSON and logs one line per request: method, path, status, never a query or a header.
 
 Shapes follow what the SDK's deserializers need (ARM resources, run history `RunDetails`, Blob
 REST): a field it never reads is left out.
 """
 from __future__ import annotations
 
-import json
-import re
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from email.utils import formatdate
 from typing import Any
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 
-from amlemu.service import datablobs, v1routes
-from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error, authorize
-from amlemu.service.state import ARM_TYPE, ServiceError, not_found, system_data
+from amlemu.service import bodies, datablobs, endpoint, health, linkguard, v1online, v1routes
+from amlemu.service.calls import Call, Context, Reply, arm_error
+from amlemu.service.state import ARM_TYPE, not_found, system_data
 
 CLOUD_NAME = "AmlEmuCloud"  # anything but the built-in names, or the SDK ignores the metadata URL
 ACCOUNT = "amlemustore"  # the blob account the SAS URLs name, as the first path segment
@@ -263,6 +257,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET", "/msi/token", token, False),  # checks the identity header itself
     ("GET", "/msi/v1/", token_v1, False),  # checks the secret header itself
     ("GET", "/discovery", discovery, False),
+    ("GET", health.ROUTE, health.health, True),
     ("GET", "/operations/{id}", operation, True),
     ("GET", WS, workspace, True),
     *v1routes.ROUTES,
@@ -286,74 +281,19 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET", WS + "/datastores", datastore_list, True),
     ("GET", WS + "/datastores/{name}", datastore, True),
     ("POST", WS + "/datastores/{name}/listSecrets", datastore_secrets, True),
-    ("GET|HEAD|PUT", f"/{ACCOUNT}/{{container}}/{{blob:path}}", blob, False),  # SAS-signed
+    ("GET|HEAD|PUT", f"/{ACCOUNT}/{{container}}/{{blob:path}}", blob, "sas"),
     # The blob endpoint azure-ai-ml derives from a datastore's account name (jobs.download, local inputs).
     ("GET", "/{account}/{container}", datablobs.list_blobs, True),
     ("GET|HEAD|PUT", "/{account}/{container}/{blob:path}", datablobs.read_blob, True),
     ("GET|HEAD|PUT|POST|DELETE|PATCH", "/{path:path}", no_route, False),
 ]
-
-
-def _endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str) -> Callable[[Request], Any]:
-    async def endpoint(request: Request) -> Response:
-        raw = await request.body()
-        body: Any = raw or None  # blob content stays bytes even when it is a .json file
-        if raw and "json" in request.headers.get("content-type", ""):
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                pass
-        call = Call(ctx, request.method, request.url.path, dict(request.path_params), dict(request.query_params),
-                    {k.lower(): v for k, v in request.headers.items()}, raw, body)
-        if ctx.on_request is not None:
-            ctx.on_request(call.method, call.path, call.query, body,
-                           {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
-        reply = await run_in_threadpool(_handle, call, fn, auth)
-        ctx.log(f"{call.method} {call.path} {reply.status}")
-        return _response(reply, call.method)
-    return endpoint
-
-
-def _handle(call: Call, fn: Callable[[Call], Reply], auth: bool | str) -> Reply:
-    try:
-        p = call.params
-        if "ws" in p and not call.st.workspace.matches(p["sub"], p["rg"], p["ws"]):
-            raise not_found(f"workspace {p['sub']}/{p['rg']}/{p['ws']}")
-        refused = authorize(call, auth)
-        return refused if refused is not None else fn(call)
-    except ServiceError as exc:
-        return Reply(exc.status, exc.body())
-    except Exception:  # noqa: BLE001 - a bug must reach the client as a 500, its cause in the log
-        call.ctx.log(traceback.format_exc())
-        return arm_error(500, "InternalServerError", "the service failed; see its log (amlemu serve's service.log)")
-
-
-def _response(reply: Reply, method: str) -> Response:
-    headers = dict(reply.headers)
-    if isinstance(reply.body, (dict, list)):
-        data = json.dumps(reply.body).encode()
-        headers.setdefault("Content-Type", "application/json; charset=utf-8")
-    else:
-        data = reply.body.encode() if isinstance(reply.body, str) else (reply.body or b"")
-    if method == "HEAD":  # the length of what a GET would send, and no body
-        return Response(b"", reply.status, {**headers, "Content-Length": str(len(data))})
-    return Response(data, reply.status, headers)
+# The routes whose bodies are files (blob puts, v1's project zip): bodies.UPLOAD_LIMIT, not JSON_LIMIT.
+UPLOADS = frozenset({blob, datablobs.read_blob, v1online.upload, v1routes.start_run})
 
 
 def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Any:
     """The service's ASGI app; `extra_routes` (the studio page, under /studio) come first: the blob
     routes' `/{account}/{container}/...` would take their paths otherwise."""
-    routes = [Route(path, _endpoint(ctx, fn, auth), methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
-    return _single_slashes(Starlette(routes=[*(extra_routes or []), *routes]))
-
-
-def _single_slashes(app: Starlette) -> Any:
-    """azureml-core joins the cloud's resourceManager ("https://host/", as ARM's metadata writes
-    it) with "/subscriptions/...": ARM takes `//subscriptions`, so the service does too."""
-    async def asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") == "http" and "//" in scope.get("path", ""):
-            scope = {**scope, "path": re.sub("/{2,}", "/", scope["path"])}
-            if scope.get("raw_path"):
-                scope["raw_path"] = re.sub(b"/{2,}", b"/", scope["raw_path"])
-        await app(scope, receive, send)
-    return asgi
+    routes = [Route(path, endpoint.endpoint(ctx, fn, auth, bodies.UPLOAD_LIMIT if fn in UPLOADS else bodies.JSON_LIMIT),
+                    methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
+    return endpoint.single_slashes(linkguard.link_guard(Starlette(routes=[*(extra_routes or []), *routes]), ctx))

@@ -24,9 +24,11 @@ from amlemu import servicefile
 from amlemu.errors import AmlEmuError, ConfigError
 from amlemu.service import tls
 from amlemu.service.auth import Auth
+from amlemu.service.bodies import printable
 from amlemu.service.routes import CLOUD_NAME, Context, build_app
 
 READY_TIMEOUT = 60.0
+DAEMON_UMASK = 0o022
 GRACE = 2.0  # seconds a stopping service gives requests in flight
 LOOPBACK = "127.0.0.1"
 
@@ -124,8 +126,11 @@ def file_logger(path: Path) -> Callable[[str], None]:
     lock = threading.Lock()
 
     def log(line: str) -> None:
+        # One line per call, whatever a client put in it: its newlines, terminal escapes and bidi
+        # overrides are written as escapes (bodies.printable), so a path cannot forge a line or
+        # rewrite the terminal of whoever reads the log.
         with lock, path.open("a", encoding="utf-8") as out:
-            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line.rstrip()}\n")
+            out.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {printable(line.rstrip())}\n")
     return log
 
 
@@ -177,15 +182,17 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
 
 
 def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT) -> servicefile.ServiceState:
-    """Start `amlemu serve` for the home in its own session (it outlives this command) and wait
-    until it answers; its output goes to <home>/service/service.log."""
+    """Start `amlemu serve` for the home detached as a daemon is, and wait until it answers: its own
+    session (it outlives this command and its terminal), stdin from /dev/null, its output to
+    <home>/service/service.log, working directory `/` (the folder it was started from may be a CI
+    step's temporary one, removed while it serves: MLflow resolves its store against the working
+    directory), umask 022 (what it writes for jobs is readable; secrets are written 0600 anyway)."""
     folder = servicefile.service_dir(home_root)
     folder.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "amlemu", "--home", str(home_root), "serve", "--port", str(port)]
+    argv = [sys.executable, "-m", "amlemu", "--home", str(home_root.resolve()), "serve", "--port", str(port)]
     with open(folder / "service.log", "ab") as out:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, env={k: v for k, v in os.environ.items()
-                                                              if not k.startswith("AMLEMU_DEBUG")})
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, cwd="/",
+                                umask=DAEMON_UMASK, start_new_session=True, env=_daemon_env())
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = servicefile.read_state(home_root)
@@ -198,6 +205,16 @@ def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT)
         time.sleep(0.05)
     proc.terminate()
     raise AmlEmuError(f"amlemu serve did not start within {timeout:g} s (its log: {folder / 'service.log'})")
+
+
+def _daemon_env() -> dict[str, str]:
+    """This command's environment for the service, less its debug switches; PYTHONPATH and the
+    like made absolute, as they would otherwise name folders relative to where it was started."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMLEMU_DEBUG") and k != "PWD"}
+    for key in ("PYTHONPATH", "VIRTUAL_ENV"):
+        if env.get(key):
+            env[key] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in env[key].split(os.pathsep))
+    return env
 
 
 def client_env(home_root: Path, state: servicefile.ServiceState, fast_stream: bool = False) -> dict[str, str]:

@@ -11,10 +11,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from amlemu import statefile
 from amlemu.errors import ConfigError
 
 ARM_TYPE = "Microsoft.MachineLearningServices/workspaces"
@@ -65,6 +67,18 @@ def bad_request(field: str, message: str) -> ServiceError:
 
 def from_config_error(exc: ConfigError) -> ServiceError:
     return bad_request(exc.field, str(exc))
+
+
+def whole_number(value: Any, field: str, default: int) -> int:
+    """A JSON integer field's value (`default` when absent or null), or a 400 naming the field: a
+    string, a fraction, NaN or an infinity is not a count (int() would take "3" and cut 1.5 to 1)."""
+    if value is None:
+        return default
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(field, f"{field}: {str(value)[:40]!r} is not a whole number; send an integer")
+    return value
 
 
 def not_found(what: str) -> ServiceError:
@@ -128,18 +142,25 @@ class DiskBlobs:
     def put(self, container: str, blob: str, data: bytes, metadata: dict[str, str] | None) -> None:
         target = self.path(container, blob)
         if metadata is None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(data)
+            statefile.write_bytes(target, data)
         meta = self.root.parent / "blob-metadata" / container / (blob + ".json")  # never inside a snapshot
-        meta.parent.mkdir(parents=True, exist_ok=True)
-        meta.write_text(json.dumps(metadata or {}))
+        statefile.write_json(meta, metadata or {})
 
     def get(self, container: str, blob: str) -> tuple[bytes, dict[str, str]] | None:
         target = self.path(container, blob)
         if not target.is_file():
             return None
         meta = self.root.parent / "blob-metadata" / container / (blob + ".json")
-        return target.read_bytes(), json.loads(meta.read_text()) if meta.exists() else {}
+        try:
+            found = json.loads(meta.read_text())
+        except (OSError, ValueError):  # none, or not ours: the SDK then uploads again
+            found = {}
+        return target.read_bytes(), found if isinstance(found, dict) else {}
+
+
+def _key(saved: str) -> tuple[str, str]:
+    name, version = saved.split("\n", 1)  # ValueError for a key the registry never wrote
+    return name, version
 
 
 def system_data() -> dict[str, str]:
@@ -155,14 +176,28 @@ class Registry:
 
     KINDS = ("codes", "environments")
 
-    def __init__(self, workspace: Workspace, path: Path | None = None) -> None:
+    def __init__(self, workspace: Workspace, path: Path | None = None,
+                 log: Callable[[str], None] = lambda line: None) -> None:
         self.workspace, self.path = workspace, path
         self.lock = threading.RLock()
         self.assets: dict[str, dict[tuple[str, str], dict[str, Any]]] = {k: {} for k in self.KINDS}
         if path is not None and path.exists():
+            self._load(path, log)
+
+    def _load(self, path: Path, log: Callable[[str], None]) -> None:
+        """The saved versions; a file that is not the registry (a write cut short before writes were
+        staged, an edit by hand) is moved aside and the registry starts empty: the SDK registers
+        again what it does not find."""
+        try:
             saved = json.loads(path.read_text())
-            for kind in self.KINDS:
-                self.assets[kind] = {tuple(k.split("\n", 1)): v for k, v in saved.get(kind, {}).items()}  # type: ignore[misc]
+            assets = {kind: {_key(k): dict(v) for k, v in saved.get(kind, {}).items()} for kind in self.KINDS}
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            aside = path.with_name(f"{path.name}.corrupt-{int(time.time())}")
+            path.replace(aside)
+            log(f"warning: {path} could not be read ({type(exc).__name__}: {exc}); moved to {aside.name}, "
+                "starting with no registered code or environment versions")
+            return
+        self.assets.update(assets)
 
     def clear(self) -> None:
         with self.lock:
@@ -170,9 +205,9 @@ class Registry:
                 store.clear()
 
     def _save(self) -> None:
-        if self.path is not None:
+        if self.path is not None:  # staged, then renamed: a kill or a full disk leaves the old file
             data = {kind: {"\n".join(k): v for k, v in store.items()} for kind, store in self.assets.items()}
-            self.path.write_text(json.dumps(data))
+            statefile.write_json(self.path, data)
 
     def resource(self, kind: str, name: str, version: str, props: dict[str, Any]) -> dict[str, Any]:
         return {"id": f"{self.workspace.id}/{kind}/{name}/versions/{version}", "name": version,

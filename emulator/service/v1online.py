@@ -152,7 +152,11 @@ def upload(call: Call) -> Reply:
     active = getattr(call.st, "run_active", None)
     if active is None or not active(run_id):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
-    data = call.ctx.blocks.upload(f"{UPLOADS}-{run_id}", path, call.query, call.raw)
+    try:  # the path is checked before a piece of it is staged
+        runhistory.artifact_path(run_dir, path)
+    except runhistory.HistoryError as exc:
+        raise bad_request(exc.field, str(exc)) from None
+    data = call.ctx.blocks.upload(f"{UPLOADS}-{run_id}", path, call.query, call.raw, owner=run_id, active=active)
     if data is not None:
         try:
             runhistory.write_artifact(run_dir, path, data)
@@ -169,5 +173,5 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("POST", M + "/runs/{name}/list", list_metrics, "run"),
     ("POST", M + "/runs/{name}/full", full_metric, "run"),
     ("POST", A + "/batch/metadata/{origin}/{container}", create_artifacts, "run"),
-    ("GET|HEAD|PUT", "/" + UPLOADS + "/{name}/{path:path}", upload, False),  # signed for one run
+    ("GET|HEAD|PUT", "/" + UPLOADS + "/{name}/{path:path}", upload, "upload"),  # signed for one run
 ]
