@@ -15,33 +15,34 @@ class VmSize:
     memory_gib: float
     gpus: int = 0
     gpu_model: str = ""
+    temp_disk_gib: int = 0  # the local (temp) SSD, which AmlCompute mounts at /mnt: the node's disk
 
 
-# From Azure's published size tables.
+# From Azure's published size tables (temp disk: "Temp storage (SSD) GiB"; NVMe disks left out).
 VM_SIZES: dict[str, VmSize] = {
     s.name.upper(): s
     for s in (
-        VmSize("Standard_D2_v2", 2, 7),
-        VmSize("Standard_D3_v2", 4, 14),
-        VmSize("Standard_D4_v2", 8, 28),
-        VmSize("Standard_DS2_v2", 2, 7),
-        VmSize("Standard_DS3_v2", 4, 14),
-        VmSize("Standard_DS12_v2", 4, 28),
-        VmSize("Standard_F4s_v2", 4, 8),
-        VmSize("Standard_F8s_v2", 8, 16),
-        VmSize("Standard_E4s_v3", 4, 32),
-        VmSize("Standard_NC6", 6, 56, 1, "K80"),
-        VmSize("Standard_NC12", 12, 112, 2, "K80"),
-        VmSize("Standard_NC24", 24, 224, 4, "K80"),
-        VmSize("Standard_NC6s_v3", 6, 112, 1, "V100"),
-        VmSize("Standard_NC12s_v3", 12, 224, 2, "V100"),
-        VmSize("Standard_NC24s_v3", 24, 448, 4, "V100"),
-        VmSize("Standard_NC4as_T4_v3", 4, 28, 1, "T4"),
-        VmSize("Standard_NC24ads_A100_v4", 24, 220, 1, "A100"),
-        VmSize("Standard_ND40rs_v2", 40, 672, 8, "V100"),
-        VmSize("Standard_ND96asr_v4", 96, 900, 8, "A100"),
-        VmSize("Standard_NC40ads_H100_v5", 40, 320, 1, "H100"),
-        VmSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100"),
+        VmSize("Standard_D2_v2", 2, 7, temp_disk_gib=100),
+        VmSize("Standard_D3_v2", 4, 14, temp_disk_gib=200),
+        VmSize("Standard_D4_v2", 8, 28, temp_disk_gib=400),
+        VmSize("Standard_DS2_v2", 2, 7, temp_disk_gib=14),
+        VmSize("Standard_DS3_v2", 4, 14, temp_disk_gib=28),
+        VmSize("Standard_DS12_v2", 4, 28, temp_disk_gib=56),
+        VmSize("Standard_F4s_v2", 4, 8, temp_disk_gib=32),
+        VmSize("Standard_F8s_v2", 8, 16, temp_disk_gib=64),
+        VmSize("Standard_E4s_v3", 4, 32, temp_disk_gib=64),
+        VmSize("Standard_NC6", 6, 56, 1, "K80", temp_disk_gib=340),
+        VmSize("Standard_NC12", 12, 112, 2, "K80", temp_disk_gib=680),
+        VmSize("Standard_NC24", 24, 224, 4, "K80", temp_disk_gib=1440),
+        VmSize("Standard_NC6s_v3", 6, 112, 1, "V100", temp_disk_gib=736),
+        VmSize("Standard_NC12s_v3", 12, 224, 2, "V100", temp_disk_gib=1474),
+        VmSize("Standard_NC24s_v3", 24, 448, 4, "V100", temp_disk_gib=2948),
+        VmSize("Standard_NC4as_T4_v3", 4, 28, 1, "T4", temp_disk_gib=180),
+        VmSize("Standard_NC24ads_A100_v4", 24, 220, 1, "A100", temp_disk_gib=64),
+        VmSize("Standard_ND40rs_v2", 40, 672, 8, "V100", temp_disk_gib=2948),
+        VmSize("Standard_ND96asr_v4", 96, 900, 8, "A100", temp_disk_gib=6000),
+        VmSize("Standard_NC40ads_H100_v5", 40, 320, 1, "H100", temp_disk_gib=128),
+        VmSize("Standard_ND96isr_H100_v5", 96, 1900, 8, "H100", temp_disk_gib=1000),
     )
 }
 

@@ -141,6 +141,8 @@ def emu(tmp_path: Path, backend: str, _homes: set[str], request: pytest.FixtureR
         label = {"label": f"amlemu.home={emulator.home.id}"}
         assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
         assert client.networks.list(filters=label) == [], "the test left networks behind"
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(emulator.home.root) in line]
+    assert mounts == [], f"the test left node disks mounted: {mounts}"
     leftovers = [(p.pid, p.info["status"], " ".join(p.info["cmdline"] or [])[:200])
                  for p in psutil.process_iter(["cmdline", "status"])
                  if any(str(emulator.home.root) in part for part in (p.info["cmdline"] or []))]

@@ -66,6 +66,7 @@ class NodeRequest:
     # The job's built Python environment (amlemu.envs): mounted read-only at this same path, its bin
     # first on PATH in place of the emulator's venv. None: the emulator's venv, as before.
     python_env: str | None = None
+    disk_bytes: int = 0  # the VM size's local (temp) disk; nodedisk caps it (0: by its setting alone)
 
     @property
     def name(self) -> str:

@@ -26,7 +26,7 @@ from typing import Any
 import psutil
 
 from amlemu.actions import Action
-from amlemu.backends import gpudevices, nodefs
+from amlemu.backends import gpudevices, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.backends.base import (
@@ -187,7 +187,7 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         plan = self.plan_node(request)
-        request.node_dir.mkdir(parents=True, exist_ok=True)
+        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes, self.home.root)[0])  # before the bind
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._ensure_image(plan["image"])
@@ -222,6 +222,7 @@ class DockerBackend(NodeBackend):
             self._remove_container(self.container_name(request))
         except docker.errors.NotFound:
             pass
+        nodedisk.detach(request.node_dir)  # once no container binds it
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:

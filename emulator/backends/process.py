@@ -26,6 +26,7 @@ import psutil
 from amlemu import statefile
 from amlemu.actions import Action
 from amlemu.backends import netns
+from amlemu.backends import nodedisk
 from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
@@ -112,7 +113,7 @@ class ProcessBackend(NodeBackend):
 
     def create_node(self, request: NodeRequest) -> str:
         self.create_cluster(request.cluster)  # its network (a cluster made before namespaces had none)
-        request.node_dir.mkdir(parents=True, exist_ok=True)
+        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes, self.home.root)[0])
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
         state.mkdir(parents=True, exist_ok=True)
@@ -194,7 +195,8 @@ class ProcessBackend(NodeBackend):
 
     def remove_cluster(self, cluster: str) -> None:
         netns.remove(self.home.root / "process-nodes" / cluster / NETNS_FILE)  # before its folder goes
-        for sub in ("nodes", "caches", "process-nodes"):
+        nodedisk.detach_all(self.home.root / "nodes" / cluster)
+        for sub in ("nodes", "caches", "process-nodes", "node-disks"):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
     # --- dry runs ------------------------------------------------------------------------------
@@ -209,6 +211,7 @@ class ProcessBackend(NodeBackend):
 
     def _remove_found(self, cluster: str, node: str) -> None:
         self._kill_recorded(self.state_dir(cluster, node))
+        nodedisk.detach(self.home.node_dir(cluster, node))  # its disk, before its folder goes
         for folder in self._folders(cluster, node):
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -17,7 +17,7 @@ from amlemu.backends import NodeBackend, NodeRequest
 from amlemu.cluster import gpus as gpu_list
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
-from amlemu.skus import node_limits
+from amlemu.skus import GIB, node_limits
 from amlemu.specs import ClusterSpec, RunStatus
 
 
@@ -45,7 +45,8 @@ def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = 
                        memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
                        node_dir=home.node_dir(spec.name, name),
                        cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
-                       image=image, shm_bytes=shm_bytes, python_env=python_env)
+                       image=image, shm_bytes=shm_bytes, python_env=python_env,
+                       disk_bytes=spec.size.temp_disk_gib * GIB)
 
 
 def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:

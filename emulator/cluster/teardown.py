@@ -18,7 +18,7 @@ import psutil
 
 from amlemu import servicefile
 from amlemu.actions import Action
-from amlemu.backends import BACKENDS, backend_class, get_backend
+from amlemu.backends import BACKENDS, backend_class, get_backend, nodedisk
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
@@ -26,8 +26,9 @@ from amlemu.home import PLAN_VARIABLE, Home
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
-# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy.
-RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui")
+# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy;
+# node-disks: the images of the nodes' disks (backends/nodedisk.py), unmounted by then.
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "node-disks", "runs", "mlflow", "mlflow-ui")
 # What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
 # REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
 SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")
@@ -82,14 +83,25 @@ def plan_delete_compute(home: Home, store: Store, name: str) -> list[Action]:
     plan.append(Action("delete", "compute record", name, {"node_records": len(nodes)},
                        run=lambda: store.delete_cluster(name)))
     listed = {folder for a in plan for folder in a.detail.get("folders", [])}
-    return plan + [_remove_folder(home.root / sub / name) for sub in ("nodes", "caches")
-                   if (home.root / sub / name).exists() and str(home.root / sub / name) not in listed]
+    disks = [a for a in plan_release_disks(home.root / "nodes" / name)
+             if a.name not in {str(autoscale.node_request(home, cluster.spec, n.idx, host_gpus=()).node_dir)
+                                 for n in nodes}]  # the others go with their nodes
+    return plan + disks + [_remove_folder(home.root / sub / name) for sub in ("nodes", "caches", "node-disks")
+                           if (home.root / sub / name).exists() and str(home.root / sub / name) not in listed]
 
 
 def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:
-    """Every node and network of the home (of every home: all_homes), on every usable backend."""
+    """Every node and network of the home (of every home: all_homes), on every usable backend;
+    then every node disk still mounted in the home (a node whose record was lost)."""
     return [a for name in BACKENDS if backend_class(name).available()[0]
-            for a in get_backend(name, home).plan_reap(all_homes)]
+            for a in get_backend(name, home).plan_reap(all_homes)] + plan_release_disks(home.root / "nodes")
+
+
+def plan_release_disks(folder: Path) -> list[Action]:
+    """The node disks mounted under `folder`, unmounted (their loop devices freed) and their images removed."""
+    return [Action("unmount", "node disk", str(point), {"image": str(nodedisk.image_path(point))},
+                   run=functools.partial(nodedisk.detach, point))
+            for point in nodedisk.mounted_under(folder)]
 
 
 def plan_stop_azurite(azurite: Azurite) -> list[Action]:

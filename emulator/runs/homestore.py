@@ -90,15 +90,19 @@ def add_run(home_root: Path, run_dir: Path, experiment: str, run_id: str, run_na
     return str(experiment_id)
 
 
-def end_run(run_dir: Path, status: str) -> None:
+def end_run(run_dir: Path, status: str, log: Callable[[str], None]) -> None:
     """The run's final status on its MLflow run, where its ranks did not end it themselves (a job
-    that never called MLflow, one that was killed): as Azure ML ends the job's run."""
+    that never called MLflow, one that was killed): as Azure ML ends the job's run. An error is
+    logged, never raised: the MLflow run's status must not decide the run's."""
     db = marked_store(run_dir)
     if db is None or status not in _FINAL:
         return
-    with closing(_connect(db)) as conn, conn:
-        conn.execute("UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ? AND status IN ('SCHEDULED', 'RUNNING')",
-                     (_FINAL[status], int(time.time() * 1000), run_dir.name))
+    try:
+        with closing(_connect(db)) as conn, conn:
+            conn.execute("UPDATE runs SET status = ?, end_time = ? WHERE run_uuid = ? AND status IN ('SCHEDULED', "
+                         "'RUNNING')", (_FINAL[status], int(time.time() * 1000), run_dir.name))
+    except (OSError, sqlite3.Error) as exc:
+        log(f"warning: the run's MLflow status was not set: {exc}")
 
 
 MOUNT = "/mlflow"  # where the service serves MLflow's tracking server (emulator/service/mlflowmount.py)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import time
 
 from amlemu.backends import get_backend
@@ -52,10 +51,7 @@ def recover(home: Home, store: Store, record: RunRecord) -> None:
         _collect_and_release(home, store, record, log)
     finally:  # whatever failed above, the run ends
         reason = DIED + (f" (its last words: {last.splitlines()[-1][:300]})" if last else "")
-        try:
-            homestore.end_run(run_dir, RunStatus.FAILED.value)
-        except (OSError, sqlite3.Error) as exc:
-            log(f"warning: the run's MLflow status was not set: {exc}")
+        homestore.end_run(run_dir, RunStatus.FAILED.value, log)
         log(f"status {RunStatus.FAILED.value}: {reason}")
         store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
 

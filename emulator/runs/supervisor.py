@@ -16,7 +16,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from amlemu import statefile
-from amlemu.backends import NodeRequest, get_backend, nodefs
+from amlemu.backends import NodeRequest, get_backend, nodedisk, nodefs
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
@@ -24,7 +24,7 @@ from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
 from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, rundisk, servicelink, watchdog
+from amlemu.runs import homestore, rundisk, servicelink, statuswrite, watchdog
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
@@ -55,6 +55,7 @@ class Supervisor:
         self.gang_failure: tuple[int | None, int] | None = None  # (rank, exit code) of the first to fail
         self.faults = FaultInjector(home, self.store)
         self.link: servicelink.RunLink | None = None  # to the home's Azure ML service, while it runs
+        self.ending: tuple[RunStatus, str, dict] | None = None  # the final status, once decided
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -62,9 +63,10 @@ class Supervisor:
 
     def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
         if status.is_terminal:  # plotted first: whoever sees the run ended also finds its plot
-            homestore.end_run(self.run_dir, status.value)
+            self.ending = (status, detail, fields)  # the job's own outcome: no later error replaces it
+            homestore.end_run(self.run_dir, status.value, self.logs.platform)
             plot_run(self.run_dir, f"{self.run_id} ({self.job.experiment_name}): {status.value}", self.logs.platform)
-        self.store.set_status(self.run_id, status, detail, **fields)
+        statuswrite.write_status(self.store, self.run_id, status, detail, self.logs.platform, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
 
     def canceled(self) -> bool:
@@ -115,6 +117,7 @@ class Supervisor:
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
+        disk_note = nodedisk.size(self.requests[0].disk_bytes, self.home.root)[1]
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
             autoscale.create_nodes(self.store, self.backend, new)
@@ -123,7 +126,7 @@ class Supervisor:
             self.job, self.run_id, spec.name, self.backend.name, self.requests,
             [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
             base_env=[self.backend.node_env(r) for r in self.requests], mpi_options=self.backend.mpi_options,
-            as_root=os.geteuid() == 0, notices=(*self.software.notices, *((note,) if note else ())))
+            as_root=os.geteuid() == 0, notices=(*self.software.notices, *(n for n in (note, disk_note) if n)))
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
         self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
@@ -304,16 +307,15 @@ class Supervisor:
 
     def end_with_error(self, reason: str) -> None:
         """Nodes cleaned before the terminal status, as in finalize: a run that has ended has left
-        nothing on its nodes (whoever waits for it may look at once)."""
+        nothing on its nodes (whoever waits for it may look at once). A final status already decided
+        (the job's own, whose writing failed) is written again, never replaced by the error."""
         try:
             self.cleanup_nodes(dead=set())
         finally:
-            self.fail_or_cancel(reason)
-
-    def fail_or_cancel(self, reason: str) -> None:
-        status = RunStatus.CANCELED if self.canceled() else RunStatus.FAILED
-        if not self.status().is_terminal:
-            self.set(status, reason, error=reason)
+            if self.ending is not None:
+                statuswrite.write_status(self.store, self.run_id, *self.ending[:2], self.logs.platform, **self.ending[2])
+            elif not self.status().is_terminal:
+                self.set(RunStatus.CANCELED if self.canceled() else RunStatus.FAILED, reason, error=reason)
 
     def upload_outputs(self) -> str | None:
         """rw_mount / upload outputs to their datastore, whatever the ending; an error is returned."""

@@ -1,0 +1,128 @@
+"""A node's local disk (what backs /mnt/azureml on the node: NodeRequest.node_dir) as a file system
+of its own, the size of the VM size's local (temp) disk, so that a job that fills it fails with
+ENOSPC on its node, as on AmlCompute, instead of filling the home's file system (and with it the
+state database and every other run of the home).
+
+As root: a sparse file under <home>/node-disks/ formatted ext4 and loop-mounted at the node's
+folder (`mount -o loop` frees the loop device when the disk is unmounted). Both backends use it
+the same way: a docker node bind-mounts that folder, a process node's sandbox binds it. A job may
+write only as much as the disk holds, so its image never grows past that; its size is capped by
+AMLEMU_NODE_DISK_GB and by half the home's free space. As another user there is no limit (mounting
+needs root), and the notice says so.
+
+The mount is its own record: whatever removes a node (remove_node, a cluster's deletion, cleanup)
+detaches every disk mounted under the folders it removes (mounted_under).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+from amlemu.errors import BackendError, ConfigError
+
+SETTING = "AMLEMU_NODE_DISK_GB"
+DEFAULT_GB = 10.0
+GIB = 1024**3
+MIN_BYTES = 32 << 20  # ext4 and the run's folder (snapshot, MLflow store) need a few MiB
+# No journal (a node's scratch disk, emptied after every run) and no inode tables written in the
+# background: the image's real size stays a few MiB until the job writes.
+MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=1")
+MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
+
+
+def limited() -> bool:
+    """Whether node disks are file systems of their own here (mounting needs root)."""
+    return os.geteuid() == 0 and shutil.which(MKFS[0]) is not None
+
+
+def _setting() -> float:
+    text = os.environ.get(SETTING, "").strip()
+    try:
+        value = float(text) if text else DEFAULT_GB
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ConfigError(SETTING, f"{text!r} is not a size in GiB",
+                          f"set it to a number such as {DEFAULT_GB:g} (0: no limit), or unset it")
+    return value
+
+
+def size(sku_bytes: int, home_root: Path) -> tuple[int | None, str | None]:
+    """The node disk's size in bytes (None: no limit, a plain folder) and a notice when it is not
+    the VM size's own."""
+    setting = _setting()
+    if not limited():
+        return None, ("a node's local disk has no size limit here (it is a file system of its own only as root): "
+                      "a job can fill the home's file system")
+    if setting == 0:
+        return None, f"{SETTING}=0: a node's local disk has no size limit; a job can fill the home's file system"
+    sku_bytes = sku_bytes or int(setting * GIB)
+    half_free = shutil.disk_usage(home_root).free // 2
+    chosen = max(MIN_BYTES, min(sku_bytes, int(setting * GIB), half_free))
+    if chosen >= sku_bytes:
+        return chosen, None
+    why = f"{SETTING}={setting:g}" if int(setting * GIB) <= half_free else "half the home's free space"
+    return chosen, f"a node's local disk is {_gib(chosen)} (the VM size's is {_gib(sku_bytes)}), capped by {why}"
+
+
+def _gib(n: int) -> str:
+    return f"{n / GIB:.3g} GiB"
+
+
+def image_path(node_dir: Path) -> Path:
+    """<home>/node-disks/<cluster>/<node>.ext4 for <home>/nodes/<cluster>/<node>."""
+    return node_dir.parents[2] / "node-disks" / node_dir.parent.name / f"{node_dir.name}.ext4"
+
+
+def attach(node_dir: Path, disk_bytes: int | None) -> None:
+    """The node's folder, a disk of `disk_bytes` mounted there (None: a plain folder)."""
+    node_dir.mkdir(parents=True, exist_ok=True)
+    if disk_bytes is None or os.path.ismount(node_dir):
+        return
+    image = image_path(node_dir)
+    image.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(image, "wb") as out:
+            out.truncate(disk_bytes)  # sparse: blocks are used as the job writes them
+        _run([*MKFS, str(image)])
+        _run(["mount", "-o", MOUNT_OPTIONS, str(image), str(node_dir)])
+    except BaseException:
+        image.unlink(missing_ok=True)
+        raise
+    (node_dir / "lost+found").rmdir()  # ext4's, not the node's
+
+
+def detach(node_dir: Path) -> None:
+    """Unmount the node's disk (if mounted) and remove its image; the loop device goes with it."""
+    if os.path.ismount(node_dir):
+        # Lazily when busy (a sandbox being torn down): the loop device is freed with its last user.
+        if subprocess.run(["umount", str(node_dir)], capture_output=True).returncode != 0:
+            _run(["umount", "--lazy", str(node_dir)])
+    image_path(node_dir).unlink(missing_ok=True)
+
+
+def mounted_under(folder: Path) -> list[Path]:
+    """Mount points at or under `folder` (this machine's mount table), deepest first."""
+    try:
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return []
+    # Field 5 is the mount point, with space, tab, newline and backslash written as octal escapes.
+    points = {Path(line.split()[4].encode().decode("unicode_escape")) for line in table.splitlines() if line}
+    return sorted((p for p in points if p == folder or folder in p.parents), key=lambda p: -len(p.parts))
+
+
+def detach_all(folder: Path) -> int:
+    """Every node disk mounted under `folder` (a cluster's or the home's nodes/), detached."""
+    found = mounted_under(folder)
+    for point in found:
+        detach(point)
+    return len(found)
+
+
+def _run(argv: list[str]) -> None:
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise BackendError(f"a node's disk: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}")
