@@ -354,6 +354,8 @@ def test_serve_runs_in_the_foreground_until_ctrl_c(home: Path) -> None:
 
 
 def test_allow_remote_warns_and_still_wants_a_token(home: Path) -> None:
+    """--allow-remote: the URL names this machine as other machines reach it (its certificate covers
+    that name: tests/test_studio_login.py), every request needs a token, the studio its login."""
     proc = subprocess.Popen([sys.executable, "-m", "amlemu", "--home", str(home), "serve", "--port", "0",
                              "--allow-remote"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -362,15 +364,27 @@ def test_allow_remote_warns_and_still_wants_a_token(home: Path) -> None:
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.1)
         assert state.host == "0.0.0.0" and state.remote
+        names = tls.machine_names()
+        assert state.url == f"https://{names[0]}:{state.port}" if names else state.url.startswith("https://127.0.0.1")
         ca = home / "service" / "ca-bundle.pem"
         refused = requests.get(f"https://127.0.0.1:{state.port}{WS}", verify=ca, timeout=10)
         assert refused.status_code == 401
+        assert requests.get(f"https://127.0.0.1:{state.port}/studio/", verify=ca, timeout=10).status_code == 401
+        # `amlemu ui --link`: a login link to the service's studio, by the name the URL uses (here by
+        # 127.0.0.1, which the certificate also covers: this test stays on loopback).
+        link = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "ui", "--link"],
+                              capture_output=True, text=True, timeout=60).stdout.strip()
+        assert link.startswith(f"{state.url}/studio/?login=")
+        browser = requests.Session()
+        page = browser.get(link.replace(state.url, f"https://127.0.0.1:{state.port}"), verify=ca, timeout=10)
+        assert page.status_code == 200 and "amlemu studio" in page.text
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:
             proc.kill()
     assert "warning: --allow-remote" in err
+    assert f"amlemu serve: {state.url} " in err and f"{state.url}/studio/?login=" in err  # the printed link
 
 
 @pytest.mark.parametrize("container,blob", [("code-a", "../code-b/train.py"), ("code-a", "x/../../code-b/t.py"),

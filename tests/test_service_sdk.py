@@ -72,9 +72,13 @@ def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Servic
     name = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
     assert re.search(rf"job {name}: (JobStatus\.COMPLETED|Completed)\n", done.stdout)
     assert f"/studio/jobs/{name}" in done.stdout
-    # The link leads to the studio page the service serves beside the API.
+    # The link leads to the studio page the service serves beside the API, once logged in by the
+    # one-time link `amlemu ui --link` prints.
     url, ca = servicefile.read_state(service.home).url, service.env["REQUESTS_CA_BUNDLE"]
-    page = requests.get(f"{url}/studio/jobs/{name}", verify=ca, timeout=30)
+    assert requests.get(f"{url}/studio/jobs/{name}", verify=ca, timeout=30).status_code == 401
+    browser = requests.Session()
+    assert browser.get(service.amlemu("ui", "--link").stdout.strip(), verify=ca, timeout=30).status_code == 200
+    page = browser.get(f"{url}/studio/jobs/{name}", verify=ca, timeout=30)
     assert page.status_code == 200 and name in page.text and "Completed" in page.text
     # The emulator ran it: its own store says so, its run folder holds every rank's log and the output.
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)

@@ -1,8 +1,10 @@
 """The studio page: its JSON endpoints, pages and downloads on a home laid out by hand (fast: no job
-runs), what a job wrote staying text, no path leading out of a run's folder; then the page in a real
-headless browser (Debian's chromium, driven by selenium) following a job as it runs."""
+runs), what a job wrote staying text, no path leading out of a run's folder, no private file served;
+then the page in a real headless browser (Debian's chromium, driven by selenium, logged in by its
+one-time link) following a job as it runs. The login itself: tests/test_studio_login.py."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,19 +21,32 @@ from typing import Any
 import pytest
 import requests
 from conftest import release, wait_until
-from starlette.applications import Starlette
 from starlette.testclient import TestClient
 
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
 from amlemu.runs.metrics import PLOT_NAME
-from amlemu.service.studio import standalone_app, studio_mount
+from amlemu.service.studio import standalone_app
 from amlemu.service.studio_data import LOG_CHUNK, MAX_POINTS
+from amlemu.service.studiogate import home_key, login_url, mint_login
 from amlemu.specs import ClusterSpec, Priority, RunStatus
 
 JOB = {"command": "python train.py", "instance_count": 1, "display_name": "<b>shout</b>",
-       "distribution": {"type": "mpi", "process_count_per_instance": 2}}
+       "distribution": {"type": "mpi", "process_count_per_instance": 2},
+       "environment_variables": {"API_KEY": "planted-api-key", "MODE": "fast-mode"}}
 SCRIPT = "<script>window.pwned = 1</script>"
+# r1's launch plan as the supervisor writes it (owner-only): the job's variables and the run's token.
+PLAN = {"launcher": "mpirun", "launch": ["mpirun", "-x", "API_KEY=planted-api-key", "python", "train.py"],
+        "env": {"API_KEY": "planted-api-key", "MODE": "fast-mode", "AZUREML_RUN_TOKEN": "eyJ.run-token.sig",
+                "AZUREML_RUN_ID": "r1"}, "processes": [], "notices": []}
+BASE = "http://127.0.0.1:5000"  # the studio answers only Host names of this machine
+
+
+def logged_in(client: TestClient, key: bytes) -> TestClient:
+    """`client` with the session a login link gives."""
+    answer = client.get(f"/studio/?login={mint_login(key)}", follow_redirects=False)
+    assert answer.status_code == 303 and answer.headers["location"] == "/studio/", answer.text
+    return client
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +85,13 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     (r1 / "outputs" / "db").symlink_to(home.db)
     (r1 / "outputs" / "up").symlink_to(home.root)
     os.mkfifo(r1 / "outputs" / "fifo")
+    (r1 / "outputs" / "mine.key").write_text("owner-only")
+    (r1 / "outputs" / "mine.key").chmod(0o600)
+    (r1 / "system_logs").mkdir()
+    (r1 / "system_logs" / "lifecycle.txt").write_text("started")
+    (r1 / "system_logs" / "launch.json").write_text(json.dumps(PLAN))
+    (r1 / "system_logs" / "launch.json").chmod(0o600)
+    (r1 / "agent-plan.json").write_text("{}")
     (r1 / "snapshot").mkdir()
     (r1 / "snapshot" / "train.py").write_text("print(1)")
     (r1 / PLOT_NAME).write_bytes(b"\x89PNG\r\n\x1a\n")
@@ -89,8 +111,9 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
 
 @pytest.fixture(scope="module")
 def client(home: Home) -> Iterator[TestClient]:
-    with TestClient(standalone_app(home)) as test_client:
-        yield test_client
+    key = home_key(home.root)
+    with TestClient(standalone_app(home, key), base_url=BASE) as test_client:
+        yield logged_in(test_client, key)
 
 
 def test_the_overview_shows_computes_their_nodes_jobs_and_faults(client: TestClient) -> None:
@@ -116,8 +139,8 @@ def test_a_job_has_its_status_history_metrics_and_files(client: TestClient) -> N
     assert job["metrics"]["odd"] == [[0, None], [1, 2.0]]  # NaN is null: the JSON stays valid
     # Regular files only: the links and the fifo the job left are not listed; the snapshot is not served.
     assert [f["path"] for f in job["files"]] == [
-        PLOT_NAME, "outputs/model.bin", "outputs/notes.txt", "outputs/sub/page.html",
-        "user_logs/std_log_process_0.txt", "user_logs/std_log_process_1.txt"]
+        PLOT_NAME, "outputs/model.bin", "outputs/notes.txt", "outputs/sub/page.html", "user_logs/std_log_process_0.txt",
+        "user_logs/std_log_process_1.txt", "system_logs/lifecycle.txt"]  # no launch plan, no owner-only file
     running = client.get("/studio/api/jobs/r2").json()
     assert running["faults"][0]["kind"] == "slow"
     assert running["metrics"] is None  # a store unreadable this once: the page keeps its charts
@@ -163,6 +186,7 @@ def test_files_download_from_the_run_folder_and_never_run_as_a_page(client: Test
     "r1/outputs/%2e%2e/%2e%2e/%2e%2e/amlemu.db", "r1/outputs/..%2F..%2F..%2Famlemu.db",  # out by ..
     "r1/outputs//etc/passwd", "r1/%2Fetc/passwd", "r1/snapshot/train.py", "r1/mlflow.db",  # not a download
     "%2e%2e/amlemu.db", "r3/outputs/model.bin",  # not a job
+    "r1/system_logs/launch.json", "r1/agent-plan.json", "r1/outputs/mine.key",  # private: the plans, owner-only
 ])
 def test_no_path_leads_out_of_a_runs_downloads(client: TestClient, path: str) -> None:
     answer = client.get(f"/studio/files/{path}")
@@ -189,6 +213,17 @@ def test_pages_escape_what_a_job_wrote_and_allow_no_inline_script(client: TestCl
     assert client.get("/studio/static/studio.css").headers["content-type"] == "text/css; charset=utf-8"
     assert client.get("/studio/static/studio.py").status_code == 404  # the two assets, not the package
     assert client.get("/", follow_redirects=False).headers["location"] == "/studio/"
+
+
+def test_the_job_page_shows_the_launch_plan_without_secret_values(client: TestClient) -> None:
+    page = client.get("/studio/jobs/r1").text
+    plan = re.search(r'<details id="plan">.*?</details>', page, re.S).group(0)
+    assert "AZUREML_RUN_ID&quot;: &quot;r1" in plan and "mpirun" in plan  # the plan, escaped
+    for secret in ("planted-api-key", "fast-mode", "run-token"):  # the job's variables, the run's token
+        assert secret not in page
+    assert "API_KEY=***" in plan  # masked inside the argv too
+    assert "planted-api-key" not in client.get("/studio/api/jobs/r1").text
+    assert 'id="plan" class="empty">not launched yet' in client.get("/studio/jobs/r2").text
 
 
 # --- in a real browser: headless chromium, the page served by uvicorn, a job running -------------
@@ -266,8 +301,12 @@ def _text(driver: Any, selector: str) -> str:
 def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, cluster, make_job, tmp_path: Path) -> None:
     cluster(max_nodes=1)
     run = emu.submit(make_job(LIVE_JOB, nodes=1))
-    with serving(standalone_app(emu.home)) as url, chromium(tmp_path / "chromium") as driver:
-        driver.get(f"{url}/studio/")  # the overview, left open in its own tab
+    key = home_key(emu.home.root)
+    with serving(standalone_app(emu.home, key)) as url, chromium(tmp_path / "chromium") as driver:
+        driver.get(f"{url}/studio/")
+        assert "needs a login" in _text(driver, "body")  # no session yet
+        driver.get(login_url(key, url))  # the one-time link: a session, and the overview, left open in its tab
+        assert driver.current_url == f"{url}/studio/"
         overview = driver.current_window_handle
         busy = re.compile(r"c1-node-0\s+busy")
         wait_until(lambda: run.id in _text(driver, "#jobs") and busy.search(_text(driver, "#computes")), 120,
@@ -306,20 +345,9 @@ def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, clust
     assert run.status is RunStatus.COMPLETED
 
 
-def test_a_service_open_to_the_network_shows_the_page_to_this_machine_only(tmp_path: Path) -> None:
-    home = Home.at(tmp_path / "home")
-    local = TestClient(Starlette(routes=[studio_mount(home, remote=False)]))
-    assert local.get("/studio/").status_code == 200
-    remote = TestClient(Starlette(routes=[studio_mount(home, remote=True)]))  # its client is "testclient"
-    refused = remote.get("/studio/")
-    assert refused.status_code == 403 and "this machine only" in refused.text
-    loopback = TestClient(Starlette(routes=[studio_mount(home, remote=True)]), client=("127.0.0.1", 50000))
-    assert loopback.get("/studio/").status_code == 200
-
-
 def test_amlemu_ui_serves_the_page_over_http_until_ctrl_c(tmp_path: Path) -> None:
     """`amlemu ui`: the studio alone over plain HTTP on loopback (a browser needs no certificate), /
-    leading to it, until Ctrl-C frees the port."""
+    leading to it, behind the one-time login link it prints, until Ctrl-C frees the port."""
     copy = Home.at(tmp_path / "home")
     store = Store(copy.db)
     store.add_cluster(ClusterSpec("c1", "STANDARD_D2_V2", Priority.LOW_PRIORITY, max_nodes=2), "process")
@@ -337,11 +365,21 @@ def test_amlemu_ui_serves_the_page_over_http_until_ctrl_c(tmp_path: Path) -> Non
                                  "--no-browser", "--port", str(port)], stdout=sink, stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
-        wait_until(lambda: proc.poll() is None and f"{url}/studio/" in out.read_text(), 60, "amlemu ui printed its URL")
-        page = requests.get(f"{url}/", timeout=10)  # / leads to the page
+        link = re.compile(rf"{re.escape(url)}/studio/\?login=\S+")
+
+        def printed() -> bool:
+            assert proc.poll() is None, out.read_text()  # it failed: say why, not only that it did not print
+            return bool(link.search(out.read_text()))
+        wait_until(printed, 60, "amlemu ui printed its link")
+        assert requests.get(f"{url}/", timeout=10).status_code == 401  # / leads to the page, which needs a login
+        browser = requests.Session()
+        page = browser.get(link.search(out.read_text()).group(0), timeout=10)  # the link: a session, the page
         assert page.status_code == 200 and page.url == f"{url}/studio/"
         assert "r1" in page.text and "c1" in page.text
-        assert requests.get(f"{url}/studio/api/jobs/r1", timeout=10).json()["status"] == "Completed"
+        assert browser.get(f"{url}/studio/api/jobs/r1", timeout=10).json()["status"] == "Completed"
+        assert requests.get(link.search(out.read_text()).group(0), timeout=10).status_code == 401  # used once
+        rebound = browser.get(f"{url}/studio/", headers={"Host": f"rebound.example:{port}"}, timeout=10)
+        assert rebound.status_code == 400  # a page elsewhere whose name resolves to 127.0.0.1 (DNS rebinding)
         proc.send_signal(signal.SIGINT)  # Ctrl-C
         assert proc.wait(timeout=30) == 0, out.read_text()
         with pytest.raises(requests.ConnectionError):  # nothing listens any more

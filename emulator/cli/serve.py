@@ -58,12 +58,18 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
     from amlemu.service.routes import Context  # noqa: PLC0415
     from amlemu.service.server import serve_forever  # noqa: PLC0415
     from amlemu.service.studio import studio_mount  # noqa: PLC0415
+    from amlemu.service.studiogate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
+    from amlemu.service.tls import machine_names  # noqa: PLC0415
 
     host = "0.0.0.0" if allow_remote else "127.0.0.1"  # noqa: S104 - only with --allow-remote
+    # The studio answers to loopback's names, and with --allow-remote to this machine's (its certificate's).
+    hosts = LOOPBACK_NAMES | frozenset(machine_names()) if allow_remote else LOOPBACK_NAMES
     if allow_remote:
         err_console.print("warning: --allow-remote: the service listens on every interface; anyone who can reach "
                           f"this machine's port {port} can try it (each request needs a token the service issued, "
-                          "from the IDENTITY_HEADER secret `amlemu env` prints)", highlight=False)
+                          "from the IDENTITY_HEADER secret `amlemu env` prints; the studio page a login link)",
+                          highlight=False)
+    key = home_key(home.root)
 
     mlflow_server = MlflowMount(home.root)  # MLflow's tracking server for the online runs, at /mlflow
 
@@ -74,9 +80,10 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
 
     serve_forever(home.root, make_ctx, host, port, allow_remote,
                   lambda url: err_console.print(f"amlemu serve: {url} (Ctrl-C stops it; `eval \"$(amlemu env)\"` "
-                                                f"points azure-ai-ml at it; the studio page: {url}/studio/)",
+                                                "points azure-ai-ml at it)\nthe studio page, a one-time login link "
+                                                f"(`amlemu ui --link` gives another): {login_url(key, url)}",
                                                 highlight=False),
-                  extra_routes=[mlflow_server.route(), studio_mount(home, remote=allow_remote)])
+                  extra_routes=[mlflow_server.route(), studio_mount(home, key, hosts)])
 
 
 @cli.command("env")

@@ -24,7 +24,7 @@ import psutil
 
 from amlemu.cli.common import _emu, cli, console, err_console, handle_errors
 from amlemu.errors import AmlEmuError, ConfigError
-from amlemu.servicefile import bind, is_loopback
+from amlemu.servicefile import bind, is_loopback, read_state
 from amlemu.uistore import build_ui_store, ui_store_path
 
 READY_TIMEOUT = 60.0
@@ -110,43 +110,73 @@ def can_open_a_browser() -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True,
               help="interface to listen on; only loopback unless --allow-remote")
 @click.option("--allow-remote", is_flag=True,
-              help="allow a non-loopback --host: the page has no login, anyone who reaches it sees every run")
+              help="allow a non-loopback --host: over plain HTTP, the login link and the session it gives cross "
+                   "the network unencrypted (`amlemu serve --allow-remote` serves the page over TLS)")
 @click.option("--mlflow", "mlflow_ui", is_flag=True,
               help="MLflow's own UI over the home's MLflow store (online runs live, offline runs copied in), "
                    "instead of the studio page")
 @click.option("--no-browser", is_flag=True, help="print the address only; do not open a browser")
+@click.option("--link", "link_only", is_flag=True,
+              help="print a new one-time login link to the studio page of the home's running service "
+                   "(`amlemu serve`, or started by `amlemu env`) and exit")
 @click.pass_context
 @handle_errors
-def ui(ctx: click.Context, port: int, host: str, allow_remote: bool, mlflow_ui: bool, no_browser: bool) -> None:
-    """The studio page of this emulator (computes, nodes, jobs, live logs and metrics), until Ctrl-C."""
+def ui(ctx: click.Context, port: int, host: str, allow_remote: bool, mlflow_ui: bool, no_browser: bool,
+       link_only: bool) -> None:
+    """The studio page of this emulator (computes, nodes, jobs, live logs and metrics), until Ctrl-C.
+    It prints a one-time login link (the page answers no one without the session it gives)."""
+    if link_only:
+        _service_link(ctx)
+        return
     if not is_loopback(host) and not allow_remote:
-        raise ConfigError("--host", f"{host} is not a loopback address and the page has no login",
-                          "use 127.0.0.1, or add --allow-remote to serve it to other machines")
+        raise ConfigError("--host", f"{host} is not a loopback address",
+                          "use 127.0.0.1, or add --allow-remote to serve the page to other machines")
     bind(host, port).close()  # free now: the server binds it next
     emu = _emu(ctx)
     emu.reconcile()
-    url = url_of(host, port)
     if mlflow_ui:
-        _mlflow_ui(emu, url, host, port)
+        _mlflow_ui(emu, url_of(host, port), host, port)
     else:
-        _studio(emu, url, host, port, open_browser=not no_browser and can_open_a_browser())
+        _studio(emu, host, port, open_browser=not no_browser and can_open_a_browser(), remote=allow_remote)
 
 
-def _studio(emu, url: str, host: str, port: int, *, open_browser: bool) -> None:  # type: ignore[no-untyped-def]
+def _service_link(ctx: click.Context) -> None:
+    from amlemu.service.studiogate import home_key, login_url  # noqa: PLC0415
+
+    root = ctx.obj.home().root
+    state = read_state(root)
+    if state is None:
+        raise ConfigError("--link", "the service of this home is not running",
+                          'start it with `eval "$(amlemu env)"` or `amlemu serve`, or run `amlemu ui` for the page alone')
+    click.echo(login_url(home_key(root), state.url))
+
+
+def _studio(emu, host: str, port: int, *, open_browser: bool, remote: bool) -> None:  # type: ignore[no-untyped-def]
     import uvicorn  # noqa: PLC0415 - the server loads only for this command
 
     from amlemu.service.studio import standalone_app  # noqa: PLC0415
+    from amlemu.service.studiogate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
+    from amlemu.service.tls import machine_names  # noqa: PLC0415
 
-    server = uvicorn.Server(uvicorn.Config(standalone_app(emu.home), host=host, port=port, log_level="warning",
-                                           lifespan="on"))
+    # Host names the page answers to (DNS rebinding): loopback's; with --allow-remote this machine's too.
+    names = machine_names() if remote else []
+    hosts = LOOPBACK_NAMES | frozenset([*names, host.lower()]) if remote else LOOPBACK_NAMES
+    # The printed URL names the --host, or this machine when it listens on every interface.
+    url = url_of(names[0] if names and host in ("0.0.0.0", "::") else host, port)  # noqa: S104
+    key = home_key(emu.home.root)
+    server = uvicorn.Server(uvicorn.Config(standalone_app(emu.home, key, hosts), host=host, port=port,
+                                           log_level="warning", lifespan="on"))
 
     def announce() -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
-            console.print(f"amlemu studio: {url}/studio/  (Ctrl-C stops it)", highlight=False)
+            link = login_url(key, url)
+            console.print(f"amlemu studio: {url}/studio/  (Ctrl-C stops it)\n"
+                          f"a one-time login link (`amlemu ui --link` gives one for the service): {link}",
+                          highlight=False)
             if open_browser:
-                webbrowser.open(f"{url}/studio/")
+                webbrowser.open(link)
 
     threading.Thread(target=announce, daemon=True).start()
     try:

@@ -12,14 +12,17 @@ import hashlib
 import hmac
 import json
 import secrets
+import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from amlemu import servicekeys
-from amlemu.servicefile import owner_only_write
+from amlemu.statefile import write_text
 
 TOKEN_SECONDS = 3600
+URL_SECONDS = 4 * 3600  # a signed URL with an expiry (a run's log files): as long as a SAS the SDK reads
 # azureml-core decodes its ARM token, unverified, for the tenant and expiry: tokens are JWTs
 # (amlemu.servicekeys), not opaque strings.
 TENANT = servicekeys.TENANT
@@ -43,7 +46,7 @@ class Auth:
             return cls(saved["identity_header"], bytes.fromhex(saved["key"]))
         except (OSError, ValueError, KeyError):
             auth = cls.fresh()
-            owner_only_write(path, json.dumps({"identity_header": auth.identity_header, "key": auth.key.hex()}))
+            write_text(path, json.dumps({"identity_header": auth.identity_header, "key": auth.key.hex()}), owner_only=True)
             return auth
 
     def _mac(self, text: str) -> str:
@@ -79,3 +82,15 @@ class Auth:
 
     def check_signature(self, resource: str, sig: str | None) -> bool:
         return sig is not None and hmac.compare_digest(sig, self.sign(resource))
+
+    def sign_until(self, resource: str, seconds: int = URL_SECONDS) -> str:
+        """The query of a URL good for `seconds`: `se=<its expiry, Unix time>&sig=...`, the expiry
+        signed with the resource (a SAS's se=)."""
+        expiry = int(time.time()) + seconds
+        return f"se={expiry}&sig={self.sign(f'{resource}?se={expiry}')}"
+
+    def check_until(self, resource: str, query: Mapping[str, str]) -> bool:
+        """A query `sign_until` made for `resource`, not expired; a signature without se= never is."""
+        expiry = query.get("se", "")
+        return (expiry.isdigit() and len(expiry) < 12 and int(expiry) > time.time()
+                and self.check_signature(f"{resource}?se={expiry}", query.get("sig")))

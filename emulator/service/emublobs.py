@@ -15,6 +15,7 @@ from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.names import JOB_NAME_RE
 from amlemu.runs import runhistory
 from amlemu.runs.contract import bindings
+from amlemu.service import runfiles
 from amlemu.service.state import bad_request, not_found
 
 ARTIFACT_STORE, ARTIFACT_CONTAINER = "workspaceartifactstore", "azureml"
@@ -38,7 +39,8 @@ def _run_files(emu: Any, prefix: str) -> list[tuple[str, Path]]:
     if head or not JOB_NAME_RE.match(run):  # a run's name, never `..` or a path
         return []
     run_dir = emu.home.run_dir(run)
-    files = [p for sub in RUN_FOLDERS for p in sorted((run_dir / sub).rglob("*")) if p.is_file() and not p.is_symlink()]
+    files = [p for sub in RUN_FOLDERS for p in sorted((run_dir / sub).rglob("*")) if p.is_file() and not p.is_symlink()
+             and not runfiles.private(p.relative_to(run_dir).as_posix(), p.stat())]  # no launch plan
     named = [(f"ExperimentRun/dcid.{run}/{runhistory.listed_name(run_dir, p)}", p) for p in files]
     return [(n, p) for n, p in named if n.startswith(prefix)]
 

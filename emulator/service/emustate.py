@@ -22,7 +22,7 @@ from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
 from amlemu.runs.runlogs import log_files
-from amlemu.service import emublobs, emujobs
+from amlemu.service import emublobs, emujobs, runfiles
 from amlemu.service.emuv1 import EmulatorV1
 from amlemu.service.routes import ACCOUNT
 from amlemu.service.state import (
@@ -259,13 +259,15 @@ class EmulatorState:
             return False
 
     def read_log(self, name: str, path: str) -> bytes:
-        run_dir = self.home.run_dir(name).resolve()
-        target = (run_dir / path).resolve()
-        if not target.is_file():  # a file Run.upload_file sent under a name of its own
-            target = (run_dir / runhistory.ARTIFACTS / path).resolve()
-        if not target.is_relative_to(run_dir) or not target.is_file():
+        """A file of the run's record (a signed log URL's): never through a link, never a private
+        one (the launch plans, an owner-only file: runfiles.open_in_run)."""
+        run_dir = self.home.run_dir(name)
+        found = runfiles.open_in_run(run_dir, path, emublobs.RUN_FOLDERS) or \
+            runfiles.open_in_run(run_dir, f"{runhistory.ARTIFACTS}/{path}", emublobs.RUN_FOLDERS)  # an upload's name
+        if found is None:
             raise not_found(f"log {path} of job {name}")
-        return target.read_bytes()
+        with found:
+            return found.read()
 
     # --- computes ----------------------------------------------------------------------------
     def _compute_props(self, name: str) -> dict[str, Any]:

@@ -172,10 +172,10 @@ def _iso(ts: float | None) -> str | None:
 def run_details(call: Call) -> Reply:
     name = call.params["name"]
     run = call.st.run_details(name)
-    sig = call.ctx.auth.sign(f"logs/{name}")
+    signed = call.ctx.auth.sign_until(f"logs/{name}")
     details: dict[str, Any] = {"runId": name, "status": run.status, "warnings": [], "target": run.target,
                                "startTimeUtc": _iso(run.start_time), "endTimeUtc": _iso(run.end_time),
-                               "logFiles": {p: f"{call.base}/logs/{name}/{p}?sig={sig}" for p in run.log_files}}
+                               "logFiles": {p: f"{call.base}/logs/{name}/{p}?{signed}" for p in run.log_files}}
     if run.error:
         details["error"] = {"error": {"code": "UserError", "message": run.error}}
     return Reply(body=details)
@@ -183,8 +183,9 @@ def run_details(call: Call) -> Reply:
 
 def log_file(call: Call) -> Reply:
     name = call.params["name"]
-    if not call.ctx.auth.check_signature(f"logs/{name}", call.query.get("sig")):
-        return arm_error(403, "AuthenticationFailed", "the log URL's signature is missing or wrong")
+    if not call.ctx.auth.check_until(f"logs/{name}", call.query):  # signed with its expiry (se=), not past it
+        return arm_error(403, "AuthenticationFailed", "the log URL's signature is missing, wrong or expired: "
+                         "the run's details give fresh URLs")
     return Reply(200, call.st.read_log(name, call.params["path"]), {"Content-Type": "text/plain; charset=utf-8"})
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -77,9 +76,10 @@ def v1_env_vars(url: str, identity_header: str, ca_bundle: Path) -> dict[str, st
     }
 
 
-def public_host(host: str) -> str:
-    """The name clients use in URLs: loopback's address, or this machine's name when remote."""
-    return LOOPBACK if host in (LOOPBACK, "localhost") else socket.getfqdn()
+def public_names(remote: bool) -> list[str]:
+    """The names the service's certificate covers, the one its URL uses first: with --allow-remote
+    this machine's names and addresses (remote clients verify them with the CA bundle), then loopback's."""
+    return list(dict.fromkeys([*(tls.machine_names() if remote else []), LOOPBACK, "localhost"]))
 
 
 @dataclass
@@ -152,12 +152,12 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
     if running is not None:
         raise ConfigError("serve", f"the service of this home already runs at {running.url} (pid {running.pid})",
                           "use it, or stop it with `amlemu serve --stop`")
-    shown = public_host(host)
-    files = tls.ensure(folder, list(dict.fromkeys([shown, LOOPBACK, "localhost"])))
+    names = public_names(remote)
+    files = tls.ensure(folder, names)
     auth = Auth.load_or_create(folder / "secrets.json")
     log = file_logger(folder / "service.log")
     sock = servicefile.bind(host, port)
-    url = f"https://{shown}:{sock.getsockname()[1]}"
+    url = f"https://{f'[{names[0]}]' if ':' in names[0] else names[0]}:{sock.getsockname()[1]}"
     ctx = make_ctx(auth, log)
     ctx.url = url
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)

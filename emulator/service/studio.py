@@ -1,10 +1,12 @@
 """The studio: a small live web page of one home, what a user looks at instead of Azure ML studio.
 
-`studio_app(home)` is a self-contained Starlette app (the service mounts it at /studio): two
-server-rendered pages (the overview, and a job), JSON endpoints that a little script polls every
-second, and the run's files to download. It only reads the home. Everything a job wrote is
-escaped (studio_html), files come only from the run's own folder (studio_data.open_in_run), and
-every answer forbids inline script: a `<script>` a job printed stays text.
+`studio_app(home)` is a self-contained Starlette app: two server-rendered pages (the overview, and
+a job, with its launch plan, secret values masked), JSON endpoints that a little script polls
+every second, and the run's files to download. It only reads the home. Everything a job wrote is
+escaped (studio_html), files come only from the run's own folder and never its private ones
+(runfiles.open_in_run), and every answer forbids inline script: a `<script>` a job printed stays
+text. `studio_mount` puts it at /studio behind its login (studiogate: no route answers without
+the session a one-time link gives, which no job gets, or to a Host not naming this machine).
 
     amlemu ui        # this page alone over http://127.0.0.1:5000/studio/ (emulator/cli/ui.py)
 """
@@ -19,16 +21,15 @@ from urllib.parse import quote
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import (HTMLResponse, JSONResponse, PlainTextResponse, RedirectResponse, Response,
-                                 StreamingResponse)
+from starlette.responses import HTMLResponse, JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from amlemu.errors import NotFoundError
-from amlemu.servicefile import is_loopback
 from amlemu.home import Home
 from amlemu.service import studio_html as pages
 from amlemu.service.studio_data import StudioData
+from amlemu.service.studiogate import LOOPBACK_NAMES, StudioGate
 
 # The page's own script and style sheet, beside this module (package data), served from memory.
 ASSETS = {"studio.js": "text/javascript; charset=utf-8", "studio.css": "text/css; charset=utf-8"}
@@ -97,13 +98,13 @@ def studio_app(home: Home) -> Starlette:
     async def overview(request: Request) -> Response:
         return HTMLResponse(pages.overview_page(await run_in_threadpool(data.overview), _base(request)))
 
-    def _job_page(run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _job_page(run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
         job = data.job(run_id)
-        return job, [data.log_chunk(run_id, rank, -1) for rank in range(job["processes"])]
+        return job, [data.log_chunk(run_id, rank, -1) for rank in range(job["processes"])], data.plan(run_id)
 
     async def job(request: Request) -> Response:
-        found, logs = await run_in_threadpool(_job_page, request.path_params["run_id"])
-        return HTMLResponse(pages.job_page(found, logs, _base(request)))
+        found, logs, plan = await run_in_threadpool(_job_page, request.path_params["run_id"])
+        return HTMLResponse(pages.job_page(found, logs, _base(request), plan))
 
     async def api_overview(request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(data.overview))
@@ -152,32 +153,14 @@ def studio_app(home: Home) -> Starlette:
     return app
 
 
-class LoopbackOnly:
-    """Pure ASGI middleware: only clients on this machine see the page. A service listening on every
-    interface (`amlemu serve --allow-remote`) checks a bearer token on each API call; a browser
-    sends none, so the page, which shows every run's logs and files, stays local."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        client = (scope.get("client") or ("", 0))[0]
-        if scope["type"] == "http" and not is_loopback(client):
-            await PlainTextResponse("the studio page is served to this machine only (amlemu serve --allow-remote "
-                                    "opens the API, not the page)", status_code=403)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+def studio_mount(home: Home, key: bytes, hosts: frozenset[str] = LOOPBACK_NAMES) -> Mount:
+    """The studio as `amlemu serve` mounts it at /studio (beside the API), behind its login
+    (studiogate: a session from a one-time link, and only `hosts` as the Host)."""
+    return Mount("/studio", SecurityHeaders(StudioGate(studio_app(home), key, hosts)))  # its refusals too
 
 
-def studio_mount(home: Home, *, remote: bool) -> Mount:
-    """The studio as `amlemu serve` mounts it at /studio (beside the API); local clients only when
-    the service listens beyond loopback."""
-    app = studio_app(home)
-    return Mount("/studio", LoopbackOnly(app) if remote else app)
-
-
-def standalone_app(home: Home) -> Starlette:
+def standalone_app(home: Home, key: bytes, hosts: frozenset[str] = LOOPBACK_NAMES) -> Starlette:
     """The studio at /studio, as the service serves it, and / leading there (what `amlemu ui` serves)."""
     async def root(_request: Request) -> Response:
         return RedirectResponse("/studio/")
-    return Starlette(routes=[Route("/", root), Mount("/studio", studio_app(home))])
+    return Starlette(routes=[Route("/", root), studio_mount(home, key, hosts)])

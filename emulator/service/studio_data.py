@@ -2,30 +2,27 @@
 jobs and their status history, faults, metric curves, log chunks and the files a run left.
 
 Read-only: the state store is only queried (never reconciled), and every file comes from the run's
-record through `open_in_run`, which refuses any path that leaves it. A job is untrusted code and it
-wrote the logs, outputs and metric names shown here: the page escapes them, this module only
-keeps them inside the run's folder and the JSON valid (a NaN metric becomes null).
+record through `runfiles.open_in_run`, which refuses any path that leaves it and the run's private
+files (the launch plan is shown with its secret values masked: `runfiles.shown_plan`). A job is
+untrusted code and it wrote the logs, outputs and metric names shown here: the page escapes them,
+this module only keeps them inside the run's folder and the JSON valid (a NaN metric becomes null).
 """
 from __future__ import annotations
 
 import math
 import os
 import sqlite3
-import stat
 import threading
 import time
-from pathlib import Path
 from typing import Any, BinaryIO
 
 from amlemu.cluster.store import Node, RunRecord, Store
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
-from amlemu.runs.metrics import PLOT_NAME, metric_history
+from amlemu.runs.metrics import metric_history
 from amlemu.runs.runlogs import LOG_FOLDERS, rank_log_name
+from amlemu.service.runfiles import list_files, open_in_run, shown_plan
 
-# What of a run's record the page lists and serves: what `amlemu job download` gives.
-DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs", "azureml-logs")
-MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
 MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
 MAX_JOBS = 100  # newest first on the overview; `amlemu job list --all-results` has the rest
@@ -50,55 +47,6 @@ def _thin(points: list[tuple[int, float]]) -> list[list[float | None]]:
         stride = len(points) / MAX_POINTS
         points = [points[int(i * stride)] for i in range(MAX_POINTS - 1)] + [points[-1]]
     return [[step, _finite(value)] for step, value in points]
-
-
-def open_in_run(run_dir: Path, rel: str) -> BinaryIO | None:
-    """The regular file run_dir/rel opened for reading, or None: `rel` must be a plain relative
-    path under one of DOWNLOADABLE (or the metrics plot), and every folder on the way and the file
-    itself are opened with O_NOFOLLOW relative to the previous one, so a link the job left (or
-    swaps in meanwhile) fails the open instead of leading out of the run's folder."""
-    parts = rel.split("/")
-    if not parts or any(p in ("", ".", "..") or "\0" in p for p in parts):
-        return None
-    if not (parts[0] in DOWNLOADABLE and len(parts) > 1 or parts == [PLOT_NAME]):
-        return None
-    fds: list[int] = []
-    try:
-        fds.append(os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW))
-        for part in parts[:-1]:
-            fds.append(os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fds[-1]))
-        fd = os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fds[-1])
-    except OSError:
-        return None
-    finally:
-        for each in fds:
-            os.close(each)
-    if not stat.S_ISREG(os.fstat(fd).st_mode):  # a fifo would block the reader, a device is not ours
-        os.close(fd)
-        return None
-    return open(fd, "rb")
-
-
-def list_files(run_dir: Path) -> list[dict[str, Any]]:
-    """The regular files of the run's downloadable folders (links and special files left out, and
-    never followed), with their sizes, in path order."""
-    found: list[dict[str, Any]] = []
-    plot = run_dir / PLOT_NAME
-    if plot.is_file() and not plot.is_symlink():
-        found.append({"path": PLOT_NAME, "size": plot.stat().st_size})
-    for top in DOWNLOADABLE:
-        root = run_dir / top
-        if root.is_symlink() or not root.is_dir():
-            continue
-        for folder, dirs, files in os.walk(root, followlinks=False):
-            dirs.sort()
-            for name in sorted(files):
-                info = os.lstat(os.path.join(folder, name))
-                if stat.S_ISREG(info.st_mode):
-                    found.append({"path": Path(folder, name).relative_to(run_dir).as_posix(), "size": info.st_size})
-                if len(found) >= MAX_FILES:
-                    return found
-    return found
 
 
 class StudioData:
@@ -165,6 +113,12 @@ class StudioData:
                 "faults": faults,
                 "metrics": metrics,
                 "files": list_files(run_dir) if run_dir.is_dir() else []}
+
+    def plan(self, run_id: str) -> dict[str, Any] | None:
+        """The run's launch plan, its secret values masked (for the job page; the polled JSON
+        leaves it out: it is written once, at the launch)."""
+        record = self._run(run_id)
+        return shown_plan(self.home.run_dir(run_id), set(record.job.get("environment_variables") or {}))
 
     def log_chunk(self, run_id: str, rank: int, offset: int) -> dict[str, Any]:
         """Rank `rank`'s log from byte `offset` (negative: its last LOG_CHUNK bytes), at most

@@ -1,5 +1,6 @@
 """The studio's two pages as server-rendered HTML: the overview (computes and their nodes, jobs,
-faults) and a job (status history, metric charts, each rank's log tail, files to download).
+faults) and a job (status history, metric charts, each rank's log tail, files to download, the
+launch plan with its secret values masked).
 
 Every value goes through `esc`: a job wrote its logs, file names and metric names, and a job is
 untrusted code. The pages carry no inline script or style (the Content-Security-Policy forbids
@@ -8,6 +9,7 @@ them); studio.js fills in and refreshes what the JSON endpoints return, drawing 
 from __future__ import annotations
 
 import html
+import json
 import time
 from typing import Any
 from urllib.parse import quote
@@ -116,7 +118,15 @@ def log_block(rank: int, chunk: dict[str, Any]) -> str:
             f'data-offset="{chunk["offset"]}">{esc(skipped + chunk["text"])}</pre>')
 
 
-def job_page(job: dict[str, Any], logs: list[dict[str, Any]], base: str) -> str:
+def plan_block(plan: dict[str, Any] | None) -> str:
+    """The launch plan (runfiles.shown_plan: its secret values already masked), folded."""
+    if plan is None:
+        return '<p id="plan" class="empty">not launched yet</p>'
+    return (f'<details id="plan"><summary>system_logs/launch.json, the values of the job\'s variables and '
+            f'tokens masked</summary><pre class="log">{esc(json.dumps(plan, indent=2))}</pre></details>')
+
+
+def job_page(job: dict[str, Any], logs: list[dict[str, Any]], base: str, plan: dict[str, Any] | None = None) -> str:
     run_id = job["id"]
     facts = [("experiment", job["experiment"]), ("display name", job["display_name"]),
              ("compute", job["compute"]), ("processes", job["processes"]), ("command", job["command"])]
@@ -132,6 +142,7 @@ def job_page(job: dict[str, Any], logs: list[dict[str, Any]], base: str) -> str:
             f'<section><h2>Metrics</h2><div id="metrics"><p class="empty">no metrics logged yet</p></div></section>'
             f'<section><h2>Logs</h2><div id="logs">{"".join(log_block(i, c) for i, c in enumerate(logs))}</div>'
             f'</section><section><h2>Outputs and logs</h2><ul id="files">{files}</ul></section>'
+            f'<section><h2>Launch plan</h2>{plan_block(plan)}</section>'
             f'<section><h2>Faults injected</h2>{faults}</section>')
     return _page(base, run_id, {"page": "job", "job": run_id, "terminal": str(job["terminal"]).lower()}, body)
 

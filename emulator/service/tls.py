@@ -10,15 +10,19 @@ azure-ai-ml refuses bearer tokens over plain http, so TLS is not optional.
 from __future__ import annotations
 
 import datetime
+import ipaddress
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import certifi
+import psutil
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from amlemu.servicefile import owner_only_write
+from amlemu import statefile
+from amlemu.servicefile import is_loopback
 from amlemu.servicekeys import alt_names, cert_name, issue_server_cert, now_utc, pem_key
 
 CA_YEARS, SERVER_DAYS = 10, 365
@@ -30,6 +34,18 @@ class TlsFiles:
     bundle: Path  # certifi's roots + our CA: what clients trust
     cert: Path  # the server's certificate chain
     key: Path  # the server's key (owner-only)
+
+
+def machine_names() -> list[str]:
+    """This machine's names as other machines reach it (`amlemu serve --allow-remote` certifies
+    them and prints the first): its full and short host names, then its addresses, IPv4 first.
+    Loopback is left out, and so are link-local addresses (no URL can name one without its zone)."""
+    names = [n.lower() for n in (socket.getfqdn(), socket.gethostname())
+             if n and not is_loopback(n) and not n.lower().startswith("localhost")]
+    found = [ipaddress.ip_address(a.address.split("%")[0]) for addrs in psutil.net_if_addrs().values()
+             for a in addrs if a.family in (socket.AF_INET, socket.AF_INET6)]
+    usable = sorted((ip for ip in found if not ip.is_loopback and not ip.is_link_local), key=lambda ip: ip.version)
+    return list(dict.fromkeys([*names, *(str(ip) for ip in usable)]))
 
 
 def _load_or_make_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
@@ -50,8 +66,8 @@ def _load_or_make_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePr
                                          key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
             .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
             .sign(key, hashes.SHA256()))
-    owner_only_write(key_path, pem_key(key))
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    statefile.write_text(key_path, pem_key(key), owner_only=True)
+    statefile.write_bytes(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
 
 
@@ -73,10 +89,10 @@ def ensure(folder: Path, hosts: list[str]) -> TlsFiles:
     files = TlsFiles(folder / "ca.pem", folder / "ca-bundle.pem", folder / "server.pem", folder / "server-key.pem")
     if not (_covers(files.cert, hosts, ca_cert) and files.key.exists()):
         cert_pem, key_pem = issue_server_cert(ca_cert, ca_key, hosts, SERVER_DAYS)
-        owner_only_write(files.key, key_pem)
-        files.cert.write_bytes(cert_pem)
+        statefile.write_text(files.key, key_pem, owner_only=True)
+        statefile.write_bytes(files.cert, cert_pem)
     ours = files.ca.read_text()
     bundle = Path(certifi.where()).read_text() + "\n# amlemu local CA\n" + ours
     if not files.bundle.exists() or files.bundle.read_text() != bundle:
-        files.bundle.write_text(bundle)
+        statefile.write_text(files.bundle, bundle)
     return files

@@ -141,8 +141,8 @@ def _run_files(call: Call, prefix: str = "") -> tuple[str, list[str]]:
 
 
 def _content_info(call: Call, run_id: str, path: str) -> dict[str, Any]:
-    sig = call.ctx.auth.sign(f"logs/{run_id}")  # the signed log route serves every file of the run
-    return {"contentUri": f"{call.base}/logs/{run_id}/{path}?sig={sig}", "origin": call.params["origin"],
+    signed = call.ctx.auth.sign_until(f"logs/{run_id}")  # the signed log route serves the run's files
+    return {"contentUri": f"{call.base}/logs/{run_id}/{path}?{signed}", "origin": call.params["origin"],
             "container": call.params["container"], "path": path}
 
 
