@@ -131,11 +131,3 @@ def stop(home_root: Path) -> bool | None:
     remove_state(home_root, state.pid)
     return None
 
-
-def owner_only_write(path: Path, text: str) -> None:
-    """Write a secret file that only its owner can read, never briefly readable by others."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(text)
-    os.chmod(path, 0o600)

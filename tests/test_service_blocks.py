@@ -12,7 +12,8 @@ import requests
 
 from amlemu.api import Emulator
 from amlemu.service.auth import Auth
-from amlemu.service.blocks import Blocks, block_list_ids
+from amlemu.service import blocks as blocks_module
+from amlemu.service.blocks import ENTRY_BYTES, EXPIRY, Blocks, block_list_ids
 from amlemu.service.emustate import EmulatorState
 from amlemu.service.routes import Context
 from amlemu.service.server import run_in_thread
@@ -51,6 +52,56 @@ def test_a_list_naming_a_piece_never_put_and_other_blob_kinds_are_refused() -> N
         "QQ==", "Qg=="]
     with pytest.raises(ServiceError, match="BlockList"):
         block_list_ids(b"<!DOCTYPE x [<!ENTITY a 'b'>]><x>&a;</x>")
+
+
+def test_a_block_costs_what_it_holds_ids_included() -> None:
+    """20,000 empty blocks with long ids are not free: each counts its id and its entry."""
+    blocks = Blocks()
+    blocks.stage("c", "b", "Q" * 88, b"")
+    assert blocks.held() == 88 + ENTRY_BYTES
+    blocks.stage("c", "b", "Q" * 88, b"abc")  # the same id again replaces its piece
+    assert blocks.held() == 3 + 88 + ENTRY_BYTES
+    with pytest.raises(ServiceError, match="at most 64 bytes") as long_id:
+        blocks.stage("c", "b", "Q" * 89, b"")
+    assert (long_id.value.status, long_id.value.target) == (400, "blockid")
+
+
+def test_a_runs_blocks_have_their_own_share_and_leave_the_users_free(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(blocks_module, "RUN_SHARE", 10_000)
+    monkeypatch.setattr(blocks_module, "RUNS_TOTAL", 15_000)
+    monkeypatch.setattr(blocks_module, "USER_SHARE", 20_000)
+    blocks = Blocks()
+    piece = b"x" * 4_000
+    for n in range(2):
+        blocks.stage("uploads-r1", "f", f"{n:04d}", piece, owner="r1")
+    with pytest.raises(ServiceError, match="run r1's uncommitted blocks") as full:
+        blocks.stage("uploads-r1", "f", "0002", piece, owner="r1")
+    assert full.value.status == 413
+    blocks.stage("uploads-r2", "f", "0000", piece, owner="r2")
+    with pytest.raises(ServiceError, match="the runs' uncommitted blocks"):  # all runs together
+        blocks.stage("uploads-r2", "f", "0001", piece, owner="r2")
+    for n in range(4):  # the user's share is untouched by the runs'
+        blocks.stage("code-1", "big.bin", f"{n:04d}", piece)
+    with pytest.raises(ServiceError, match="another uploader"):  # nor can a run add to the user's blob
+        blocks.stage("code-1", "big.bin", "0009", piece, owner="r1")
+    assert blocks.upload("uploads-r1", "f", {"comp": "blocklist"}, _list("0000", "0001"),
+                         owner="r1") == piece * 2
+    assert blocks.held("r1") == 0
+
+
+def test_staged_blocks_expire_an_hour_after_their_last_piece_or_with_their_run() -> None:
+    now = [1000.0]
+    blocks = Blocks(clock=lambda: now[0])
+    blocks.stage("code-1", "old.bin", "MQ==", b"x" * 100)
+    blocks.stage("uploads-r1", "f", "MQ==", b"y" * 100, owner="r1")
+    now[0] += EXPIRY - 1
+    blocks.stage("code-1", "new.bin", "MQ==", b"z", active=lambda run: True)
+    assert set(blocks.staged) == {("code-1", "old.bin"), ("uploads-r1", "f"), ("code-1", "new.bin")}
+    blocks.stage("code-1", "new.bin", "Mg==", b"z", active=lambda run: run != "r1")  # r1 ended
+    assert set(blocks.staged) == {("code-1", "old.bin"), ("code-1", "new.bin")}
+    now[0] += 2
+    blocks.stage("code-1", "new.bin", "Mw==", b"z")
+    assert set(blocks.staged) == {("code-1", "new.bin")}  # old.bin's last piece is over an hour old
 
 
 @pytest.fixture
@@ -94,12 +145,12 @@ def test_a_local_input_file_sent_in_blocks_lands_whole_on_the_datastore(live: tu
     ids = [base64.b64encode(f"{n:06d}".encode()).decode() for n in range(len(pieces))]
     for block_id, piece in zip(ids, pieces):
         put = requests.put(blob, params={"comp": "block", "blockid": block_id}, data=piece, headers=bearer,
-                           verify=ca, timeout=10)
+                           verify=ca, timeout=60)
         assert put.status_code == 201, put.text
-    assert requests.get(blob, headers=bearer, verify=ca, timeout=10).status_code == 404  # nothing until the list
-    done = requests.put(blob, params={"comp": "blocklist"}, data=_list(*ids), headers=bearer, verify=ca, timeout=10)
+    assert requests.get(blob, headers=bearer, verify=ca, timeout=60).status_code == 404  # nothing until the list
+    done = requests.put(blob, params={"comp": "blocklist"}, data=_list(*ids), headers=bearer, verify=ca, timeout=60)
     assert done.status_code == 201, done.text
-    assert requests.get(blob, headers=bearer, verify=ca, timeout=10).content == DATA
+    assert requests.get(blob, headers=bearer, verify=ca, timeout=60).content == DATA
     wrong = requests.put(blob, params={"comp": "blocklist"}, data=_list("bm9wZQ=="), headers=bearer, verify=ca,
-                         timeout=10)
+                         timeout=60)
     assert wrong.status_code == 400 and wrong.json()["error"]["code"] == "InvalidBlockList"

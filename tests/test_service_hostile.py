@@ -36,6 +36,7 @@ class Live:
     ca: Path
     log: Path
     auth: Auth
+    ctx: Context
 
     def send(self, method: str, path: str, **kw: Any) -> requests.Response:
         headers = {**self.bearer, **kw.pop("headers", {})}
@@ -57,7 +58,7 @@ def live(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Live]:
         ca = tmp / "tls" / "ca-bundle.pem"
         token = requests.get(f"{running.url}/msi/token", params={"resource": running.url},
                              headers={"X-IDENTITY-HEADER": auth.identity_header}, verify=ca, timeout=10).json()
-        yield Live(running.url, {"Authorization": f"Bearer {token['access_token']}"}, ca, log, auth)
+        yield Live(running.url, {"Authorization": f"Bearer {token['access_token']}"}, ca, log, auth, ctx)
     finally:
         running.stop()
         emu.cleanup()
@@ -206,6 +207,17 @@ def test_the_health_route_names_each_component(live: Live) -> None:
     assert got.json()["components"]["workingDirectory"] == "ok"
     assert got.json()["components"]["mlflow"] == "ok"
     assert live.send("GET", "/amlemu/health", headers={"Authorization": ""}).status_code == 401
+
+    def broken() -> None:
+        raise FileNotFoundError("[Errno 2] No such file or directory")
+    live.ctx.health_checks["broken"] = broken
+    try:
+        got = live.send("GET", "/amlemu/health")
+    finally:
+        del live.ctx.health_checks["broken"]
+    assert got.status_code == 503 and got.json()["status"] == "degraded"
+    assert got.json()["components"]["broken"] == "failed: FileNotFoundError: [Errno 2] No such file or directory"
+    assert got.json()["components"]["mlflow"] == "ok"
 
 
 def test_parse_json_names_where_a_bad_number_is() -> None:

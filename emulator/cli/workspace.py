@@ -1,11 +1,15 @@
 """`amlemu workspace show|set|config`: the emulated workspace."""
 from __future__ import annotations
 
+import json
+import ssl
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import click
 
-from amlemu import servicefile
+from amlemu import servicefile, servicekeys
 from amlemu.actions import execute
 from amlemu.cli.common import (
     _emu,
@@ -33,7 +37,30 @@ def workspace_show(ctx: click.Context, output: str) -> None:
     running = servicefile.read_state(emu.home.root)
     data = {**emu.workspace(), "home": str(emu.home.root),
             "service": f"{running.url} (pid {running.pid})" if running else "not running"}
+    if running:
+        data["service_health"] = _service_health(emu.home.root, running)
     emit(data, output, lambda d: [console.print(f"{k}: {v}", highlight=False) for k, v in d.items()])
+
+
+def _service_health(root: Path, running: servicefile.ServiceState) -> str:
+    """What the service's health route (emulator/service/health.py) says, in a line: "ok", or each
+    component that cannot serve. Asked over loopback with a short token made from the home's key."""
+    folder = servicefile.service_dir(root)
+    try:
+        key = bytes.fromhex(json.loads((folder / "secrets.json").read_text())["key"])
+        token, _ = servicekeys.encode(key, 60)
+        request = urllib.request.Request(f"https://127.0.0.1:{running.port}/amlemu/health",
+                                         headers={"Authorization": f"Bearer {token}"})
+        context = ssl.create_default_context(cafile=str(folder / "ca.pem"))
+        try:
+            with urllib.request.urlopen(request, context=context, timeout=15) as reply:  # noqa: S310 - https only
+                body = json.loads(reply.read())
+        except urllib.error.HTTPError as exc:  # 503: degraded, and the body says what
+            body = json.loads(exc.read())
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        return f"not answering ({type(exc).__name__}: {exc})"
+    failed = {k: v for k, v in (body.get("components") or {}).items() if v != "ok"}
+    return "ok" if not failed else "; ".join(f"{k}: {v}" for k, v in failed.items())
 
 
 @workspace.command("set")

@@ -16,7 +16,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amlemu import safeyaml, servicefile, validate
+from amlemu import safeyaml, servicefile, statefile, validate
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
@@ -199,7 +199,7 @@ class EmulatorState:
         errors = [f for f in validate.check_job(spec, self.emu) if f.severity == "error"]
         if errors:
             raise bad_request(errors[0].field, f"{errors[0].field}: {errors[0].problem}; {errors[0].fix}")
-        self._body_path(name).write_text(json.dumps(body))
+        statefile.write_json(self._body_path(name), body)
         try:
             self.emu.submit(spec)
         except ConfigError as exc:

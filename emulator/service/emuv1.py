@@ -16,6 +16,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from amlemu import statefile
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
 from amlemu.names import JOB_NAME_RE
@@ -75,7 +76,7 @@ class EmulatorV1:
         with self._lock:
             created = self._created()
             created.setdefault(name, time.time())
-            self._experiments.write_text(json.dumps(created))
+            statefile.write_json(self._experiments, created)
         return self.get_experiment(name)
 
     # --- runs ----------------------------------------------------------------------------------
