@@ -228,7 +228,7 @@ def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, ma
     cluster()
     plan = emu.plan_job(make_job(REPORT, nodes=2))
     # Process nodes' mpirun runs in their cluster's network namespace (root here, as in CI).
-    network = ["/usr/bin/nsenter", f"--net={emu.home.root / 'process-nodes' / 'c1' / 'netns'}", "--"]
+    network = ["/usr/bin/nsenter", f"--net=/run/amlemu/netns/{emu.home.id}/c1", "--"]
     prefix = network if emu.default_backend == "process" else []
     assert plan["launch"][:len(prefix) + 1] == [*prefix, "mpirun"] and plan["ranks"][1]["node"] == "c1-node-1"
     assert [n["hostname"] for n in plan["nodes"]] == ["c1-node-0", "c1-node-1"]

@@ -7,9 +7,11 @@ cluster (they share its loopback, as they shared the host's: MPI and torch's ren
 change) and the one port put there for it, its run's service link (emulator/runs/servicelink.py,
 whose listening socket is made inside the namespace by `listen_in`); nothing of this machine.
 
-The namespace is persistent, bound at a file in the backend's state folder (`unshare --net=FILE`),
-so it needs no process to hold it and is found again by its path; it is removed by unmounting that
-file (`remove`), which `ProcessBackend` does with the cluster and its reaper. Making one needs
+The namespace is persistent, bound at a file (`unshare --net=FILE`) under RUNTIME_ROOT, named by
+the home's id and the cluster, so it needs no process to hold it and is found again by its path
+(as `ip netns` keeps its own under /run/netns: a run-time folder, empty after a reboot, when no
+namespace is left either; and not in the home, whose files anyone may walk and read). It is
+removed by unmounting that file (`remove`), which `ProcessBackend` does with the cluster and its reaper. Making one needs
 root (mounting the binding, entering it); as another user process nodes keep sharing the host's
 network, and the dry run says so.
 """
@@ -27,6 +29,7 @@ from pathlib import Path
 from amlemu.errors import BackendError
 
 CLONE_NEWNET = 0x40000000
+RUNTIME_ROOT = Path("/run/amlemu/netns")  # <home id>/<cluster>: one namespace per process cluster
 TOOLS = ("unshare", "nsenter", "ip", "umount")
 
 
@@ -68,15 +71,17 @@ def create(path: Path) -> None:
 
 
 def remove(path: Path) -> None:
-    """Unbind the namespace at `path` (it ends once no process is left in it) and delete the file."""
+    """Unbind the namespace at `path` (it ends once no process is left in it), delete the file and
+    its folder once empty."""
     if exists(path):
         subprocess.run([shutil.which("umount") or "umount", "--lazy", str(path)], capture_output=True, check=False)
     try:
         path.unlink()
+        path.parent.rmdir()  # the home's folder, when this was its last cluster
     except FileNotFoundError:
         pass
-    except OSError as exc:  # still a mount point: say so rather than leave it unnoticed
-        if exc.errno != errno.EBUSY:
+    except OSError as exc:  # another cluster's namespace is still there (ENOTEMPTY), or a busy mount
+        if exc.errno not in (errno.ENOTEMPTY, errno.EBUSY):
             raise
 
 

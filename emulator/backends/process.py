@@ -32,7 +32,6 @@ from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_e
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
 DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
-NETNS_FILE = "netns"  # in the cluster's state folder: its network namespace, bound there
 KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
 SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
 SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (package data)
@@ -79,9 +78,9 @@ class ProcessBackend(NodeBackend):
         return self.home.root / "process-nodes" / cluster / node
 
     def network_path(self, cluster: str) -> Path | None:
-        """The cluster's network namespace, bound at a file of its state folder; None where this
-        user cannot make one (not root): its nodes then share this machine's network."""
-        return self.home.root / "process-nodes" / cluster / NETNS_FILE if netns.supported() else None
+        """Where the cluster's network namespace is bound; None where this user cannot make one (not
+        root): its nodes then share this machine's network."""
+        return netns.RUNTIME_ROOT / self.home.id / cluster if netns.supported() else None
 
     def create_cluster(self, cluster: str) -> None:
         if (path := self.network_path(cluster)) is not None:
@@ -194,7 +193,7 @@ class ProcessBackend(NodeBackend):
         return found
 
     def remove_cluster(self, cluster: str) -> None:
-        netns.remove(self.home.root / "process-nodes" / cluster / NETNS_FILE)  # before its folder goes
+        netns.remove(netns.RUNTIME_ROOT / self.home.id / cluster)
         nodedisk.detach_all(self.home.root / "nodes" / cluster)
         for sub in ("nodes", "caches", "process-nodes", "node-disks"):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
@@ -221,9 +220,9 @@ class ProcessBackend(NodeBackend):
         nodes = [Action("remove", "process node", node.name, self._node_parts(node.cluster, node.name),
                         run=functools.partial(self._remove_found, node.cluster, node.name))
                  for node in self.list_nodes()]
-        networks = [Action("remove", "network namespace", path.parent.name, {"path": str(path)},
+        networks = [Action("remove", "network namespace", path.name, {"path": str(path)},
                            run=functools.partial(netns.remove, path))
-                    for path in sorted((self.home.root / "process-nodes").glob(f"*/{NETNS_FILE}"))]
+                    for path in sorted((netns.RUNTIME_ROOT / self.home.id).glob("*"))]
         return nodes + networks
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
