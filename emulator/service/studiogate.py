@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -34,6 +35,7 @@ from amlemu.service.auth import Auth
 LINK_SECONDS = 12 * 3600  # a link printed when `amlemu serve` starts is still good later that day
 SESSION_SECONDS = 7 * 24 * 3600
 LOGIN_PARAM = "login"
+HOST_HEADER = re.compile(r"(?:\[([0-9a-f:.]+)\]|([^\[\]:/@\s]+))(?::\d{1,5})?")  # name or [address], a port
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
 HOW = "open the login link `amlemu serve` or `amlemu ui` printed, or get a new one with `amlemu ui --link`"
 
@@ -59,11 +61,9 @@ def login_url(key: bytes, base_url: str, path: str = "/studio/") -> str:
 
 
 def host_name(header: str) -> str:
-    """The name in a Host header, without its port ("[::1]:5000" is "::1")."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        return header[1:header.find("]")] if "]" in header else ""
-    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
+    """The name in a Host header, without its port ("[::1]:5000" is "::1"); "" when it is malformed."""
+    found = HOST_HEADER.fullmatch(header.strip().lower())
+    return (found.group(1) or found.group(2)) if found else ""
 
 
 class Sessions:
