@@ -18,6 +18,25 @@ WORKSPACE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{2,32}$")  # 3-33 char
 RESOURCE_GROUP_RE = re.compile(r"^[-\w.()]{0,89}[-\w()]$")  # 1-90 characters, no trailing period
 LOCATION_RE = re.compile(r"^[A-Za-z0-9]{1,64}$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Experiment names: "must be 1-256 characters, start with a letter or a number, and can only contain
+# letters, numbers, underscores, and dashes" (the service's 400); runs' DisplayName: 256 characters
+# (Azure ML's service limits page).
+EXPERIMENT_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,255}$")
+DISPLAY_NAME_MAX = 256
+# Asset (environment) names and versions: the resource-name rule, with '.' as Azure's own curated
+# names have it (AzureML-sklearn-1.0-ubuntu20.04-py38-cpu); a letter or digit first, so never '..'.
+ASSET_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$")
+# A Docker image reference, by the distribution/reference grammar: [domain[:port]/]path[:tag][@digest],
+# path components lower-case alphanumerics joined by '.', '_', '__' or '-'s; a name of at most 255.
+# The first component is a registry only when it looks like one (a '.', a port, localhost), as the
+# engine splits it; otherwise it is part of the lower-case path (UPPER/x is refused, as docker does).
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+IMAGE_DOMAIN_RE = re.compile(rf"^(?:{_LABEL}(?:\.{_LABEL})*|\[[0-9A-Fa-f:.]+\])(?::[0-9]+)?$")
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+IMAGE_PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
+IMAGE_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
+IMAGE_DIGEST_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
+IMAGE_NAME_MAX = 255
 # One process-environment string ("NAME=value") longer than this is refused by Linux's exec
 # (MAX_ARG_STRLEN): the job would fail at launch with E2BIG, so it is refused at submission.
 ENV_ENTRY_MAX = 128 * 1024 - 1
@@ -42,15 +61,70 @@ def _shown(value: str) -> str:
 def check_job_name(name: Any, field: str = "name") -> str | None:
     if name is None:
         return None
-    if not isinstance(name, str) or not JOB_NAME_RE.match(name):
+    if not isinstance(name, str) or not JOB_NAME_RE.fullmatch(name):
         raise ConfigError(field, f"{_shown(str(name))} is not a valid job name",
                           "use 1-255 letters, digits, '_' or '-', starting with a letter or digit "
                           "(or leave name out for a generated one)")
     return name
 
 
+def check_experiment_name(name: Any, field: str = "experiment_name") -> str:
+    if not isinstance(name, str) or not EXPERIMENT_NAME_RE.fullmatch(name):
+        raise ConfigError(field, f"{_shown(str(name))} is not a valid experiment name",
+                          "use 1-256 letters, digits, '_' or '-', starting with a letter or digit")
+    return name
+
+
+def default_experiment_name(folder: str) -> str:
+    """The experiment a job without experiment_name goes to: its code folder's name, as az ml takes
+    the folder's, with what an experiment name cannot hold made '_' (never a refused default)."""
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", folder)[:256].lstrip("_-")
+    return name if EXPERIMENT_NAME_RE.fullmatch(name) else "Default"
+
+
+def check_display_name(name: Any, field: str = "display_name") -> str | None:
+    if name is None:
+        return None
+    if not isinstance(name, (str, int, float)) or isinstance(name, bool):
+        raise ConfigError(field, f"must be text, got a {type(name).__name__}", "quote it as a string")
+    text = str(name)
+    if len(text) > DISPLAY_NAME_MAX or "\0" in text:
+        raise ConfigError(field, f"{_shown(text)} is not a display name",
+                          f"use at most {DISPLAY_NAME_MAX} characters, without NUL (Azure ML's limit)")
+    return text
+
+
+def check_asset_name(value: Any, field: str, kind: str = "name") -> str:
+    """An environment's name or version, as Azure ML registers them (never a path, a tag or a line)."""
+    text = "" if value is None else str(value)
+    if not ASSET_RE.fullmatch(text):
+        raise ConfigError(field, f"{_shown(text)} is not a valid environment {kind}",
+                          "use 1-255 letters, digits, '.', '_' or '-', starting with a letter or digit")
+    return text
+
+
+def check_image_reference(ref: Any, field: str = "environment.image") -> str:
+    """A Docker image reference as the engine parses it ([registry/]name[:tag][@digest]); anything
+    else is refused here, with the field named, rather than by the engine at submit."""
+    text = ref if isinstance(ref, str) else str(ref)
+    rest, at, digest = text.partition("@")
+    name, colon, tag = rest, "", ""
+    if ":" in rest.rsplit("/", 1)[-1]:  # a ':' after the last '/' is the tag's; before it, a port's
+        name, colon, tag = rest.rpartition(":")
+    first, slash, path = name.partition("/")
+    if not (slash and ("." in first or ":" in first or first == "localhost")):
+        first, path = "", name  # no registry: the whole name is the path
+    valid = ((not first or IMAGE_DOMAIN_RE.fullmatch(first)) and IMAGE_PATH_RE.fullmatch(path) and len(name) <= IMAGE_NAME_MAX
+             and (not colon or IMAGE_TAG_RE.fullmatch(tag)) and (not at or IMAGE_DIGEST_RE.fullmatch(digest)))
+    if not valid:
+        raise ConfigError(field, f"{_shown(text)} is not an image reference",
+                          "write registry/name:tag or name@sha256:<hex> (a lower-case name of at most 255 "
+                          "characters), e.g. mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest")
+    return text
+
+
 def check_datastore_name(name: str) -> str:
-    if not DATASTORE_NAME_RE.match(name):
+    if not DATASTORE_NAME_RE.fullmatch(name):
         raise ConfigError("name", f"{_shown(name)} is not a valid datastore name",
                           "use letters, digits and underscores only (at most 255)")
     return name
@@ -63,7 +137,7 @@ def check_environment_variables(env: Mapping[Any, Any]) -> dict[str, str]:
     for key, raw in env.items():
         name = key if isinstance(key, str) else str(key)
         field = f"environment_variables.{_shown(name)}"
-        if not isinstance(key, str) or not ENV_NAME_RE.match(name):
+        if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(name):
             raise ConfigError(field, "is not a valid variable name",
                               "use letters, digits and '_', not starting with a digit (e.g. MY_SETTING)")
         if name in PLATFORM_VARIABLES or name.startswith(PLATFORM_VARIABLE_PREFIXES):
@@ -92,7 +166,26 @@ def check_workspace_field(key: str, value: str) -> str:
         "location": (LOCATION_RE, "is not a location", "give an Azure region name, e.g. westeurope"),
     }
     pattern, problem, fix = rules[key]
-    if not pattern.match(value):
+    if not pattern.fullmatch(value):
         raise ConfigError(f"--{key.replace('_', '-')}" if key != "workspace_name" else "--name",
                           f"{_shown(value)} {problem}", fix)
     return value
+
+
+# What a terminal acts on rather than shows: C0 and C1 controls, DEL, and the bidirectional
+# overrides (U+202E turns the rest of a line around). Names come from users and from jobs; the CLI
+# prints these as escapes (\x1b, \u202e), never raw.
+_BIDI = "\u061c\u200e\u200f\u2028\u2029\u202a-\u202e\u2066-\u2069"
+UNSAFE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+UNSAFE_KEEPING_LINES = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")  # a human form's own line breaks
+UNSAFE_IN_JSON = re.compile(f"[\x7f-\x9f{_BIDI}]")  # json.dumps escapes the C0 controls itself
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match[0])
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def escaped(text: str, pattern: re.Pattern[str] = UNSAFE) -> str:
+    """`text` with every character a terminal would act on written as an escape."""
+    return pattern.sub(_escape, text)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,14 @@ NAME_RE = re.compile(r"^[a-zA-Z][a-zA-Z0-9-]{1,23}$")  # AmlCompute: 2-24 chars,
 # JobResourceConfiguration.shmSize). Unset: 2g, azureml-core's _DEFAULT_SHM_SIZE (core/environment.py).
 SHM_RE = re.compile(r"^([1-9][0-9]*)([bkmg]?)$", re.IGNORECASE)
 DEFAULT_SHM_SIZE = "2g"
+# AmlCompute's node limits (Azure ML's quota page): a cluster has at most 65,000 nodes; its default
+# quota is 100, raised on request. The emulator's quota is AMLEMU_MAX_INSTANCES (default 100): each
+# node is a container or a process group on this one machine, and a job may ask for all of them.
+AZURE_MAX_INSTANCES = 65_000
+DEFAULT_MAX_INSTANCES_QUOTA = 100
+QUOTA_VARIABLE = "AMLEMU_MAX_INSTANCES"
+# nodeIdleTimeBeforeScaleDown is a .NET TimeSpan on Azure: at most TimeSpan.MaxValue (about 29,227 years).
+MAX_IDLE_SECONDS = 922_337_203_685
 
 
 def shm_bytes(value: str) -> int:
@@ -52,7 +61,7 @@ class ClusterSpec:
     idle_seconds_before_scaledown: int = 120
 
     def __post_init__(self) -> None:
-        if not NAME_RE.match(self.name):
+        if not isinstance(self.name, str) or not NAME_RE.fullmatch(self.name):
             raise ConfigError("name", f"'{self.name}' is not a valid compute name",
                               "use 2-24 letters, digits or hyphens, starting with a letter")
         object.__setattr__(self, "vm_size", skus.lookup(self.vm_size).name)
@@ -61,9 +70,15 @@ class ClusterSpec:
         for name in ("min_nodes", "max_nodes", "idle_seconds_before_scaledown"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
+                raise ConfigError(name, f"must be a non-negative integer, got {value!r:.60}")
         if self.max_nodes < 1:
             raise ConfigError("max_nodes", "must be at least 1")
+        if self.max_nodes > AZURE_MAX_INSTANCES:
+            raise ConfigError("max_nodes", f"{self.max_nodes} is above AmlCompute's limit of {AZURE_MAX_INSTANCES} "
+                              "nodes per cluster", f"use at most {AZURE_MAX_INSTANCES}")
+        if self.idle_seconds_before_scaledown > MAX_IDLE_SECONDS:
+            raise ConfigError("idle_seconds_before_scaledown", f"{self.idle_seconds_before_scaledown} s is more "
+                              f"than Azure ML's duration holds ({MAX_IDLE_SECONDS} s)", "give a shorter idle time")
         if self.max_nodes < self.min_nodes:
             raise ConfigError("max_nodes", f"{self.max_nodes} is below min_nodes {self.min_nodes}",
                               "raise max_nodes or lower min_nodes")
@@ -71,6 +86,28 @@ class ClusterSpec:
     @property
     def size(self) -> skus.VmSize:
         return skus.lookup(self.vm_size)
+
+
+def max_instances_quota(environ: Mapping[str, str]) -> int:
+    """The emulator's nodes-per-cluster quota: $AMLEMU_MAX_INSTANCES, else AmlCompute's default."""
+    raw = environ.get(QUOTA_VARIABLE, "").strip()
+    if not raw:
+        return DEFAULT_MAX_INSTANCES_QUOTA
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 6) or not 1 <= int(raw) <= AZURE_MAX_INSTANCES:
+        raise ConfigError(f"${QUOTA_VARIABLE}", f"{raw[:40]!r} is not a node count",
+                          f"give a whole number from 1 to {AZURE_MAX_INSTANCES}, or unset it (default "
+                          f"{DEFAULT_MAX_INSTANCES_QUOTA})")
+    return int(raw)
+
+
+def check_quota(spec: ClusterSpec, quota: int) -> ClusterSpec:
+    """A cluster being created or resized must fit the quota (a cluster already made keeps working)."""
+    if spec.max_nodes > quota:
+        raise ConfigError("max_nodes", f"{spec.max_nodes} nodes is above the emulator's quota of {quota} per cluster "
+                          "(AmlCompute's default quota; a quota increase request on Azure)",
+                          f"lower max_instances, or raise the quota with {QUOTA_VARIABLE}=<n> (at most "
+                          f"{AZURE_MAX_INSTANCES}; every node runs on this machine)")
+    return spec
 
 
 class RunStatus(str, enum.Enum):

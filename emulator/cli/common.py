@@ -34,6 +34,7 @@ from amlemu.cli.azshape import (  # noqa: F401 - re-exported for the command mod
 from amlemu.cli.failure import EXIT_CODES, fail, handle_errors  # noqa: F401 - re-exported
 from amlemu.errors import ConfigError
 from amlemu.jobs.jobyaml import apply_overrides  # noqa: F401 - `--set`, for compute create as for jobs
+from amlemu.names import escaped  # noqa: F401 - re-exported: a name printed outside emit()
 from amlemu.specs import ClusterSpec, Priority
 from amlemu.targets import TARGETS, Target, resolve_target, target_class
 
@@ -129,7 +130,7 @@ def is_human(output: str) -> bool:
 def emit(data: Any, output: str, human: Callable[[Any], Any] | None = None) -> None:
     """Print a command's data: its human form (-o table), else in the -o format after --query."""
     if is_human(output) and human is not None:
-        human(data)
+        human(formats.printable(data, formats.UNSAFE_KEEPING_LINES))  # names never reach the terminal raw
         return
     query, data = _query(), formats.plain(data)
     if query is not None:
@@ -180,7 +181,7 @@ def show_plan(plan: list[Action], output: str) -> None:
         console.print(f"dry run: {len(plan)} action(s), none taken" + ("" if plan else " (nothing to do)"),
                       highlight=False)
         for action in plan:
-            console.print(f"  {action.line()}", highlight=False, markup=False)
+            console.print(f"  {escaped(action.line())}", highlight=False, markup=False)
     emit(document(plan), output, human)
 
 

@@ -15,14 +15,17 @@ from amlemu.cli.common import (
     dry_run_option,
     emit,
     environment,
+    err_console,
+    escaped,
     handle_errors,
     name_argument,
     output_option,
     show_plan,
 )
 from amlemu.envs.resolve import resolve
-from amlemu.errors import NotFoundError
+from amlemu.errors import AmlEmuError, NotFoundError
 from amlemu.jobs.envyaml import load_environment
+from amlemu.names import check_asset_name
 
 
 def _described(spec: dict[str, Any]) -> dict[str, Any]:
@@ -66,7 +69,15 @@ def environment_create(ctx: click.Context, file: Path, name: str | None, version
 @click.pass_context
 @handle_errors
 def environment_list(ctx: click.Context, output: str) -> None:
-    rows = [_described(s) for s in _emu(ctx).store.environments()]
+    rows = []
+    for spec in _emu(ctx).store.environments():
+        try:  # a record stored before names were checked must not hide every other one
+            check_asset_name(spec.get("name"), "name")
+            check_asset_name(spec.get("version"), "version", "version")
+            rows.append(_described(spec))
+        except AmlEmuError as exc:
+            err_console.print(f"notice: skipped a stored environment record: {escaped(str(exc))}", highlight=False,
+                              markup=False)
 
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "version", "image", "python", "packages")

@@ -19,6 +19,7 @@ from typing import Any, NoReturn
 import click
 
 from amlemu.errors import AmlEmuError, NotFoundError, StateDbError
+from amlemu.names import escaped
 
 DEBUG_VAR = "AMLEMU_DEBUG"
 ERROR_EXIT, USAGE_EXIT, NOT_FOUND_EXIT = 1, 2, 3
@@ -55,7 +56,7 @@ def exit_code_of(exc: BaseException) -> int:
 
 
 def fail(exc: BaseException, code: int | None = None) -> NoReturn:
-    click.echo(f"amlemu: error: {message_of(exc)}", err=True)
+    click.echo(f"amlemu: error: {escaped(message_of(exc))}", err=True)  # a name in it never acts on the terminal
     sys.exit(exit_code_of(exc) if code is None else code)
 
 

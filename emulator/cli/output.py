@@ -12,6 +12,10 @@ command's data into text. Used by cli/common.py only; the command modules reach 
 
 --query is a JMESPath expression (the `jmespath` library) applied to the data before it is
 formatted; one that does not parse is a usage error (exit 2), as az's is.
+
+Names come from users and from jobs: what a terminal would act on rather than show (C0 and C1
+controls, DEL, the bidirectional overrides such as U+202E) is printed as an escape (\x1b, \u202e)
+in every format, never raw.
 """
 from __future__ import annotations
 
@@ -19,15 +23,30 @@ import json
 import os
 import sys
 from io import StringIO
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jmespath
 from jmespath.exceptions import JMESPathError
 
 from amlemu.errors import ConfigError
+from amlemu.names import UNSAFE, UNSAFE_IN_JSON, UNSAFE_KEEPING_LINES, escaped  # noqa: F401 - re-exported
+
+if TYPE_CHECKING:
+    import re
 
 FORMATS = ("json", "jsonc", "yaml", "yamlc", "table", "tsv", "none")
 TABLE_SKIP_KEYS = ("id", "type", "etag")  # az's generic table leaves these out
+
+
+def printable(data: Any, pattern: re.Pattern[str] = UNSAFE) -> Any:
+    """Every string in `data` (keys too) escaped; anything else, and clean strings, left as they are."""
+    if isinstance(data, str):
+        return escaped(data, pattern) if pattern.search(data) else data
+    if isinstance(data, dict):
+        return {printable(k, pattern): printable(v, pattern) for k, v in data.items()}
+    if isinstance(data, list):
+        return [printable(v, pattern) for v in data]
+    return data
 
 
 def compile_query(text: str) -> Any:
@@ -36,6 +55,8 @@ def compile_query(text: str) -> Any:
         return jmespath.compile(text)
     except JMESPathError as exc:
         raise ValueError(" ".join(str(exc).split())) from None
+    except RecursionError:  # jmespath's parser recurses once per nesting level
+        raise ValueError("the expression nests too deeply; write a flatter one") from None
 
 
 def plain(data: Any) -> Any:
@@ -48,6 +69,8 @@ def apply_query(query: Any, data: Any) -> Any:
         return query.search(data)
     except JMESPathError as exc:
         raise ConfigError("--query", " ".join(str(exc).split()), "see https://jmespath.org for the syntax") from None
+    except RecursionError:  # jmespath walks the expression recursively: a deeply nested one
+        raise ConfigError("--query", "nests too deeply to evaluate", "write a flatter expression") from None
 
 
 def colored() -> bool:
@@ -59,8 +82,9 @@ def render(data: Any, fmt: str, queried: bool = False) -> str:
     if fmt == "none":
         return ""
     if fmt in ("json", "jsonc"):
-        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+        text = UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m[0]):04x}", json.dumps(data, indent=2, ensure_ascii=False)) + "\n"
         return _highlight(text, "json") if fmt == "jsonc" and colored() else text
+    data = printable(data)
     if fmt in ("yaml", "yamlc"):
         import yaml  # noqa: PLC0415
 

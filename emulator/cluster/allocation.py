@@ -49,6 +49,18 @@ def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = 
                        disk_bytes=spec.size.temp_disk_gib * GIB)
 
 
+def free_indices(used: set[int], count: int) -> list[int]:
+    """The `count` lowest node indices not in use. Its cost grows with the nodes that exist and
+    the nodes asked for, never with max_nodes (which may be AmlCompute's 65,000)."""
+    found: list[int] = []
+    index = 0
+    while len(found) < count:
+        if index not in used:
+            found.append(index)
+        index += 1
+    return found
+
+
 def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Allocation | None:
     """Claim `count` nodes for the run if the cluster can give them now; else None (stay Queued).
     Runs are served in submission order: only the oldest queued run of the cluster may claim."""
@@ -63,10 +75,8 @@ def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Al
         if len(idle) + spec.max_nodes - len(nodes) < count:
             return None
         taken = [replace(n, state="busy", run_id=run_id, idle_since=None) for n in idle[:count]]
-        used = {n.idx for n in nodes}
-        free_indices = [i for i in range(spec.max_nodes) if i not in used]
         new = [Node(spec.name, i, f"{spec.name}-node-{i}", "creating", run_id, None, now, None)
-               for i in free_indices[:count - len(taken)]]
+               for i in free_indices({n.idx for n in nodes}, count - len(taken))]
         for node in taken + new:
             store.set_node(db, node)
         store.set_status(run_id, RunStatus.PREPARING, f"nodes: {', '.join(n.name for n in taken + new)}",

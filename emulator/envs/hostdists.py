@@ -17,8 +17,9 @@ import sysconfig
 from importlib import metadata
 from pathlib import Path
 
-from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
+
+from amlemu.envs.resolve import requirement
 
 
 def host_site() -> Path:
@@ -44,9 +45,8 @@ def closure(requirements: list[str], dists: dict[str, metadata.Distribution]
     unmet: list[str] = []
     while todo:
         text, extra = todo.pop()
-        try:
-            req = Requirement(text)
-        except InvalidRequirement:
+        req = requirement(text)
+        if req is None:
             unmet.append(text)
             continue
         if req.marker and not req.marker.evaluate({"extra": extra}):

@@ -104,13 +104,25 @@ def python_version(spec: str) -> str | None:
     return found.group(0) if found else None
 
 
-def _not_installable(line: str) -> str | None:
-    """Why a pip line of a job's conda file is not installed, if so. The job is untrusted code and its
-    environment is built on this machine: only a plain PEP 508 requirement (a name and versions, from
-    the emulator's package source) is; a URL would fetch from anywhere and build what it finds."""
+def requirement(text: str) -> Requirement | None:
+    """The PEP 508 requirement `text` is, else None. A requirement is one line of printable text;
+    packaging raises more than InvalidRequirement for some others (a newline inside a marker's
+    quoted string is a SyntaxError from its literal parser)."""
+    if not text.isprintable():
+        return None
     try:
-        req = Requirement(line)
-    except InvalidRequirement:
+        return Requirement(text)
+    except (InvalidRequirement, SyntaxError, ValueError):
+        return None
+
+
+def _not_installable(line: str) -> str | None:
+    """Why a requirement of a job's conda file (a pip line or a converted conda package) is not
+    installed, if so. The job is untrusted code and its environment is built on this machine: only
+    a plain PEP 508 requirement (a name and versions, from the emulator's package source) is; a URL
+    would fetch from anywhere and build what it finds."""
+    req = requirement(line)
+    if req is None:
         return "not a requirement (name, extras, versions)"
     return "a direct URL reference; the package source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS" if req.url else None
 
@@ -142,6 +154,8 @@ def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str]
         elif (req := conda_requirement(text)) is None:
             notices.append(f"{where}: conda package '{text}' is not a Python package and is not emulated "
                            f"(nodes use this machine's libraries)")
+        elif why := _not_installable(req):  # the pip rule: a URL (or what is no requirement) is never fetched
+            notices.append(f"{where}: conda package '{text}' is not installed here: {why}")
         else:
             requirements.append(req)
     return python, requirements, notices

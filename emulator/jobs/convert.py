@@ -15,6 +15,7 @@ import yaml
 
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import environment_from_dict
+from amlemu.names import check_experiment_name, default_experiment_name
 from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
 
 V1_DEFAULT_TIMEOUT = 2592000  # RunConfiguration.max_run_duration_seconds: 30 days means "not set"
@@ -45,7 +46,7 @@ def job_from_run_config(rc: dict[str, Any], source_directory: str | Path, *, com
         command=command,
         code=code,
         compute=target.removeprefix("azureml:"),
-        experiment_name=experiment_name or code.name,
+        experiment_name=check_experiment_name(experiment_name) if experiment_name else default_experiment_name(code.name),
         instance_count=instance_count,
         distribution=distribution,
         environment=environment,

@@ -8,6 +8,7 @@ from typing import Any
 
 from amlemu import safeyaml
 from amlemu.errors import ConfigError
+from amlemu.names import check_asset_name, check_image_reference
 
 FIELDS = {"$schema", "name", "version", "description", "tags", "properties", "image", "conda_file", "build",
           "os_type", "inference_config", "datastore"}
@@ -25,6 +26,8 @@ def environment_from_dict(data: Any, *, base_dir: Path, where: str = "") -> dict
         raise ConfigError(f"{where}build", "is given with image/conda_file", "give either build or image (+ conda_file)")
     if build is None and not image:
         raise ConfigError(f"{where}image", "missing", "give image (and optionally conda_file), or build.path")
+    if image:
+        check_image_reference(image, f"{where}image")
     if isinstance(conda, str):
         path = (base_dir / conda).expanduser()
         if not path.is_file():
@@ -44,7 +47,10 @@ def environment_from_dict(data: Any, *, base_dir: Path, where: str = "") -> dict
             raise ConfigError(f"{where}build.path", f"{folder} is not a folder", "point it at the build context")
         build_path = str(folder)
     name, version = data.get("name"), data.get("version")
-    return {"name": None if name is None else str(name), "version": None if version is None else str(version),
+    # Registered by name (and version) in the workspace: Azure ML's asset rule, before anything is stored.
+    name = None if name is None else check_asset_name(name, f"{where}name")
+    version = None if version is None else check_asset_name(version, f"{where}version", "version")
+    return {"name": name, "version": version,
             "image": None if image is None else str(image), "conda_file": conda, "build_path": build_path,
             "description": data.get("description")}
 

@@ -13,7 +13,14 @@ from typing import Any
 from amlemu import safeyaml
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import environment_from_dict
-from amlemu.names import check_environment_variables, check_job_name
+from amlemu.names import (
+    check_display_name,
+    check_environment_variables,
+    check_experiment_name,
+    check_image_reference,
+    check_job_name,
+    default_experiment_name,
+)
 from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
 from amlemu.storage.datastores import parse_uri
 from amlemu.storage.nodecache import policy_from_env
@@ -227,20 +234,23 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if isinstance(environment, dict):
         environment_def = environment_from_dict(environment, base_dir=base_dir, where="environment.")
         environment = environment_def.get("image") or environment_def.get("name")
+    elif isinstance(environment, str) and environment.strip() and not environment.startswith("azureml:"):
+        check_image_reference(environment, "environment")  # an image by reference: the engine's grammar
 
     return JobSpec(
         name=check_job_name(data.get("name")),
         command=command,
         code=code_dir,
         compute=compute,
-        experiment_name=str(data.get("experiment_name") or code_dir.name),
+        experiment_name=(default_experiment_name(code_dir.name) if data.get("experiment_name") is None
+                         else check_experiment_name(data["experiment_name"])),
         instance_count=instance_count,
         distribution=distribution,
         environment=str(environment) if environment else None,
         environment_variables=env_vars,
         inputs=inputs,
         outputs=outputs,
-        display_name=data.get("display_name"),
+        display_name=check_display_name(data.get("display_name")),
         max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
         shm_size=None if resources.get("shm_size") is None else str(resources["shm_size"]),
         environment_def=environment_def,

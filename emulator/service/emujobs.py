@@ -5,6 +5,7 @@ it is handed.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -24,13 +25,17 @@ NOT_EMULATED = {"pipeline", "sweep", "automl", "spark", "labeling", "base", "fin
 
 def seconds(duration: Any, field: str) -> int:
     """ISO 8601 duration (PT1H30M) -> seconds; a number passes as it is."""
-    if isinstance(duration, (int, float)):
+    if isinstance(duration, (int, float)) and not isinstance(duration, bool):
+        if not math.isfinite(duration) or duration < 0:
+            raise bad_request(field, f"{field}: {duration!r} is not a duration; write e.g. PT1H or a number of seconds")
         return int(duration)
-    match = _DURATION.match(str(duration))
+    text = str(duration)
+    match = _DURATION.match(text) if len(text) <= 64 else None
     if not match or not any(match.groupdict().values()):
-        raise bad_request(field, f"{field}: '{duration}' is not an ISO 8601 duration; write e.g. PT1H")
-    d, h, m, s = (float(match[k] or 0) for k in "dhms")
-    return int(d * 86400 + h * 3600 + m * 60 + s)
+        raise bad_request(field, f"{field}: {text[:64]!r} is not an ISO 8601 duration; write e.g. PT1H")
+    # Whole units as integers (P99999999999D stays exact, and the spec's bound refuses it); seconds as given.
+    d, h, m = (int(match[k] or 0) for k in "dhm")
+    return d * 86400 + h * 3600 + m * 60 + int(float(match["s"] or 0))
 
 
 def _input(name: str, value: Any) -> Any:

@@ -19,7 +19,7 @@ from typing import Any
 from amlemu import statefile
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
-from amlemu.names import JOB_NAME_RE
+from amlemu.names import JOB_NAME_RE, check_experiment_name
 from amlemu.runs import runhistory
 from amlemu.runs.contract import experiment_guid
 from amlemu.service.auth import TENANT
@@ -73,6 +73,7 @@ class EmulatorV1:
         raise not_found(f"experiment {name}")
 
     def create_experiment(self, name: str) -> dict[str, Any]:
+        _check_experiment(name)
         with self._lock:
             created = self._created()
             created.setdefault(name, time.time())
@@ -84,6 +85,7 @@ class EmulatorV1:
         if not isinstance(definition, dict) or not isinstance(definition.get("Configuration"), dict):
             raise bad_request("runDefinitionFile", "runDefinitionFile: missing or not a run definition; "
                               "submit with azureml-core's Experiment.submit")
+        _check_experiment(experiment)
         if project_zip is None:
             raise bad_request("projectZipFile", "projectZipFile: missing; set AML_FORCE_EXECUTE_WITH_ZIP=true "
                               "(`amlemu env` prints it): amlemu runs v1 jobs from the zip the SDK sends")
@@ -154,3 +156,11 @@ class EmulatorV1:
 
     def runs(self, experiment: str) -> list[dict[str, Any]]:
         return [self.run_dto(experiment, r.id) for r in self.state.emu.store.runs() if r.experiment == experiment]
+
+
+def _check_experiment(name: str) -> None:
+    """Azure ML's experiment name rule, before an experiment or its run is recorded."""
+    try:
+        check_experiment_name(name, "experimentName")
+    except ConfigError as exc:
+        raise bad_request(exc.field, str(exc)) from None
