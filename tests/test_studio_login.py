@@ -62,6 +62,7 @@ def test_a_login_link_gives_a_session_once(studio: tuple[TestClient, bytes]) -> 
     "", "nonsense", "1.2.3", "9" * 300,  # not a token
     mint_login(b"another home's key" * 2),  # another home's
     "9999999999.nonce.0000",  # forged
+    "9999999999.nonce.\u00e9", "\u00b2\u00b2.nonce.0000",  # not ASCII: refused, never a 500
 ])
 def test_a_token_not_minted_by_this_home_gives_no_session(studio: tuple[TestClient, bytes], token: str) -> None:
     client, _ = studio
@@ -79,6 +80,8 @@ def test_an_expired_link_or_session_is_refused(studio: tuple[TestClient, bytes])
     assert client.get("/studio/").status_code == 401
     assert not sessions.valid(stale) and sessions.valid(sessions.new_session())
     assert not Sessions(b"x" * 32).valid(sessions.new_session())  # another home's session
+    for odd in ("\u00b2\u00b2.mac", f"{int(time.time()) + 60}.\u00e9", "9" * 5000 + ".mac"):
+        assert not sessions.valid(odd)
 
 
 def test_every_studio_route_needs_the_session(studio: tuple[TestClient, bytes]) -> None:
@@ -146,6 +149,7 @@ def test_a_log_url_is_signed_with_its_expiry(service: tuple[TestClient, Auth, Em
                   f"se={past}&sig={auth.sign(f'logs/r1?se={past}')}",  # expired
                   fresh.replace("se=", "se=9"),  # its expiry pushed out: the signature no longer matches
                   f"se={'9' * 5000}&sig=x",  # no huge number parsed
+                  "se=%C2%B2&sig=x", f"se={past + 3600}&sig=%C3%A9",  # not ASCII: refused, never a 500
                   auth.sign_until("logs/r2")):  # another run's
         answer = client.get(f"/logs/r1/user_logs/std_log.txt?{query}")
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "AuthenticationFailed", query

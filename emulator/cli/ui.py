@@ -146,8 +146,8 @@ def _service_link(ctx: click.Context) -> None:
     root = ctx.obj.home().root
     state = read_state(root)
     if state is None:
-        raise ConfigError("--link", "the service of this home is not running",
-                          'start it with `eval "$(amlemu env)"` or `amlemu serve`, or run `amlemu ui` for the page alone')
+        raise ConfigError("--link", "the service of this home is not running", 'start it with `eval "$(amlemu env)"` '
+                          "or `amlemu serve`, or run `amlemu ui` for the page alone")
     click.echo(login_url(home_key(root), state.url))
 
 

@@ -81,7 +81,8 @@ class Auth:
         return self._mac("url:" + resource)[:43]
 
     def check_signature(self, resource: str, sig: str | None) -> bool:
-        return sig is not None and hmac.compare_digest(sig, self.sign(resource))
+        # As bytes: a str with non-ASCII characters would raise a TypeError.
+        return sig is not None and hmac.compare_digest(sig.encode(), self.sign(resource).encode())
 
     def sign_until(self, resource: str, seconds: int = URL_SECONDS) -> str:
         """The query of a URL good for `seconds`: `se=<its expiry, Unix time>&sig=...`, the expiry
@@ -92,5 +93,5 @@ class Auth:
     def check_until(self, resource: str, query: Mapping[str, str]) -> bool:
         """A query `sign_until` made for `resource`, not expired; a signature without se= never is."""
         expiry = query.get("se", "")
-        return (expiry.isdigit() and len(expiry) < 12 and int(expiry) > time.time()
+        return (expiry.isascii() and expiry.isdigit() and len(expiry) < 12 and int(expiry) > time.time()
                 and self.check_signature(f"{resource}?se={expiry}", query.get("sig")))

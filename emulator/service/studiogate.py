@@ -49,6 +49,16 @@ def _mac(key: bytes, text: str) -> str:
     return hmac.new(key, text.encode(), hashlib.sha256).hexdigest()
 
 
+def _same(given: str, expected: str) -> bool:
+    """Constant-time, and False (not a TypeError) for a value with non-ASCII characters."""
+    return hmac.compare_digest(given.encode(), expected.encode())
+
+
+def _expiry(text: str) -> int | None:
+    """A Unix time written in ASCII digits, or None (no huge number is parsed)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) < 12 else None
+
+
 def mint_login(key: bytes, seconds: int = LINK_SECONDS) -> str:
     """A one-time login token, good for `seconds`."""
     body = f"{int(time.time()) + seconds}.{secrets.token_urlsafe(12)}"
@@ -82,11 +92,12 @@ class Sessions:
     def redeem(self, token: str) -> bool:
         """True, once, for a token this home minted that has not expired."""
         parts = token.split(".")
-        if len(token) > 200 or len(parts) != 3 or not parts[0].isdigit():
+        expiry = _expiry(parts[0]) if len(token) <= 200 and len(parts) == 3 else None
+        if expiry is None:
             return False
-        if not hmac.compare_digest(parts[2], _mac(self.key, f"studio-login:{parts[0]}.{parts[1]}")):
+        if not _same(parts[2], _mac(self.key, f"studio-login:{parts[0]}.{parts[1]}")):
             return False
-        now, expiry = time.time(), int(parts[0])
+        now = time.time()
         with self._lock:
             self._used = {nonce: until for nonce, until in self._used.items() if until > now}
             if expiry <= now or parts[1] in self._used:
@@ -99,9 +110,9 @@ class Sessions:
         return f"{expiry}.{_mac(self.key, 'studio-session:' + expiry)}"
 
     def valid(self, value: str | None) -> bool:
-        expiry, _, mac = (value or "").partition(".")
-        return (expiry.isdigit() and hmac.compare_digest(mac, _mac(self.key, "studio-session:" + expiry))
-                and int(expiry) > time.time())
+        text, _, mac = (value or "").partition(".")
+        expiry = _expiry(text)
+        return expiry is not None and expiry > time.time() and _same(mac, _mac(self.key, "studio-session:" + text))
 
 
 def _refusal(request: Request, status: int, message: str) -> Response:
