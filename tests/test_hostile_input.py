@@ -71,6 +71,13 @@ def c(id: str, *argv: str, expect: str, **kw) -> Case:  # noqa: A002 - the table
 
 
 JOB_F = ("job", "create", "-f", "{files}/job.yml")
+ENV_F = ("environment", "create", "-f", "{files}/env.yml")
+ENV_FILE = {"env.yml": "name: good\nimage: python:3.11\n"}
+BAD_IMAGES = ["a b", "UPPER/x", ":tag", "x:", "x@sha256:zz", "//x", "a" * 300]
+
+
+def image_job(ref: str) -> dict[str, str]:
+    return job(base=JOB.replace("azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest", f"{{image: '{ref}'}}"))
 VALIDATE_F = ("job", "validate", "-f", "{files}/job.yml")
 COMPUTE_F = ("compute", "create", "-f", "{files}/job.yml", "--backend", "process")
 DEAD = "azureml://datastores/deadblob/paths/x"
@@ -217,6 +224,35 @@ CASES = [
     c("unknown-target", *JOB_F, "--target", "nope", expect="--target", code=2, files=job()),
     c("unknown-command", "frobnicate", expect="No such command 'frobnicate'", code=2),
     c("unknown-option", "compute", "list", "--colour", expect="No such option '--colour'; see `", code=2),
+    # --- issue 25: limits as AmlCompute has them, names checked before anything is stored ---------
+    *[c(f"image-{i}", *JOB_F, expect="environment.image: ", files=image_job(ref)) for i, ref in enumerate(BAD_IMAGES)],
+    c("image-validate", *VALIDATE_F, expect="error: environment.image: a b is not an image reference",
+      files=image_job("a b"), stream="stdout"),
+    c("image-by-reference", *JOB_F, expect="environment: a b is not an image reference",
+      files=job(base=JOB.replace("azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest", "'a b'"))),
+    c("max-instances-billion", "compute", "create", "--name", "c2", "--max-instances", "1000000000",
+      expect="max_nodes: 1000000000 is above AmlCompute's limit of 65000"),
+    c("max-instances-over-quota", "compute", "create", "--name", "c2", "--max-instances", "101",
+      expect="quota of 100 per cluster"),
+    c("max-instances-fraction", *COMPUTE_F, expect="max_nodes: must be a non-negative integer, got 1.5",
+      files={"job.yml": "name: c2\nmax_instances: 1.5\n"}),
+    c("idle-time-huge", "compute", "create", "--name", "c2", "-d", str(99999999999 * 86400),
+      expect="more than Azure ML's duration holds"),
+    c("experiment-300", *JOB_F, expect="experiment_name: ", files=job(f"experiment_name: {'e' * 300}\n")),
+    c("experiment-non-ascii", *JOB_F, expect="experiment_name: caf\u00e9 is not a valid experiment name",
+      files=job("experiment_name: caf\u00e9\n")),
+    c("experiment-nul", *JOB_F, expect="experiment_name: 'a\\x00b' is not", files=job('experiment_name: "a\\0b"\n')),
+    c("display-name-100kb", *JOB_F, expect="display_name: ", files=job(f"display_name: {'d' * 100_000}\n")),
+    *[c(f"env-create-{label}", *ENV_F, *extra, expect=words, files=ENV_FILE) for label, extra, words in [
+        ("dotdot", ("-n", "../../evil"), "name: ../../evil is not a valid environment name"),
+        ("spaced", ("-n", " spaced "), "name: ' spaced ' is not a valid environment name"),
+        ("version-dotdot", ("--version", "../1"), "version: ../1 is not a valid environment version"),
+        ("newline", ("-n", "a\nb"), "name: 'a\\nb' is not a valid"),
+        ("long", ("-n", "n" * 256), "(256 characters) is not a valid environment name"),
+        ("script", ("-n", "<script>"), "name: <script> is not a valid"),
+        ("escape", ("-n", "a\x1b]0;x\x07"), "name: 'a\\x1b]0;x\\x07' is not")]],
+    c("env-create-nul", *ENV_F, expect="name: 'a\\x00b' is not a valid", files={"env.yml": 'name: "a\\0b"\nimage: x\n'}),
+    c("deep-query", "job", "list", "--query", "[" * 5000 + "]" * 5000, expect="nests too deeply", code=2),
 ]
 
 
@@ -329,3 +365,16 @@ def test_the_real_command_prints_one_line_and_no_traceback(tmp_path: Path, argv:
                           env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home")})
     assert done.returncode in (1, 2) and "Traceback" not in done.stdout + done.stderr
     assert done.stderr.startswith("amlemu: error: ") and done.stderr.count("\n") == 1, done.stderr
+
+
+def test_a_conda_url_or_a_broken_marker_is_left_out_with_a_notice_not_a_bug(world) -> None:
+    """Issue 25: a URL as a conda (non-pip) dependency was installed, fetched from anywhere; a
+    newline inside a pip line's marker was "this is a bug". Both are left out, each with a notice."""
+    home, files = world
+    conda = ('{dependencies: [python=3.11, "https://example.com/evil.whl", "numpy @ https://example.com/e.whl", '
+             '{pip: ["tqdm; python_version > \\"3\\n\\""]}]}')
+    (files / "job.yml").write_text(JOB.replace("azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest",
+                                               f"{{image: 'python:3.11', conda_file: {conda}}}"))
+    result = run_cli(home, "job", "create", "-f", str(files / "job.yml"), "--dry-run", "-o", "json")
+    assert result.exit_code == 0 and "this is a bug" not in result.output, result.output
+    assert result.stdout.count("is not installed here") == 3, result.stdout
