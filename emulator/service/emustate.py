@@ -9,6 +9,7 @@ small pool and are "InProgress" until the emulator has finished.
 from __future__ import annotations
 
 import json
+import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -35,7 +36,7 @@ from amlemu.service.state import (
     not_found,
     whole_number,
 )
-from amlemu.specs import ClusterSpec, JobSpec, Priority
+from amlemu.specs import ClusterSpec, JobSpec, Priority, check_quota, max_instances_quota
 
 NODE_STATES = {"creating": "preparing", "idle": "idle", "busy": "running", "removing": "leaving"}
 
@@ -60,12 +61,13 @@ def cluster_from_rest(name: str, body: Any) -> ClusterSpec:
         raise bad_request(field, f"{field}: not a JSON object; send the compute's ARM body")
     idle = scale.get("nodeIdleTimeBeforeScaleDown")
     try:
-        return ClusterSpec(name=name, vm_size=str(inner.get("vmSize") or "Standard_D2_v2"),
+        spec = ClusterSpec(name=name, vm_size=str(inner.get("vmSize") or "Standard_D2_v2"),
                            vm_priority=Priority.parse(str(inner.get("vmPriority") or "dedicated")),
                            min_nodes=whole_number(scale.get("minNodeCount"), "scaleSettings.minNodeCount", 0),
                            max_nodes=whole_number(scale.get("maxNodeCount"), "scaleSettings.maxNodeCount", 4),
                            idle_seconds_before_scaledown=120 if idle is None else
                            emujobs.seconds(idle, "scaleSettings.nodeIdleTimeBeforeScaleDown"))
+        return check_quota(spec, max_instances_quota(os.environ))  # a create and a resize alike
     except ConfigError as exc:
         raise bad_request(exc.field, str(exc)) from None
 

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from amlemu import statefile
 from amlemu.errors import ConfigError
+from amlemu.names import check_asset_name, check_image_reference
 
 ARM_TYPE = "Microsoft.MachineLearningServices/workspaces"
 
@@ -214,6 +215,13 @@ class Registry:
                 "type": f"{ARM_TYPE}/{kind}/versions", "properties": props, "systemData": system_data()}
 
     def put(self, kind: str, name: str, version: str, props: dict[str, Any]) -> dict[str, Any]:
+        try:  # the rule `amlemu environment create` applies, before anything is stored
+            check_asset_name(name.removeprefix("azureml:"), "name")
+            check_asset_name(version, "version", "version")
+            if kind == "environments" and isinstance(props, dict) and props.get("image"):
+                check_image_reference(props["image"], "properties.image")
+        except ConfigError as exc:
+            raise from_config_error(exc) from None
         with self.lock:
             self.assets[kind][(name, version)] = self.resource(kind, name, version, props)
             self._save()
