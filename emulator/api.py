@@ -18,6 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from amlemu import statefile
 from amlemu.actions import Action, execute
 from amlemu.backends import get_backend, resolve_backend
 from amlemu.cluster import allocation as autoscale
@@ -338,9 +339,12 @@ class Emulator:
     def plan_write_config(self, path: str | Path) -> list[Action]:
         ws = self.workspace()
         config = {key: ws[key] for key in ("subscription_id", "resource_group", "workspace_name")}
+        if Path(path).is_symlink():  # writing through it would overwrite whatever file it points at
+            raise ConfigError("--path", f"{path} is a symbolic link (to {os.readlink(path)}); amlemu does not write "
+                              "through links", "remove the link, or give --path a file of its own")
 
-        def write() -> None:
-            Path(path).write_text(json.dumps(config, indent=2) + "\n")
+        def write() -> None:  # staged, then renamed: a link made meanwhile is replaced, never followed
+            statefile.write_text(Path(path), json.dumps(config, indent=2) + "\n")
         return [Action("write", "file", str(path), {"config": config}, run=write)]
 
     def plan_cancel(self, run_id: str) -> list[Action]:
