@@ -66,7 +66,14 @@ def _kill_group(pid: int) -> bool | None:
 def _remove_folder(path: Path) -> Action:
     if path.is_file():
         return Action("remove", "file", str(path), run=functools.partial(path.unlink, missing_ok=True))
-    return Action("remove", "folder", str(path), run=functools.partial(shutil.rmtree, path, ignore_errors=True))
+    return Action("remove", "folder", str(path), run=functools.partial(_remove_tree, path))
+
+
+def _remove_tree(path: Path) -> None:
+    """Never through a mount: node disks under it are detached first, a node made after the plan
+    was read included (a supervisor stopped while it created one)."""
+    nodedisk.detach_all(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def plan_delete_compute(home: Home, store: Store, name: str) -> list[Action]:
