@@ -38,10 +38,10 @@ def endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str, limit:
                     call.body = call.raw or None  # blob content stays bytes even when it is a .json file
             except ServiceError as exc:
                 reply = Reply(exc.status, exc.body())
+        if ctx.on_request is not None:  # every request, refused ones too (their body unread: None)
+            ctx.on_request(call.method, call.path, call.query, call.body,
+                           {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
         if reply is None:
-            if ctx.on_request is not None:
-                ctx.on_request(call.method, call.path, call.query, call.body,
-                               {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
             reply = await run_in_threadpool(_handle, call, fn)
         ctx.log(f"{call.method} {call.path} {reply.status}")
         return _response(reply, call.method)
