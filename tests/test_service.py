@@ -384,7 +384,9 @@ def test_allow_remote_warns_and_still_wants_a_token(home: Path) -> None:
         if proc.poll() is None:
             proc.kill()
     assert "warning: --allow-remote" in err
-    assert f"amlemu serve: {state.url} " in err and f"{state.url}/studio/?login=" in err  # the printed link
+    # The studio's address; its login link, a credential, only to a terminal (never into a log).
+    assert f"amlemu serve: {state.url} " in err and f"{state.url}/studio/ (its login link: `amlemu ui --link`)" in err
+    assert "login=" not in err
 
 
 @pytest.mark.parametrize("container,blob", [("code-a", "../code-b/train.py"), ("code-a", "x/../../code-b/t.py"),

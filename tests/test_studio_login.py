@@ -2,20 +2,30 @@
 from a one-time login link only the home's owner can mint; no studio route answers without it or to
 a Host that does not name this machine (DNS rebinding); the signed log URLs expire and never serve a
 run's private files (its launch plans, an owner-only file); `--allow-remote`'s certificate covers
-this machine's names, so a remote client verifies it. All in-process: no job, no service started."""
+this machine's names, so a remote client verifies it. In-process but for one `amlemu serve` in a
+terminal; no job."""
 from __future__ import annotations
 
+import os
+import pty
+import re
+import select
+import signal
 import socket
 import ssl
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
+import requests
 from click.testing import CliRunner
 from cryptography import x509
 from starlette.testclient import TestClient
 
+from amlemu import servicefile
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.home import Home
@@ -121,6 +131,35 @@ def test_amlemu_ui_link_needs_the_running_service(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["--home", str(tmp_path / "home"), "ui", "--link"])
     assert result.exit_code == 1 and result.output.count("\n") == 1
     assert result.output.startswith("amlemu: error: --link: the service of this home is not running")
+
+
+def test_amlemu_serve_prints_a_working_login_link_to_a_terminal(tmp_path: Path) -> None:
+    """In a terminal `amlemu serve` prints the studio's login link (piped, only where to get one:
+    tests/test_service.py); the link opens the page once."""
+    home = tmp_path / "home"
+    home.mkdir()
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "amlemu", "--home", str(home), "serve", "--port", "0"],
+                            stdin=subprocess.DEVNULL, stdout=follower, stderr=follower)
+    os.close(follower)
+    printed, deadline = b"", time.monotonic() + 60
+    try:
+        while not (found := re.search(rb"https://127\.0\.0\.1:\d+/studio/\?login=[\w.-]+", printed)):
+            assert proc.poll() is None and time.monotonic() < deadline, printed.decode(errors="replace")
+            if select.select([leader], [], [], 0.5)[0]:
+                printed += os.read(leader, 4096)
+        link, ca = found.group(0).decode(), home / "service" / "ca-bundle.pem"
+        assert servicefile.read_state(home).url in link
+        browser = requests.Session()
+        assert browser.get(link, verify=ca, timeout=10).status_code == 200
+        assert requests.get(link, verify=ca, timeout=10).status_code == 401  # once
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        os.close(leader)
 
 
 # --- the signed log URLs -------------------------------------------------------------------------

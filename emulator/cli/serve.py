@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import sys
 
 import click
 
@@ -78,11 +79,15 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
         mlflow_server.bind(made)
         return made
 
-    serve_forever(home.root, make_ctx, host, port, allow_remote,
-                  lambda url: err_console.print(f"amlemu serve: {url} (Ctrl-C stops it; `eval \"$(amlemu env)\"` "
-                                                "points azure-ai-ml at it)\nthe studio page, a one-time login link "
-                                                f"(`amlemu ui --link` gives another): {login_url(key, url)}",
-                                                highlight=False),
+    def announce(url: str) -> None:
+        # The login link is a credential: to a terminal only, never into a log (a background
+        # service's output is its service.log); `amlemu ui --link` gives one any time.
+        studio = (f"a one-time login link (`amlemu ui --link` gives another): {login_url(key, url)}"
+                  if sys.stderr.isatty() else f"{url}/studio/ (its login link: `amlemu ui --link`)")
+        err_console.print(f"amlemu serve: {url} (Ctrl-C stops it; `eval \"$(amlemu env)\"` points azure-ai-ml at "
+                          f"it)\nthe studio page: {studio}", highlight=False)
+
+    serve_forever(home.root, make_ctx, host, port, allow_remote, announce,
                   extra_routes=[mlflow_server.route(), studio_mount(home, key, hosts)])
 
 
