@@ -229,3 +229,48 @@ def test_parse_json_names_where_a_bad_number_is() -> None:
     with pytest.raises(Exception, match="nested deeper"):
         bodies.parse_json(DEEP.encode())
     assert time.monotonic() - started < 30  # a deadline, not a timing: it must not hang
+
+
+@pytest.fixture(scope="module")
+def code_id(live: Live) -> str:
+    """A code version uploaded as the SDK does, so that a job body gets past its code to its numbers."""
+    pending = live.send("POST", WS + "/codes/src/versions/1/startPendingUpload", json={}).json()
+    reference = pending["blobReferenceForConsumption"]
+    sas = reference["credential"]["sasUri"].split("?", 1)[1]
+    assert requests.put(f"{reference['blobUri']}/t.py?{sas}", data=b"print('hi')\n", verify=live.ca,
+                        timeout=30).status_code == 201
+    assert live.send("PUT", WS + "/codes/src/versions/1", json={"properties": {"codeUri": reference["blobUri"]}}
+                     ).status_code == 201
+    return WS + "/codes/src/versions/1"
+
+
+JOB_CASES = [  # (id, the properties changed, the field the 400 names)
+    ("instanceCount a word", {"resources": {"instanceCount": "abc"}}, "instance_count"),
+    ("instanceCount 1.5", {"resources": {"instanceCount": 1.5}}, "instance_count"),
+    ("instanceCount a list", {"resources": {"instanceCount": [2]}}, "instance_count"),
+    ("resources a list", {"resources": [1]}, "resources"),
+    ("processCountPerInstance a word", {"distribution": {"distributionType": "Mpi",
+                                                         "processCountPerInstance": "x"}}, "process_count"),
+    ("distribution a string", {"distribution": "Mpi"}, "distribution"),
+    ("timeout a word", {"limits": {"timeout": "abc"}}, "limits.timeout"),
+    ("timeout a list", {"limits": {"timeout": [1]}}, "limits.timeout"),
+    ("limits a string", {"limits": "PT1H"}, "limits"),
+    ("inputs a list", {"inputs": [1]}, "inputs"),
+    ("outputs a string", {"outputs": "x"}, "outputs"),
+    ("default output a string", {"outputs": {"default": "x"}}, "outputs.default"),
+    ("environment variables a list", {"environmentVariables": ["A=1"]}, "environment_variables"),
+    ("command a mapping", {"command": {"a": 1}}, "command"),
+    ("display name a list", {"displayName": ["x"]}, "display_name"),
+]
+
+
+@pytest.mark.parametrize(("change", "target"), [c[1:] for c in JOB_CASES], ids=[c[0] for c in JOB_CASES])
+def test_a_jobs_fields_of_the_wrong_type_are_400s_naming_them(live: Live, code_id: str, change: dict[str, Any],
+                                                              target: str) -> None:
+    seen = len(live.log.read_text())
+    props = {"jobType": "Command", "command": "python t.py", "codeId": code_id, "computeId": WS + "/computes/none",
+             "environmentId": "azureml:AzureML-sklearn-1.5@latest", **change}
+    got = live.send("PUT", WS + "/jobs/typed", json={"properties": props})
+    assert got.status_code == 400, got.text[:500]
+    assert target in got.json()["error"].get("target", ""), got.json()
+    assert "Traceback" not in live.log.read_text()[seen:]

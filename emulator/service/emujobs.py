@@ -97,6 +97,16 @@ def job_type(body: Any) -> str:
     return kind
 
 
+def _object(props: dict[str, Any], key: str) -> dict[str, Any]:
+    """A JSON object field of the body ({} when absent or null), or a 400 naming it."""
+    value = props.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request(key, f"{key}: not a JSON object; send it as the REST API's {key} object")
+    return value
+
+
 def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path],
             environment: Callable[[str], str | dict[str, Any]]) -> dict[str, Any]:
     """The CLI v2 YAML mapping of the PUT's body. `code_dir(name, version)`: the folder the code
@@ -111,23 +121,23 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
         "compute": str(props.get("computeId") or "").rsplit("/", 1)[-1] or None,
         "experiment_name": props.get("experimentName"), "display_name": props.get("displayName"),
         "environment_variables": props.get("environmentVariables") or {},
-        "inputs": {k: _input(k, v) for k, v in (props.get("inputs") or {}).items()},
-        "outputs": {k: _output(k, v) for k, v in (props.get("outputs") or {}).items()
-                    if k != "default" or v.get("uri")},
+        "inputs": {k: _input(k, v) for k, v in _object(props, "inputs").items()},
+        "outputs": {k: _output(k, v) for k, v in _object(props, "outputs").items()
+                    if k != "default" or not isinstance(v, dict) or v.get("uri")},
     }
     if props.get("environmentId"):
         data["environment"] = environment(str(props["environmentId"]))
-    dist = props.get("distribution")
-    if isinstance(dist, dict) and dist.get("distributionType"):
+    dist = _object(props, "distribution")
+    if dist.get("distributionType"):
         data["distribution"] = {"type": str(dist["distributionType"]).lower()}
         for rest, field in (("processCountPerInstance", "process_count_per_instance"),
                             ("workerCount", "worker_count"), ("parameterServerCount", "parameter_server_count")):
             if dist.get(rest):  # the REST body's TensorFlow fields are workerCount / parameterServerCount
                 data["distribution"][field] = dist[rest]
-    resources = props.get("resources") or {}
+    resources = _object(props, "resources")
     if resources.get("instanceCount"):
         data["resources"] = {"instance_count": resources["instanceCount"]}
-    limits = props.get("limits") or {}
+    limits = _object(props, "limits")
     if limits.get("timeout"):
         data["limits"] = {"timeout": seconds(limits["timeout"], "limits.timeout")}
     return {k: v for k, v in data.items() if v not in (None, {})}
