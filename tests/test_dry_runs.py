@@ -271,8 +271,9 @@ def test_the_human_form_is_a_line_per_action(world: World) -> None:
     result = invoke(world, "compute", "delete", "dk", "--dry-run")
     assert result.exit_code == 0, result.output
     lines = result.stdout.splitlines()
-    assert lines[0] == "dry run: 5 action(s), none taken"
+    assert lines[0] == "dry run: 6 action(s), none taken"
     assert f"  remove container {world.container('dk')} (node dk-node-0)" in lines
+    assert f"  remove folder {world.emu.home.root}/node-disks/dk" in lines  # its node's disk image's folder
     assert f"  remove network amlemu-{world.emu.home.id}-dk" in lines
 
 
