@@ -76,3 +76,16 @@ def test_the_background_service_outlives_the_folder_it_was_started_from(home: Pa
     log = (home / "service" / "service.log").read_text()
     assert "registry.json could not be read" in log and "Traceback" not in log
     assert [p.name.startswith("registry.json.corrupt-") for p in registry.parent.iterdir()].count(True) == 1
+
+
+def test_a_ca_cut_short_stops_serve_with_one_line_naming_it(home: Path) -> None:
+    folder = home / "service"
+    folder.mkdir(parents=True)
+    (folder / "ca.pem").write_text("-----BEGIN CERTIFICATE-----\nMIIB")
+    (folder / "ca-key.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "serve", "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ca.pem" in lines[0] and "move ca.pem and ca-key.pem away" in lines[0], done.stderr
+    assert "this is a bug" not in done.stderr and "Traceback" not in done.stderr

@@ -22,6 +22,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from amlemu import statefile
+from amlemu.errors import ConfigError
 from amlemu.servicefile import is_loopback
 from amlemu.servicekeys import alt_names, cert_name, issue_server_cert, now_utc, pem_key
 
@@ -51,8 +52,13 @@ def machine_names() -> list[str]:
 def _load_or_make_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     cert_path, key_path = folder / "ca.pem", folder / "ca-key.pem"
     if cert_path.exists() and key_path.exists():
-        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
-        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        try:
+            cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+            key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        except (ValueError, TypeError) as exc:  # cut short, or not ours: never replaced behind the user's back
+            raise ConfigError(str(cert_path), f"the service's CA cannot be read ({exc})",
+                              f"move {cert_path.name} and {key_path.name} away: a new CA is made, and clients "
+                              "trust it through the new ca-bundle.pem `amlemu env` points at") from None
         if isinstance(key, ec.EllipticCurvePrivateKey) and cert.not_valid_after_utc > now_utc():
             return cert, key
     key = ec.generate_private_key(ec.SECP256R1())
