@@ -108,10 +108,9 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     # The run's "Web View" link opens the studio page the service serves beside the API, in a browser
     # logged in by the one-time link `amlemu ui --link` prints.
     web = re.search(r"^Web View: (\S+)$", out, re.M)[1]
-    browser = requests.Session()
-    browser.verify = service.env["REQUESTS_CA_BUNDLE"]
-    assert browser.get(service.amlemu("ui", "--link").stdout.strip(), timeout=30).status_code == 200
-    page = browser.get(web, timeout=30)
+    browser, ca = requests.Session(), service.env["REQUESTS_CA_BUNDLE"]
+    assert browser.get(service.amlemu("ui", "--link").stdout.strip(), verify=ca, timeout=30).status_code == 200
+    page = browser.get(web, verify=ca, timeout=30)
     assert page.status_code == 200 and name in page.text and "Completed" in page.text
     assert name in re.search(r"^runs: (.*)$", out, re.M)[1]
     # The emulator ran it, as any CLI job: its store, both ranks' logs, the output; download_files copied them.

@@ -341,6 +341,8 @@ def test_the_page_follows_a_running_job_to_completed_without_a_reload(emu, clust
         driver.switch_to.window(overview)  # the overview followed the job too
         wait_until(lambda: "Completed" in _text(driver, "#jobs"), 30, "the overview shows the job Completed")
         assert driver.execute_script("return window.sameDocument") is True
+        driver.delete_all_cookies()  # the session gone (as when it expires): the page says how to log in again
+        wait_until(lambda: "amlemu ui --link" in _text(driver, "#live"), 30, "the overview says it is logged out")
         print(f"studio: the job page loaded in {loaded:.2f} s")
     assert run.status is RunStatus.COMPLETED
 

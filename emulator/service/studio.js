@@ -55,6 +55,7 @@
   }
   async function getJSON(path) {
     const response = await fetch(base + path, { cache: "no-store" });
+    if (response.status === 401) throw Object.assign(new Error("logged out"), { loggedOut: true });
     if (!response.ok) throw new Error(`${path}: HTTP ${response.status}`);
     return response.json();
   }
@@ -157,6 +158,10 @@
       again = await tick();
       live(true, again ? "live" : "final");
     } catch (err) {
+      if (err.loggedOut) { // the session expired: polling again cannot help, a new login link can
+        live(false, "logged out: `amlemu ui --link` gives a login link");
+        return;
+      }
       live(false, "offline, retrying");
     }
     if (again) setTimeout(loop, POLL_MS);
