@@ -16,6 +16,7 @@ from amlemu.cli.common import (
     dry_run_option,
     emit,
     err_console,
+    escaped,
     handle_errors,
     job,
     name_argument,
@@ -54,7 +55,7 @@ def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tupl
     notes |= {("AmlCompute would refuse this job: " if f["severity"] == "error" else "") +
               f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])}
     for note in sorted(notes):
-        err_console.print(f"notice: {note}", highlight=False)
+        err_console.print(f"notice: {escaped(note)}", highlight=False, markup=False)  # a job's own text in it
     created = target.run_job(plan)
     if stream:
         status = target.stream(created)

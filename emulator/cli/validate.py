@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from amlemu.cli.common import _emu, console, emit, handle_errors, is_human, job, output_option
+from amlemu.cli.common import _emu, console, emit, escaped, handle_errors, is_human, job, output_option
 from amlemu.validate import validate_file
 
 
@@ -25,7 +25,7 @@ def job_validate(ctx: click.Context, file: Path, name: str | None, overrides: tu
         emit([asdict(f) for f in findings], output)
     else:
         for finding in findings:
-            console.print(finding.line(), highlight=False, soft_wrap=True)
+            console.print(escaped(finding.line()), highlight=False, soft_wrap=True, markup=False)
         errors = sum(f.severity == "error" for f in findings)
         console.print(f"{file}: {errors} error(s), {len(findings) - errors} warning(s)", highlight=False)
     if any(f.severity == "error" for f in findings):
