@@ -267,7 +267,8 @@ class Emulator:
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
                            [f"<address of {r.name}>" for r in requests], self.workspace(),
                            base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
-                           as_root=os.geteuid() == 0, notices=(*notices, *((note,) if note else ())))
+                           as_root=os.geteuid() == 0, notices=(*notices, *((note,) if note else ())),
+                           launch_prefix=backend.launch_prefix(cluster.spec.name))
         return {**plan.to_dict(), "nodes": node_plans}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:

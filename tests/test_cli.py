@@ -76,7 +76,9 @@ def test_job_dry_run_prints_the_launch(amlemu, mnist_subset: Path) -> None:
     out = amlemu("job", "create", "-f", str(REPO / "trainer" / "job.yml"), "--dry-run",
                  "--set", f"inputs.data_dir.path={mnist_subset}")
     plan = json.loads(out)
-    assert plan["launch"][0] == "mpirun" and "c1-node-0:1" not in plan["launch"]
+    # Process nodes: mpirun runs in the cluster's network namespace (tests/test_cluster.py checks the prefix).
+    launch = plan["launch"][3:] if plan["launch"][0].endswith("nsenter") else plan["launch"]
+    assert launch[0] == "mpirun" and "c1-node-0:1" not in plan["launch"]
     assert plan["launch"][plan["launch"].index("-H") + 1] == "gpucluster-node-0:1,gpucluster-node-1:1"
     assert plan["env"]["AZUREML_ARM_PROJECT_NAME"] == "pytorch-horovod"
     assert json.loads(amlemu("job", "list", "-o", "json")) == []
