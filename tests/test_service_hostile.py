@@ -3,6 +3,7 @@
 bodies are refused before they are read; names with terminal escapes reach the log escaped."""
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import ssl
@@ -274,3 +275,24 @@ def test_a_jobs_fields_of_the_wrong_type_are_400s_naming_them(live: Live, code_i
     assert got.status_code == 400, got.text[:500]
     assert target in got.json()["error"].get("target", ""), got.json()
     assert "Traceback" not in live.log.read_text()[seen:]
+
+
+def test_only_so_many_bodies_are_held_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The bound on the bodies in memory: a request beyond the slots waits, then gets 503
+    ServerBusy; one without a body takes no slot."""
+    monkeypatch.setattr(bodies, "SLOT_WAIT", 0.2)
+    slots = bodies.Slots(1)
+    with_body = {"content-length": "10"}
+
+    async def scenario() -> tuple[int, bool]:
+        async with slots.hold(with_body):
+            async with slots.hold({}):  # a GET: no slot needed
+                pass
+            try:
+                async with slots.hold({"transfer-encoding": "chunked"}):
+                    return 0, False
+            except bodies.ServiceError as exc:
+                busy = exc.status
+        async with slots.hold(with_body):  # released: free again
+            return busy, True
+    assert asyncio.run(scenario()) == (503, True)

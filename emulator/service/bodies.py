@@ -9,9 +9,12 @@ retried for 80 s), was enough to hold the service's memory or its workers.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.requests import Request
@@ -25,6 +28,12 @@ MLFLOW_LIMIT = 16 * MiB  # MLflow's log-batch is at most 1,000 metrics, 100 para
 # azureml-core's startrun carries the project's zip (its snapshot limit is 300 MB, but the SDK
 # refuses over it before sending, and the service refuses over this).
 UPLOAD_LIMIT = 320 * MiB
+# How many bodies of each kind the service holds at once (while read and while their route runs):
+# with the limits above, at most 32 x 4 MiB + 4 x 320 MiB + 8 x 16 MiB (1.5 GiB) of bodies, whatever
+# the clients send. A request that finds no slot within SLOT_WAIT seconds gets Azure's 503 ServerBusy
+# (the SDKs retry it).
+JSON_SLOTS, UPLOAD_SLOTS, MLFLOW_SLOTS = 32, 4, 8
+SLOT_WAIT = 30.0
 MAX_DEPTH = 64  # nesting of a JSON body: Azure ML's deepest (a pipeline's) is under 20
 NAME_LIMIT, PATH_LIMIT = 260, 1024  # ARM's longest resource name; Azure Blob's longest blob name
 PATH_PARAMS = frozenset({"blob", "path"})
@@ -55,6 +64,31 @@ def check_params(params: dict[str, str], query: dict[str, str]) -> None:
     for key, value in query.items():
         if _CONTROL.search(value) or _CONTROL.search(key):
             raise bad_request(printable(key), f"query parameter {printable(key)} has a control character")
+
+
+class Slots:
+    """A bounded number of bodies held at once (see JSON_SLOTS)."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self._free: asyncio.Semaphore | None = None  # made in the server's event loop, on first use
+
+    @asynccontextmanager
+    async def hold(self, headers: dict[str, str]) -> AsyncIterator[None]:
+        """A slot while the request's body is read and handled; none for a request without one."""
+        if headers.get("content-length", "0").strip() in ("", "0") and "transfer-encoding" not in headers:
+            yield
+            return
+        self._free = self._free or asyncio.Semaphore(self.count)
+        try:
+            await asyncio.wait_for(self._free.acquire(), SLOT_WAIT)
+        except TimeoutError:
+            raise ServiceError(503, "ServerBusy", f"body: {self.count} requests of this kind are being received; "
+                               "send it again", "body") from None
+        try:
+            yield
+        finally:
+            self._free.release()
 
 
 def too_large(limit: int) -> ServiceError:

@@ -22,7 +22,9 @@ from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error
 from amlemu.service.state import ServiceError, from_config_error, not_found
 
 
-def endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str, limit: int) -> Callable[[Request], Any]:
+def endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str, limit: int,
+             slots: bodies.Slots) -> Callable[[Request], Any]:
+    """The route's ASGI endpoint: bodies up to `limit`, at most `slots` of them held at once."""
     async def serve(request: Request) -> Response:
         headers = {k.lower(): v for k, v in request.headers.items()}
         call = Call(ctx, request.method, request.url.path, dict(request.path_params), dict(request.query_params),
@@ -31,21 +33,36 @@ def endpoint(ctx: Context, fn: Callable[[Call], Reply], auth: bool | str, limit:
         reply = _refusal(call, limit) or await run_in_threadpool(_admit, call, auth)
         if reply is None:
             try:
-                call.raw = await bodies.read(request, limit)
-                if call.raw and "json" in headers.get("content-type", ""):
-                    call.body = bodies.parse_json(call.raw)
-                else:
-                    call.body = call.raw or None  # blob content stays bytes even when it is a .json file
+                async with slots.hold(headers):
+                    reply = await _read_and_handle(request, call, fn, limit)
             except ServiceError as exc:
                 reply = Reply(exc.status, exc.body())
-        if ctx.on_request is not None:  # every request, refused ones too (their body unread: None)
-            ctx.on_request(call.method, call.path, call.query, call.body,
-                           {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
-        if reply is None:
-            reply = await run_in_threadpool(_handle, call, fn)
+        else:
+            _seen(call, request)
         ctx.log(f"{call.method} {call.path} {reply.status}")
         return _response(reply, call.method)
     return serve
+
+
+async def _read_and_handle(request: Request, call: Call, fn: Callable[[Call], Reply], limit: int) -> Reply:
+    try:
+        call.raw = await bodies.read(request, limit)
+        if call.raw and "json" in call.headers.get("content-type", ""):
+            call.body = bodies.parse_json(call.raw)
+        else:
+            call.body = call.raw or None  # blob content stays bytes even when it is a .json file
+    except ServiceError:
+        _seen(call, request)
+        raise
+    _seen(call, request)
+    return await run_in_threadpool(_handle, call, fn)
+
+
+def _seen(call: Call, request: Request) -> None:
+    """The Context's on_request hook: every request, refused ones too (their body unread: None)."""
+    if call.ctx.on_request is not None:
+        call.ctx.on_request(call.method, call.path, call.query, call.body,
+                            {k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS})
 
 
 def _refusal(call: Call, limit: int) -> Reply | None:

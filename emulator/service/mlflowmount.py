@@ -127,6 +127,7 @@ class MlflowMount:
     def __init__(self, home_root: Path) -> None:
         self.home_root = home_root
         self.ctx: Context | None = None
+        self.slots = bodies.Slots(bodies.MLFLOW_SLOTS)
 
     def bind(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -193,6 +194,17 @@ class MlflowMount:
             return
         request = Request(scope, receive)
         path = scope["path"][len(MOUNT):] if scope["path"].startswith(MOUNT) else scope["path"]
+        try:
+            async with self.slots.hold({k.lower(): v for k, v in request.headers.items()}):
+                response = await self._respond(request, path)
+        except ServiceError as exc:
+            response = Response(json.dumps(exc.body()).encode(), exc.status,
+                                {"Content-Type": "application/json; charset=utf-8"})
+        self.ctx.log(f"{request.method} {MOUNT}{path} {response.status_code}")  # never the query or a header
+        await response(scope, receive, send)
+
+    async def _respond(self, request: Request, path: str) -> Response:
+        assert self.ctx is not None
         admitted = await self._admit(request, path)
         if isinstance(admitted, Reply):
             response = Response(json.dumps(admitted.body).encode(), admitted.status,
@@ -209,5 +221,4 @@ class MlflowMount:
                     ServiceError(500, "InternalServerError", "the MLflow server failed; see the service's log").body()
                 ).encode()
             response = Response(data, status, dict(headers))
-        self.ctx.log(f"{request.method} {MOUNT}{path} {response.status_code}")  # never the query or a header
-        await response(scope, receive, send)
+        return response

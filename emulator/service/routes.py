@@ -295,6 +295,8 @@ UPLOADS = frozenset({blob, datablobs.read_blob, v1online.upload, v1routes.start_
 def build_app(ctx: Context, extra_routes: list[Route] | None = None) -> Any:
     """The service's ASGI app; `extra_routes` (the studio page, under /studio) come first: the blob
     routes' `/{account}/{container}/...` would take their paths otherwise."""
-    routes = [Route(path, endpoint.endpoint(ctx, fn, auth, bodies.UPLOAD_LIMIT if fn in UPLOADS else bodies.JSON_LIMIT),
+    json_slots, upload_slots = bodies.Slots(bodies.JSON_SLOTS), bodies.Slots(bodies.UPLOAD_SLOTS)
+    routes = [Route(path, endpoint.endpoint(ctx, fn, auth, *((bodies.UPLOAD_LIMIT, upload_slots) if fn in UPLOADS
+                                                             else (bodies.JSON_LIMIT, json_slots))),
                     methods=methods.split("|")) for methods, path, fn, auth in ROUTES]
     return endpoint.single_slashes(linkguard.link_guard(Starlette(routes=[*(extra_routes or []), *routes]), ctx))
