@@ -58,7 +58,9 @@ def encode(key: bytes, seconds: int, audience: str = "", **extra: Any) -> tuple[
 def decode(key: bytes, token: str) -> dict[str, Any] | None:
     """The claims of a token this key signed that has not expired, else None."""
     parts = token.split(".")
-    if len(parts) != 3 or parts[0] != _HEADER or not hmac.compare_digest(parts[2], _mac(key, f"{parts[0]}.{parts[1]}")):
+    # Bytes, not str: compare_digest raises a TypeError on a str with non-ASCII characters.
+    if len(parts) != 3 or parts[0] != _HEADER or not hmac.compare_digest(
+            parts[2].encode(errors="surrogateescape"), _mac(key, f"{parts[0]}.{parts[1]}").encode()):
         return None
     try:
         claims = json.loads(_unb64(parts[1]))

@@ -17,6 +17,7 @@ import psutil
 import pytest
 import requests
 
+from amlemu import servicekeys
 from amlemu import servicefile
 from amlemu.api import Emulator
 from amlemu.cli.serve import render_env
@@ -86,7 +87,9 @@ WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/amlemu
 # --- the protocol ----------------------------------------------------------------------------------
 def test_a_request_without_the_services_token_gets_arms_401(live: tuple[str, dict[str, str], Path]) -> None:
     url, bearer, ca = live
-    for headers in ({}, {"Authorization": "Bearer amlemu.9999999999.00.forged"}):
+    shaped, _ = servicekeys.encode(b"another key" * 3, 60)  # a JWT of the right shape, another key's
+    for headers in ({}, {"Authorization": "Bearer amlemu.9999999999.00.forged"},
+                    {"Authorization": f"Bearer {shaped[:-1]}\u00e9"}):  # non-ASCII: once a TypeError, a 500
         refused = requests.get(url + WS + "/jobs", headers=headers, verify=ca, timeout=10)
         assert refused.status_code == 401
         assert refused.json()["error"]["code"] == "InvalidAuthenticationToken"
