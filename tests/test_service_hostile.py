@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import socket
 import ssl
 import time
@@ -22,7 +23,7 @@ from amlemu.service.auth import Auth
 from amlemu.service.emustate import EmulatorState
 from amlemu.service.mlflowmount import MlflowMount
 from amlemu.service.routes import Context
-from amlemu.service.server import file_logger, run_in_thread
+from amlemu.service.server import LogHandler, file_logger, run_in_thread
 
 WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/amlemu-rg/providers"
       "/Microsoft.MachineLearningServices/workspaces/amlemu-ws")
@@ -296,3 +297,20 @@ def test_only_so_many_bodies_are_held_at_once(monkeypatch: pytest.MonkeyPatch) -
         async with slots.hold(with_body):  # released: free again
             return busy, True
     assert asyncio.run(scenario()) == (503, True)
+
+
+def test_uvicorns_own_errors_reach_the_log_escaped(tmp_path: Path) -> None:
+    log = tmp_path / "service.log"
+    logger = logging.getLogger("amlemu-test-uvicorn")
+    handler = LogHandler(file_logger(log))
+    logger.addHandler(handler)
+    try:
+        try:
+            raise ValueError("bad path /a\x1b]0;title\x07")
+        except ValueError:
+            logger.exception("Exception in ASGI application")
+    finally:
+        logger.removeHandler(handler)
+    text = log.read_text()
+    assert "Exception in ASGI application" in text and "Traceback" in text
+    assert "\x1b" not in text and "\\x1b]0;title\\x07" in text

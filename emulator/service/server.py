@@ -134,6 +134,19 @@ def file_logger(path: Path) -> Callable[[str], None]:
     return log
 
 
+class LogHandler(logging.Handler):
+    """Python logging's records (uvicorn's: an exception in a route, with what the client sent in
+    it) into the service's log, a line at a time, escaped as the log's own lines are."""
+
+    def __init__(self, log: Callable[[str], None]) -> None:
+        super().__init__(logging.WARNING)
+        self.write = log
+
+    def emit(self, record: logging.LogRecord) -> None:
+        for line in self.format(record).splitlines():
+            self.write(line)
+
+
 class _Stopped(Exception):
     pass
 
@@ -157,21 +170,25 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
     auth = Auth.load_or_create(folder / "secrets.json")
     log = file_logger(folder / "service.log")
     sock = servicefile.bind(host, port)
+    link = servicefile.bind(LOOPBACK, 0)  # runs' links relay here: what arrives is a job's (routes.link_guard)
     url = f"https://{f'[{names[0]}]' if ':' in names[0] else names[0]}:{sock.getsockname()[1]}"
     ctx = make_ctx(auth, log)
     ctx.url = url
+    ctx.link_port = link.getsockname()[1]
     logging.getLogger("uvicorn.error").setLevel(logging.WARNING)
+    logging.getLogger("uvicorn").addHandler(LogHandler(log))  # its errors, escaped, in the service's log
     server = uvicorn.Server(_config(build_app(ctx, extra_routes), files))
     me = psutil.Process()
     servicefile.write_state(home_root, servicefile.ServiceState(os.getpid(), url, host, sock.getsockname()[1],
-                                                                time.time(), me.create_time(), str(home_root), remote))
+                                                                time.time(), me.create_time(), str(home_root), remote,
+                                                                ctx.link_port))
     log(f"serving {url} (pid {os.getpid()})")
     announce(url)
     # uvicorn turns SIGINT/SIGTERM into a graceful exit, then raises the signal again for the
     # handler it found: ours ends this function through its `finally`, not the process mid-way.
     previous = {sig: signal.signal(sig, _stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=[sock])
+        server.run(sockets=[sock, link])
     except _Stopped:
         pass
     finally:
