@@ -122,6 +122,7 @@ CASES = [
     ("resolved URIs values a string", "POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris",
      {"json": {"values": "abc"}}, 400, "values"),
     ("blob name with a NUL", "GET", BLOB + "/a%00b", {}, 400, "blob"),
+    ("blob path of 300 segments", "GET", BLOB + "/a" * 300, {}, 400, "blob"),
     ("blob path climbing out", "PUT", BLOB + "/x/..%2f..%2fevil", {"data": b"x"}, 400, "blob"),
     ("block path climbing out", "PUT", BLOB + "/..%2fevil?comp=block&blockid=QQ==", {"data": b"x"}, 400, "blob"),
     ("block id of 5000 characters", "PUT", BLOB + "/big.bin?comp=block&blockid=" + "Q" * 5000, {"data": b"x"},

@@ -37,6 +37,7 @@ SLOT_WAIT = 30.0
 MAX_DEPTH = 64  # nesting of a JSON body: Azure ML's deepest (a pipeline's) is under 20
 NAME_LIMIT, PATH_LIMIT = 260, 1024  # ARM's longest resource name; Azure Blob's longest blob name
 PATH_PARAMS = frozenset({"blob", "path"})
+MAX_SEGMENTS = 254  # of a blob name, as Azure Blob allows
 # C0 and C1 controls and DEL: never in an Azure name, and a NUL held a worker for 80 s at Azurite.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 # What a terminal or an editor acts on besides: bidi overrides and isolates, zero-width marks.
@@ -61,6 +62,8 @@ def check_params(params: dict[str, str], query: dict[str, str]) -> None:
             raise bad_request(key, f"{what} is {len(value)} characters; at most {limit} are allowed")
         if key in PATH_PARAMS and any(part in (".", "..") for part in value.split("/")):
             raise bad_request(key, f"{what} has a '.' or '..' segment; name the blob by its own path")
+        if key in PATH_PARAMS and value.count("/") >= MAX_SEGMENTS:
+            raise bad_request(key, f"{what} has over {MAX_SEGMENTS} path segments, Azure Blob's most")
     for key, value in query.items():
         if _CONTROL.search(value) or _CONTROL.search(key):
             raise bad_request(printable(key), f"query parameter {printable(key)} has a control character")
