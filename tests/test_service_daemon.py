@@ -89,3 +89,17 @@ def test_a_ca_cut_short_stops_serve_with_one_line_naming_it(home: Path) -> None:
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "ca.pem" in lines[0] and "move ca.pem and ca-key.pem away" in lines[0], done.stderr
     assert "this is a bug" not in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_daemons_paths_do_not_depend_on_where_it_was_started(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from amlemu.service.server import _daemon_env  # noqa: PLC0415 - the one function under test
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("AMLEMU_CACHE", "cache")
+    monkeypatch.setenv("PYTHONPATH", f"src{os.pathsep}{os.pathsep}/abs")
+    monkeypatch.setenv("AMLEMU_DEBUG", "1")
+    env = _daemon_env()
+    assert env["AMLEMU_CACHE"] == str(tmp_path / "cache")
+    assert env["PYTHONPATH"] == f"{tmp_path / 'src'}{os.pathsep}{os.pathsep}/abs"
+    assert "AMLEMU_DEBUG" not in env and "PWD" not in env

@@ -225,12 +225,14 @@ def start_background(home_root: Path, port: int, timeout: float = READY_TIMEOUT)
 
 
 def _daemon_env() -> dict[str, str]:
-    """This command's environment for the service, less its debug switches; PYTHONPATH and the
-    like made absolute, as they would otherwise name folders relative to where it was started."""
+    """This command's environment for the service, less its debug switches; the paths it reads
+    (PYTHONPATH, amlemu's caches, the uv it may run) made absolute, as they would otherwise name
+    folders relative to where it was started, not to `/`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMLEMU_DEBUG") and k != "PWD"}
-    for key in ("PYTHONPATH", "VIRTUAL_ENV"):
+    for key in ("PYTHONPATH", "VIRTUAL_ENV", "AMLEMU_CACHE", "AMLEMU_ENV_CACHE", "AMLEMU_UV", "XDG_CACHE_HOME"):
         if env.get(key):
-            env[key] = os.pathsep.join(str(Path(p).resolve()) if p else p for p in env[key].split(os.pathsep))
+            env[key] = os.pathsep.join(str(Path(p).expanduser().resolve()) if p else p
+                                       for p in env[key].split(os.pathsep))
     return env
 
 
