@@ -387,9 +387,9 @@ def main(argv: list[str] | None = None) -> int:
     home_root, run_id = (sys.argv[1:] if argv is None else argv)[:2]
     # `kill -USR1 <supervisor_pid>`: every thread's stack into system_logs/supervisor.txt (a stuck run)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    # Before any thread or connection exists (a clean fork); its pipe stays open until this process exits.
-    watchdog.start(home_root, run_id)
+    guard = watchdog.start(home_root, run_id)  # before any thread or connection exists: a clean fork
     Supervisor(Home.at(home_root), run_id).run()
+    watchdog.dismiss(guard)  # not reached when this process is killed or crashes: the watchdog then acts
     return 0
 
 
