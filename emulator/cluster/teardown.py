@@ -6,6 +6,7 @@ out with `execute`: `amlemu compute delete|cleanup --dry-run` print exactly thes
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -147,12 +148,14 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
     command line (`python -m amlemu.runs.supervisor <home> <run id>`, each leading its own process
     group: exactly that, never a looser match), nodes and networks found as reap finds them
     (Docker labels, process nodes' folders), and Azurite."""
-    supervisors = [Action("stop", "process group", str(p.info["pid"]), {"run": (p.info["cmdline"] or [""])[-1],
-                                                                       "role": "supervisor"},
-                          run=functools.partial(_kill_group, p.info["pid"]))
-                   for p in psutil.process_iter(["pid", "cmdline"])
-                   if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"]
-                   and p.info["pid"] != os.getpid()]
+    groups: dict[int, str] = {}  # a supervisor's group; its watchdog (same command line) is in it
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"] \
+                and p.info["pid"] != os.getpid():
+            with contextlib.suppress(ProcessLookupError):
+                groups.setdefault(os.getpgid(p.info["pid"]), p.info["cmdline"][-1])
+    supervisors = [Action("stop", "process group", str(pgid), {"run": run, "role": "supervisor"},
+                          run=functools.partial(_kill_group, pgid)) for pgid, run in sorted(groups.items())]
     return (plan_stop_service(home) + supervisors + plan_reap_nodes(home, all_homes)
             + plan_stop_azurite(Azurite(home.root, cache)))
 
