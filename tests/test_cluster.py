@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import docker
@@ -290,8 +291,10 @@ def test_cancel_while_preparing_never_starts_the_job(emu: Emulator, cluster, mak
 
 
 KEEPS_OUTPUTS = """
-import os, socket, time
+import os, socket, sys, time
 os.makedirs("outputs", exist_ok=True)
+with open(os.path.join(sys.argv[1], f"{socket.gethostname()}.bin"), "w") as out:
+    out.write("bound to a datastore")
 with open(f"outputs/{socket.gethostname()}.txt", "w") as out:
     out.write("written before the supervisor died")
 with open(f"logs/{socket.gethostname()}.log", "w") as out:
@@ -304,10 +307,12 @@ while True:
 
 def test_a_dead_supervisors_run_is_recovered_at_once_keeping_its_outputs(emu: Emulator, cluster, make_job) -> None:
     """SIGKILL of a run's supervisor: its watchdog, with no CLI call, stops the job, collects both
-    nodes' ./outputs and ./logs into the run's record, removes the nodes and fails the run with
-    the supervisor's last words; then nothing of the run is left running."""
+    nodes' ./outputs and ./logs into the run's record, uploads its datastore-bound output, removes
+    the nodes and fails the run with the supervisor's last words; then nothing of the run is left."""
     cluster()
-    job = make_job(KEEPS_OUTPUTS, nodes=2)
+    model = f"azureml://datastores/workspaceblobstore/paths/killed/{uuid.uuid4().hex[:8]}"
+    job = make_job(KEEPS_OUTPUTS, nodes=2, extra=f"outputs:\n  model: {{path: {model}, mode: upload}}\n",
+                   args="${{outputs.model}}")
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), STARTUP, "both ranks started")
     with open(run.dir / "system_logs" / "supervisor.txt", "a") as log:  # what a crash would have printed last
@@ -320,6 +325,8 @@ def test_a_dead_supervisors_run_is_recovered_at_once_keeping_its_outputs(emu: Em
     for node in ("c1-node-0", "c1-node-1"):
         assert (run.outputs / f"{node}.txt").read_text() == "written before the supervisor died"
         assert (run.dir / "logs" / f"{node}.log").read_text() == "the job's own log"
+    assert sorted(path for path, _ in emu.datastores.ls(model)) == [f"{model.split('/paths/')[1]}/{node}.bin"
+                                                                     for node in ("c1-node-0", "c1-node-1")]
     assert job_processes(job.parent.name) == []
     assert emu.store.nodes("c1") == [] and emu_nodes(emu) == []  # nobody is left to scale them down
     wait_until(lambda: not [p for p in psutil.process_iter(["cmdline"]) if run.id in (p.info["cmdline"] or [])],

@@ -1,8 +1,8 @@
 """A run whose supervisor died (SIGKILL, a crash, the machine restarted): what its supervisor would
 have done at the end, done by whoever notices first (the run's watchdog at once, else the next CLI
 call's reconcile). The job's processes are stopped, its ./outputs and ./logs collected from its
-nodes' disks into the run's record, its nodes removed (no supervisor is left to scale them down),
-and the run Failed with the supervisor's last words.
+nodes' disks into the run's record, its datastore-bound outputs uploaded, its nodes removed (no
+supervisor is left to scale them down), and the run Failed with the supervisor's last words.
 """
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ from amlemu.cluster import allocation as autoscale
 from amlemu.cluster.store import RunRecord, Store
 from amlemu.cluster.teardown import ours
 from amlemu.errors import AmlEmuError
-from amlemu.home import Home
+from amlemu.home import Home, default_cache
+from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.runs import homestore, rundisk
+from amlemu.runs.mounts import RunData
 from amlemu.runs.runlogs import tail
 from amlemu.specs import RunStatus
+from amlemu.storage.datastores import Datastores
+from amlemu.storage.nodecache import policy_from_env
 
 DIED = "the emulator process supervising this run died; the run was stopped and its nodes removed"
 
@@ -70,5 +74,19 @@ def _collect_and_release(home: Home, store: Store, record: RunRecord, log) -> No
             rundisk.collect(request.node_dir, request.name, record.id, home.run_dir(record.id), log)
         except (AmlEmuError, OSError) as exc:  # a node gone or unreadable: the others are still collected
             log(f"warning: {request.name}: {type(exc).__name__}: {exc}")
+    _upload_outputs(home, store, record, requests, log)
     for node in autoscale.release(store, record.cluster, record.id, dead=set(record.nodes)):
         backend.remove_node(autoscale.node_request(home, cluster.spec, node.idx, host_gpus=()))
+
+
+def _upload_outputs(home: Home, store: Store, record: RunRecord, requests: list, log) -> None:  # type: ignore[no-untyped-def]
+    """Outputs bound to a datastore (upload, rw_mount) go there, as the supervisor's end would send them."""
+    if not requests:
+        return
+    try:
+        job = job_from_record(record.job)
+        policy, _ = policy_from_env(job.environment_variables, job_start=time.time())
+        data = RunData(Datastores(store, home.root, default_cache()), job, record.id, policy, log)
+        data.upload_outputs({r.name: r.node_dir for r in requests})
+    except AmlEmuError as exc:  # its outputs in the run's record are kept all the same
+        log(f"error: uploading the outputs failed: {exc}")
