@@ -81,6 +81,7 @@ def test_cleanup_unmounts_a_node_disk_it_has_no_record_of(emu: Emulator) -> None
     node_dir = emu.home.node_dir("c9", "c9-node-0")
     nodedisk.attach(node_dir, 40 * MIB)
     assert os.path.ismount(node_dir) and _loops_of(emu.home.root)
+    assert node_dir in nodedisk.every_home_disk()  # what `cleanup --all-homes` finds (not run here: others' homes)
     plan = emu.plan_cleanup()
     assert [(a.verb, a.what, a.name) for a in plan if a.what == "node disk"] == [("unmount", "node disk", str(node_dir))]
     emu.cleanup()

@@ -103,15 +103,38 @@ def detach(node_dir: Path) -> None:
     image_path(node_dir).unlink(missing_ok=True)
 
 
-def mounted_under(folder: Path) -> list[Path]:
-    """Mount points at or under `folder` (this machine's mount table), deepest first."""
+def _mounts() -> list[tuple[Path, str]]:
+    """(mount point, source) of this machine's mount table."""
     try:
         table = Path("/proc/self/mountinfo").read_text()
     except OSError:
         return []
-    # Field 5 is the mount point, with space, tab, newline and backslash written as octal escapes.
-    points = {Path(line.split()[4].encode().decode("unicode_escape")) for line in table.splitlines() if line}
-    return sorted((p for p in points if p == folder or folder in p.parents), key=lambda p: -len(p.parts))
+    # Field 5 is the mount point (space, tab, newline, backslash as octal escapes); the source
+    # follows the " - " separator and the file system type.
+    return [(Path(line.split()[4].encode().decode("unicode_escape")), line.split(" - ", 1)[1].split()[1])
+            for line in table.splitlines() if " - " in line]
+
+
+def mounted_under(folder: Path) -> list[Path]:
+    """Mount points at or under `folder`, deepest first."""
+    points = {p for p, _ in _mounts() if p == folder or folder in p.parents}
+    return sorted(points, key=lambda p: -len(p.parts))
+
+
+def every_home_disk() -> list[Path]:
+    """The node disks of every home on this machine (`cleanup --all-homes`): loop mounts whose
+    image is a <home>/node-disks/<cluster>/<node>.ext4 of a node folder <home>/nodes/<cluster>/<node>."""
+    found = []
+    for point, source in _mounts():
+        if not source.startswith("/dev/loop"):
+            continue
+        try:
+            backing = Path(Path(f"/sys/block/{Path(source).name}/loop/backing_file").read_text().strip())
+        except OSError:
+            continue
+        if len(point.parts) > 3 and backing == image_path(point):  # exactly the layout nodedisk makes
+            found.append(point)
+    return found
 
 
 def detach_all(folder: Path) -> int:

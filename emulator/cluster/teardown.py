@@ -102,14 +102,15 @@ def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:
     """Every node and network of the home (of every home: all_homes), on every usable backend;
     then every node disk still mounted in the home (a node whose record was lost)."""
     return [a for name in BACKENDS if backend_class(name).available()[0]
-            for a in get_backend(name, home).plan_reap(all_homes)] + plan_release_disks(home.root / "nodes")
+            for a in get_backend(name, home).plan_reap(all_homes)] + plan_release_disks(home.root / "nodes", all_homes)
 
 
-def plan_release_disks(folder: Path) -> list[Action]:
-    """The node disks mounted under `folder`, unmounted (their loop devices freed) and their images removed."""
+def plan_release_disks(folder: Path, all_homes: bool = False) -> list[Action]:
+    """The node disks mounted under `folder` (all_homes: every home's), unmounted (their loop
+    devices freed) and their images removed."""
+    points = nodedisk.every_home_disk() if all_homes else nodedisk.mounted_under(folder)
     return [Action("unmount", "node disk", str(point), {"image": str(nodedisk.image_path(point))},
-                   run=functools.partial(nodedisk.detach, point))
-            for point in nodedisk.mounted_under(folder)]
+                   run=functools.partial(nodedisk.detach, point)) for point in points]
 
 
 def plan_stop_azurite(azurite: Azurite) -> list[Action]:
