@@ -15,7 +15,9 @@ detaches every disk mounted under the folders it removes (mounted_under).
 """
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -30,11 +32,17 @@ MIN_BYTES = 32 << 20  # ext4 and the run's folder (snapshot, MLflow store) need 
 # background: the image's real size stays a few MiB until the job writes.
 MKFS = ("mkfs.ext4", "-q", "-F", "-m", "0", "-O", "^has_journal", "-E", "nodiscard,lazy_itable_init=1")
 MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
+CAP_SYS_ADMIN = 21
 
 
+@functools.cache
 def limited() -> bool:
-    """Whether node disks are file systems of their own here (mounting needs root)."""
-    return os.geteuid() == 0 and shutil.which(MKFS[0]) is not None
+    """Whether node disks can be file systems of their own here: mounting needs root with
+    CAP_SYS_ADMIN (a container's root may lack it) and loop devices."""
+    if os.geteuid() != 0 or shutil.which(MKFS[0]) is None or not os.path.exists("/dev/loop-control"):
+        return False
+    found = re.search(r"^CapEff:\s*([0-9a-f]+)$", Path("/proc/self/status").read_text(), re.MULTILINE)
+    return bool(found and int(found.group(1), 16) & (1 << CAP_SYS_ADMIN))
 
 
 def _setting() -> float:
@@ -54,8 +62,8 @@ def size(sku_bytes: int, home_root: Path) -> tuple[int | None, str | None]:
     the VM size's own."""
     setting = _setting()
     if not limited():
-        return None, ("a node's local disk has no size limit here (it is a file system of its own only as root): "
-                      "a job can fill the home's file system")
+        return None, ("a node's local disk has no size limit here (a file system of its own needs root with "
+                      "CAP_SYS_ADMIN and loop devices): a job can fill the home's file system")
     if setting == 0:
         return None, f"{SETTING}=0: a node's local disk has no size limit; a job can fill the home's file system"
     sku_bytes = sku_bytes or int(setting * GIB)
@@ -148,4 +156,5 @@ def detach_all(folder: Path) -> int:
 def _run(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BackendError(f"a node's disk: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}")
+        raise BackendError(f"a node's disk: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}; "
+                           f"{SETTING}=0 makes node disks plain folders (no size limit)")
