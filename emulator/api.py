@@ -20,7 +20,7 @@ from typing import Any, TextIO
 
 from amlemu import statefile
 from amlemu.actions import Action, execute
-from amlemu.backends import get_backend, resolve_backend
+from amlemu.backends import get_backend, nodedisk, resolve_backend
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster import teardown
 from amlemu.cluster.faults import FaultInjector
@@ -262,12 +262,12 @@ class Emulator:
         requests = [autoscale.node_request(self.home, cluster.spec, i, job.image, shm_bytes=job.shm_bytes)
                     for i in range(job.instance_count)]
         node_plans = [backend.plan_node(r) for r in requests]
-        note = node_plans[0].get("image_note")
+        note, disk_note = node_plans[0].get("image_note"), nodedisk.size(requests[0].disk_bytes, self.home.root)[1]
         notices = planned_notices(job.environment, job.environment_def, self.store.environment)
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
                            [f"<address of {r.name}>" for r in requests], self.workspace(),
                            base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
-                           as_root=os.geteuid() == 0, notices=(*notices, *((note,) if note else ())),
+                           as_root=os.geteuid() == 0, notices=(*notices, *(n for n in (note, disk_note) if n)),
                            launch_prefix=backend.launch_prefix(cluster.spec.name))
         return {**plan.to_dict(), "nodes": node_plans}
 
