@@ -262,7 +262,7 @@ class Emulator:
         requests = [autoscale.node_request(self.home, cluster.spec, i, job.image, shm_bytes=job.shm_bytes)
                     for i in range(job.instance_count)]
         node_plans = [backend.plan_node(r) for r in requests]
-        note, disk_note = node_plans[0].get("image_note"), nodedisk.size(requests[0].disk_bytes, self.home.root)[1]
+        note, disk_note = node_plans[0].get("image_note"), nodedisk.size(requests[0].disk_bytes)[1]
         notices = planned_notices(job.environment, job.environment_def, self.store.environment)
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
                            [f"<address of {r.name}>" for r in requests], self.workspace(),

@@ -24,6 +24,7 @@ from conftest import commands
 from test_hostile_input import corrupt_db
 
 from amlemu.api import Emulator
+from amlemu.backends import nodedisk
 from amlemu.cli import cli
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.storage.azurite import SHARED_ENV
@@ -273,7 +274,7 @@ def test_the_human_form_is_a_line_per_action(world: World) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "dry run: 6 action(s), none taken"
     assert f"  remove container {world.container('dk')} (node dk-node-0)" in lines
-    assert f"  remove folder {world.emu.home.root}/node-disks/dk" in lines  # its node's disk image's folder
+    assert f"  remove folder {nodedisk.images_dir(world.emu.home.root, 'dk')}" in lines  # its node disk's image's folder
     assert f"  remove network amlemu-{world.emu.home.id}-dk" in lines
 
 

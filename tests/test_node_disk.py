@@ -19,6 +19,7 @@ from amlemu.api import Emulator
 from amlemu.backends import nodedisk
 from amlemu.cluster.store import Store
 from amlemu.errors import ConfigError
+from amlemu.home import Home
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import load_job
 from amlemu.runs.supervisor import Supervisor
@@ -45,9 +46,10 @@ except OSError as exc:
 
 
 def _loops_of(home: Path) -> list[str]:
+    """The loop devices backed by this home's images (kept outside the home: nodedisk.IMAGE_ROOT)."""
     listed = subprocess.run(["losetup", "--list", "--noheadings", "--output", "BACK-FILE"], capture_output=True,
                             text=True, check=True).stdout
-    return [line for line in listed.splitlines() if str(home) in line]
+    return [line for line in listed.splitlines() if str(nodedisk.IMAGE_ROOT / Home(home).id) in line]
 
 
 def test_a_job_that_fills_its_node_disk_fails_alone_keeping_its_exit_code(
@@ -72,7 +74,7 @@ def test_a_job_that_fills_its_node_disk_fails_alone_keeping_its_exit_code(
     assert not (run.dir / "filler.bin").exists()
     emu.cleanup()
     assert nodedisk.mounted_under(emu.home.root) == [] and _loops_of(emu.home.root) == []
-    assert not (emu.home.root / "node-disks").exists()
+    assert not (nodedisk.IMAGE_ROOT / emu.home.id).exists()  # the images went with their disks
 
 
 @pytest.mark.parametrize("backend", ["docker"], indirect=True)
@@ -95,22 +97,22 @@ def test_node_disk_size_follows_the_vm_size_the_setting_and_free_space(tmp_path:
     monkeypatch.delenv(nodedisk.SETTING, raising=False)
     monkeypatch.setattr(nodedisk, "limited", lambda: True)
     monkeypatch.setattr(nodedisk.shutil, "disk_usage", lambda _: SimpleNamespace(free=1000 * gib))
-    assert nodedisk.size(14 * gib, tmp_path) == (10 * gib, "a node's local disk is 10 GiB (the VM size's is 14 GiB), "
+    assert nodedisk.size(14 * gib) == (10 * gib, "a node's local disk is 10 GiB (the VM size's is 14 GiB), "
                                                  f"capped by {nodedisk.SETTING}=10")
     monkeypatch.setenv(nodedisk.SETTING, "100")
-    assert nodedisk.size(14 * gib, tmp_path) == (14 * gib, None)  # the VM size's own
+    assert nodedisk.size(14 * gib) == (14 * gib, None)  # the VM size's own
     monkeypatch.setattr(nodedisk.shutil, "disk_usage", lambda _: SimpleNamespace(free=8 * gib))
-    size, notice = nodedisk.size(14 * gib, tmp_path)
-    assert size == 4 * gib and notice.endswith("capped by half the home's free space")
+    size, notice = nodedisk.size(14 * gib)
+    assert size == 4 * gib and notice.endswith(f"capped by half the free space where node disks are kept ({nodedisk.IMAGE_ROOT})")
     monkeypatch.setenv(nodedisk.SETTING, "0")
-    assert nodedisk.size(14 * gib, tmp_path)[0] is None
+    assert nodedisk.size(14 * gib)[0] is None
     for bad in ("ten", "-1", "nan", "inf"):
         monkeypatch.setenv(nodedisk.SETTING, bad)
         with pytest.raises(ConfigError, match=nodedisk.SETTING):
-            nodedisk.size(14 * gib, tmp_path)
+            nodedisk.size(14 * gib)
     monkeypatch.setattr(nodedisk, "limited", lambda: False)
     monkeypatch.setenv(nodedisk.SETTING, "10")
-    size, notice = nodedisk.size(14 * gib, tmp_path)
+    size, notice = nodedisk.size(14 * gib)
     assert size is None and "no size limit" in notice
 
 

@@ -187,7 +187,7 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         plan = self.plan_node(request)
-        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes, self.home.root)[0])  # before the bind
+        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes)[0])  # before the bind
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._ensure_image(plan["image"])

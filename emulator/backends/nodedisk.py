@@ -3,11 +3,12 @@ of its own, the size of the VM size's local (temp) disk, so that a job that fill
 ENOSPC on its node, as on AmlCompute, instead of filling the home's file system (and with it the
 state database and every other run of the home).
 
-As root: a sparse file under <home>/node-disks/ formatted ext4 and loop-mounted at the node's
-folder (`mount -o loop` frees the loop device when the disk is unmounted). Both backends use it
+As root: a sparse file under IMAGE_ROOT/<home id>/ formatted ext4 and loop-mounted at the node's
+folder (not in the home: whatever copies or reads the home's files whole, a backup, a test, a
+`cp -r`, would write or read each image's full size, and the image keeps what the job deleted) (`mount -o loop` frees the loop device when the disk is unmounted). Both backends use it
 the same way: a docker node bind-mounts that folder, a process node's sandbox binds it. A job may
 write only as much as the disk holds, so its image never grows past that; its size is capped by
-AMLEMU_NODE_DISK_GB and by half the home's free space. As another user there is no limit (mounting
+AMLEMU_NODE_DISK_GB and by half the free space where the images are kept. As another user there is no limit (mounting
 needs root), and the notice says so.
 
 The mount is its own record: whatever removes a node (remove_node, a cluster's deletion, cleanup)
@@ -23,7 +24,9 @@ import subprocess
 from pathlib import Path
 
 from amlemu.errors import BackendError, ConfigError
+from amlemu.home import Home
 
+IMAGE_ROOT = Path("/var/tmp/amlemu/node-disks")  # <home id>/<cluster>/<node>.ext4 (root's: mounting needs root)
 SETTING = "AMLEMU_NODE_DISK_GB"
 DEFAULT_GB = 10.0
 GIB = 1024**3
@@ -57,7 +60,7 @@ def _setting() -> float:
     return value
 
 
-def size(sku_bytes: int, home_root: Path) -> tuple[int | None, str | None]:
+def size(sku_bytes: int) -> tuple[int | None, str | None]:
     """The node disk's size in bytes (None: no limit, a plain folder) and a notice when it is not
     the VM size's own."""
     setting = _setting()
@@ -67,11 +70,12 @@ def size(sku_bytes: int, home_root: Path) -> tuple[int | None, str | None]:
     if setting == 0:
         return None, f"{SETTING}=0: a node's local disk has no size limit; a job can fill the home's file system"
     sku_bytes = sku_bytes or int(setting * GIB)
-    half_free = shutil.disk_usage(home_root).free // 2
+    where = next(p for p in (IMAGE_ROOT, *IMAGE_ROOT.parents) if p.exists())
+    half_free = shutil.disk_usage(where).free // 2
     chosen = max(MIN_BYTES, min(sku_bytes, int(setting * GIB), half_free))
     if chosen >= sku_bytes:
         return chosen, None
-    why = f"{SETTING}={setting:g}" if int(setting * GIB) <= half_free else "half the home's free space"
+    why = f"{SETTING}={setting:g}" if int(setting * GIB) <= half_free else f"half the free space where node disks are kept ({IMAGE_ROOT})"
     return chosen, f"a node's local disk is {_gib(chosen)} (the VM size's is {_gib(sku_bytes)}), capped by {why}"
 
 
@@ -79,9 +83,14 @@ def _gib(n: int) -> str:
     return f"{n / GIB:.3g} GiB"
 
 
+def images_dir(home_root: Path, cluster: str) -> Path:
+    """Where the images of a cluster's node disks are kept: IMAGE_ROOT/<home id>/<cluster>."""
+    return IMAGE_ROOT / Home(home_root).id / cluster
+
+
 def image_path(node_dir: Path) -> Path:
-    """<home>/node-disks/<cluster>/<node>.ext4 for <home>/nodes/<cluster>/<node>."""
-    return node_dir.parents[2] / "node-disks" / node_dir.parent.name / f"{node_dir.name}.ext4"
+    """The image of the node disk mounted at <home>/nodes/<cluster>/<node>."""
+    return images_dir(node_dir.parents[2], node_dir.parent.name) / f"{node_dir.name}.ext4"
 
 
 def attach(node_dir: Path, disk_bytes: int | None) -> None:
@@ -108,7 +117,13 @@ def detach(node_dir: Path) -> None:
         # Lazily when busy (a sandbox being torn down): the loop device is freed with its last user.
         if subprocess.run(["umount", str(node_dir)], capture_output=True).returncode != 0:
             _run(["umount", "--lazy", str(node_dir)])
-    image_path(node_dir).unlink(missing_ok=True)
+    image = image_path(node_dir)
+    image.unlink(missing_ok=True)
+    for folder in (image.parent, image.parent.parent):  # the cluster's and the home's, once empty
+        try:
+            folder.rmdir()
+        except OSError:
+            break
 
 
 def _mounts() -> list[tuple[Path, str]]:
@@ -131,7 +146,7 @@ def mounted_under(folder: Path) -> list[Path]:
 
 def every_home_disk() -> list[Path]:
     """The node disks of every home on this machine (`cleanup --all-homes`): loop mounts whose
-    image is a <home>/node-disks/<cluster>/<node>.ext4 of a node folder <home>/nodes/<cluster>/<node>."""
+    image is the one image_path names for the node folder <home>/nodes/<cluster>/<node> they are on."""
     found = []
     for point, source in _mounts():
         if not source.startswith("/dev/loop"):

@@ -112,7 +112,7 @@ class ProcessBackend(NodeBackend):
 
     def create_node(self, request: NodeRequest) -> str:
         self.create_cluster(request.cluster)  # its network (a cluster made before namespaces had none)
-        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes, self.home.root)[0])
+        nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes)[0])
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
         state.mkdir(parents=True, exist_ok=True)
@@ -195,7 +195,8 @@ class ProcessBackend(NodeBackend):
     def remove_cluster(self, cluster: str) -> None:
         netns.remove(netns.RUNTIME_ROOT / self.home.id / cluster)
         nodedisk.detach_all(self.home.root / "nodes" / cluster)
-        for sub in ("nodes", "caches", "process-nodes", "node-disks"):
+        shutil.rmtree(nodedisk.images_dir(self.home.root, cluster), ignore_errors=True)
+        for sub in ("nodes", "caches", "process-nodes"):
             shutil.rmtree(self.home.root / sub / cluster, ignore_errors=True)
 
     # --- dry runs ------------------------------------------------------------------------------

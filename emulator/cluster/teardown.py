@@ -27,9 +27,9 @@ from amlemu.home import PLAN_VARIABLE, Home
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
-# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy;
-# node-disks: the images of the nodes' disks (backends/nodedisk.py), unmounted by then.
-RUN_FOLDERS = ("nodes", "caches", "process-nodes", "node-disks", "runs", "mlflow", "mlflow-ui")
+# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy.
+# (The images of the nodes' disks are kept outside the home and go with their disks: backends/nodedisk.py.)
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui")
 # What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
 # REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
 SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")
@@ -94,8 +94,8 @@ def plan_delete_compute(home: Home, store: Store, name: str) -> list[Action]:
     disks = [a for a in plan_release_disks(home.root / "nodes" / name)
              if a.name not in {str(autoscale.node_request(home, cluster.spec, n.idx, host_gpus=()).node_dir)
                                  for n in nodes}]  # the others go with their nodes
-    return plan + disks + [_remove_folder(home.root / sub / name) for sub in ("nodes", "caches", "node-disks")
-                           if (home.root / sub / name).exists() and str(home.root / sub / name) not in listed]
+    folders = [home.root / sub / name for sub in ("nodes", "caches")] + [nodedisk.images_dir(home.root, name)]
+    return plan + disks + [_remove_folder(f) for f in folders if f.exists() and str(f) not in listed]
 
 
 def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:

@@ -117,7 +117,7 @@ class Supervisor:
             self.backend.remove_node(request)
             new.append(request)
         note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
-        disk_note = nodedisk.size(self.requests[0].disk_bytes, self.home.root)[1]
+        disk_note = nodedisk.size(self.requests[0].disk_bytes)[1]
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
             autoscale.create_nodes(self.store, self.backend, new)
