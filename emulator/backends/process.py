@@ -82,7 +82,8 @@ class ProcessBackend(NodeBackend):
         root): its nodes then share this machine's network."""
         return netns.RUNTIME_ROOT / self.home.id / cluster if netns.supported() else None
 
-    def create_cluster(self, cluster: str) -> None:
+    def _ensure_network(self, cluster: str) -> None:
+        """The cluster's namespace, made with its first node (a compute with no node holds none)."""
         if (path := self.network_path(cluster)) is not None:
             netns.create(path)
 
@@ -95,7 +96,7 @@ class ProcessBackend(NodeBackend):
         path = self.network_path(request.cluster)
         if path is None:
             return super().link_listener(request)
-        netns.create(path)  # a cluster made before namespaces: its network appears with its next run
+        netns.create(path)  # made with the nodes; again here for nodes made before namespaces were
         return netns.listen_in(path)
 
     def _network_note(self) -> str:
@@ -111,7 +112,7 @@ class ProcessBackend(NodeBackend):
                 "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; {self._network_note()}"}
 
     def create_node(self, request: NodeRequest) -> str:
-        self.create_cluster(request.cluster)  # its network (a cluster made before namespaces had none)
+        self._ensure_network(request.cluster)
         nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes)[0])
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
