@@ -24,6 +24,11 @@ from amlemu.envs import curated
 from amlemu.errors import ConfigError
 
 REF_RE = re.compile(r"^azureml:(?P<name>[A-Za-z0-9][\w.-]*)(?:@(?P<label>[\w.-]+)|:(?P<version>[\w.-]+))?$")
+# A registry's asset: azureml://registries/<registry>/environments/<name>/(versions/<v>|labels/<label>)
+REGISTRY_RE = re.compile(r"^azureml://registries/(?P<registry>[A-Za-z0-9][\w-]*)/environments/"
+                         r"(?P<name>[A-Za-z0-9][\w.-]*)(?:/versions/(?P<version>[\w.-]+)|/labels/(?P<label>[\w.-]+))?/?$")
+REF_FIX = ("write azureml:<name>@latest, azureml:<name>:<version>, or "
+           "azureml://registries/azureml/environments/<name>/labels/latest (or /versions/<version>)")
 # Conda packages that are not Python packages: the OS / native layer an image brings, not emulated.
 NATIVE = re.compile(r"^(cuda.*|cudatoolkit|cudnn|nccl|openmpi|mpich|gcc.*|gxx.*|libgcc.*|libstdcxx.*|_libgcc_mutex|"
                     r"_openmp_mutex|ca-certificates|openssl|mkl.*|blas|libblas|liblapack|intel-openmp|ld_impl.*|"
@@ -54,18 +59,37 @@ class ResolvedEnvironment:
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
-def parse_ref(ref: str) -> tuple[str, str | None] | None:
-    """`azureml:Name@latest` -> (Name, None); `azureml:Name:3` -> (Name, "3"); an image -> None."""
-    match = REF_RE.match(ref.strip())
+@dataclass(frozen=True)
+class EnvRef:
+    """An environment by reference: a workspace's (registry None) or a registry's."""
+
+    name: str
+    version: str | None = None  # None: the latest
+    registry: str | None = None
+
+    @property
+    def label(self) -> str:
+        if self.registry:
+            tail = f"versions/{self.version}" if self.version else "labels/latest"
+            return f"azureml://registries/{self.registry}/environments/{self.name}/{tail}"
+        return f"azureml:{self.name}" + (f":{self.version}" if self.version else "@latest")
+
+
+def parse_ref(ref: str) -> EnvRef | None:
+    """`azureml:Name@latest` -> EnvRef(Name); `azureml:Name:3` -> EnvRef(Name, "3");
+    `azureml://registries/R/environments/Name/labels/latest` -> EnvRef(Name, None, R); an image -> None."""
+    ref = ref.strip()
+    match = REF_RE.match(ref) or REGISTRY_RE.match(ref)
     if not match:
         if ref.startswith("azureml:"):
-            raise ConfigError("environment", f"'{ref}' is not an environment reference",
-                              "write azureml:<name>@latest or azureml:<name>:<version>")
+            raise ConfigError("environment", f"'{ref}' is not an environment reference", REF_FIX)
         return None
     label = match.group("label")
     if label and label != "latest":
-        raise ConfigError("environment", f"label '@{label}' is not supported", "use @latest or :<version>")
-    return match.group("name"), match.group("version")
+        raise ConfigError("environment", f"label '{label}' of {ref} is not supported",
+                          "use the label latest (@latest, /labels/latest) or a version")
+    registry = match.groupdict().get("registry")
+    return EnvRef(match.group("name"), match.group("version"), registry)
 
 
 def conda_requirement(spec: str) -> str | None:
@@ -186,20 +210,34 @@ def resolve(reference: str | None, definition: dict[str, Any] | None, registered
     parsed = parse_ref(reference)
     if parsed is None:
         return _inline({"image": reference}, reference, "image")
-    name, version = parsed
-    label = f"azureml:{name}" + (f":{version}" if version else "@latest")
-    found = registered(name, version)
-    if found is not None:
-        return _inline(found, label, "registered")
-    if curated.is_curated_name(name):
-        env = curated.lookup(name)
-        if env is None:
-            known = ", ".join(e.name for e in curated.CURATED)
-            return ResolvedEnvironment(label, "curated", notices=(
-                f"curated environment {name} is not in amlemu's table ({known}); its packages are not known: "
-                f"nodes run this machine's software",))
-        requirements = tuple(r for p in curated.PINNED if (r := env.requirement(p)))
-        return ResolvedEnvironment(label, "curated", python=env.python, requirements=requirements, image=env.image,
-                                   build=True, curated=env)
-    raise ConfigError("environment", f"{label} is not registered in this workspace",
-                      "register it with `amlemu environment create -f env.yml`, or name a curated AzureML-* one")
+    if parsed.registry is None:
+        found = registered(parsed.name, parsed.version)
+        if found is not None:
+            return _inline(found, parsed.label, "registered")
+    return _curated(parsed)
+
+
+def _curated(ref: EnvRef) -> ResolvedEnvironment:
+    """A curated environment: from the azureml registry, or by its AzureML- name in a workspace (where
+    a name that is neither registered nor curated is refused, naming both ways to fix it)."""
+    if ref.registry is not None and ref.registry.lower() != curated.REGISTRY:
+        raise ConfigError("environment", f"{ref.label}: registry '{ref.registry}' is not emulated (the registry "
+                          f"that exists here is {curated.REGISTRY}, with {curated.known_names()})",
+                          f"name an environment of azureml://registries/{curated.REGISTRY}, or register yours "
+                          "in the workspace (`amlemu environment create -f env.yml`) and write azureml:<name>@latest")
+    env = curated.lookup(ref.name)
+    if env is None:
+        if ref.registry is None and not curated.is_curated_name(ref.name):
+            raise ConfigError("environment", f"{ref.label} is not registered in this workspace",
+                              "register it with `amlemu environment create -f env.yml`, or name a curated one "
+                              f"({curated.known_names()})")
+        raise ConfigError("environment", f"{ref.label}: curated environment {ref.name} is not in amlemu's table "
+                          f"(it has {curated.known_names()})",
+                          "name one of those, or register an environment with its image and conda file "
+                          "(`amlemu environment create -f env.yml`)")
+    requirements = tuple(r for p in env.pins if (r := env.requirement(p)))
+    notices = () if ref.version is None else (
+        f"environment {ref.label}: version {ref.version} is emulated with the pins of {env.name}@latest "
+        f"(amlemu's table records one version of each curated environment)",)
+    return ResolvedEnvironment(ref.label, "curated", python=env.python, requirements=requirements, image=env.image,
+                               build=True, curated=env, notices=notices)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from amlemu.envs import curated, hostdists
@@ -34,16 +35,28 @@ def curated_gaps(env: ResolvedEnvironment, dists: dict[str, Any]) -> list[str]:
     there is none (no download of a curated stack; its Python and pins are named instead)."""
     assert env.curated is not None
     gaps = [] if env.python == HOST_PYTHON else [f"Python {env.python} there, {HOST_PYTHON} here"]
-    for package in curated.PINNED:
-        pin = env.curated.pins[package]
+    for package, pin in env.curated.pins.items():
         here = dists.get(package)
         have = here.version if here is not None else None
         if pin.version is None and have:
             gaps.append(f"{package} is not in it, here {have}: a job importing {package} passes here "
                         f"and fails on Azure ML")
-        elif pin.version not in (None, curated.LATEST, have) or (pin.version == curated.LATEST and not have):
+        elif pin.version is not None and not _pin_met(pin.version, have):
             gaps.append(f"{package} {pin.version} there, {have or 'none'} here")
     return gaps
+
+
+def _pin_met(version: str, have: str | None) -> bool:
+    """Does the version installed here (None: not installed) meet a curated pin?"""
+    if have is None:
+        return False
+    if version == curated.LATEST:
+        return True
+    spec = version if curated.is_specifier(version) else f"=={version}"
+    try:
+        return SpecifierSet(spec).contains(have, prereleases=True)
+    except InvalidSpecifier:
+        return False
 
 
 def plan(reference: str | None, definition: dict[str, Any] | None, registered: Lookup,

@@ -19,6 +19,7 @@ from typing import Any
 
 from amlemu import safeyaml, servicefile, statefile, validate
 from amlemu.api import Emulator
+from amlemu.envs import curated
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
@@ -154,6 +155,8 @@ class EmulatorState:
     def _environment(self, env_id: str) -> str | dict[str, Any]:
         """What the job's YAML names: a curated `azureml:` name, an image, or a registered version's
         definition (its image and conda file: the nodes get those packages, as on Azure ML)."""
+        if env_id.startswith("azureml://registries/"):
+            return env_id  # a registry's environment: resolved, or refused naming the known ones, as the CLI does
         ref = emujobs.environment_ref(env_id)
         if ref is None:
             return env_id  # an image reference
@@ -163,6 +166,8 @@ class EmulatorState:
         versions = self.registry.versions("environments", name)
         if version is not None:
             versions = [v for v in versions if v["name"] == version]
+        if not versions and curated.lookup(name) is not None:
+            return f"azureml:{name}"  # a curated name without its AzureML- prefix
         if not versions:
             raise bad_request("environment", f"environment {env_id} was not found in workspace "
                               f"{self.workspace.workspace_name}")
