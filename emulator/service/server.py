@@ -170,7 +170,7 @@ def serve_forever(home_root: Path, make_ctx: Callable[[Auth, Callable[[str], Non
     auth = Auth.load_or_create(folder / "secrets.json")
     log = file_logger(folder / "service.log")
     sock = servicefile.bind(host, port)
-    link = servicefile.bind(LOOPBACK, 0)  # runs' links relay here: what arrives is a job's (routes.link_guard)
+    link = servicefile.bind(LOOPBACK, 0)  # runs' links relay here: what arrives is a job's (linkguard.py)
     url = f"https://{f'[{names[0]}]' if ':' in names[0] else names[0]}:{sock.getsockname()[1]}"
     ctx = make_ctx(auth, log)
     ctx.url = url
