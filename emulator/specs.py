@@ -233,7 +233,7 @@ class JobSpec:
     """A command job as the CLI v2 YAML describes it."""
 
     command: str
-    code: Path
+    code: Path | None  # None: no code (Azure ML runs the command in an empty working folder)
     compute: str
     experiment_name: str
     instance_count: int = 1

@@ -249,11 +249,13 @@ def _data(value: DataInput) -> dict[str, str]:
 
 def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, Any]:
     """The CLI v2 command job for `job`; `code` is relative to `relative_to` (the YAML's folder) when given."""
-    code = os.path.relpath(job.code, relative_to.resolve()) if relative_to else str(job.code)
     data: dict[str, Any] = {"$schema": SCHEMA, "type": "command", "experiment_name": job.experiment_name}
     if job.display_name:
         data["display_name"] = job.display_name
-    data |= {"code": Path(code).as_posix(), "command": job.command}
+    if job.code is not None:  # no code: none in the YAML either (an empty working folder)
+        code = os.path.relpath(job.code, relative_to.resolve()) if relative_to else str(job.code)
+        data["code"] = Path(code).as_posix()
+    data["command"] = job.command
     if job.inputs:
         data["inputs"] = {k: _data(v) if isinstance(v, DataInput) else v for k, v in job.inputs.items()}
     if job.outputs:

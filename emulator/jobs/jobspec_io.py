@@ -13,7 +13,7 @@ def _data(value: DataInput) -> dict[str, str]:
 
 def job_to_record(job: JobSpec) -> dict[str, Any]:
     return {
-        "command": job.command, "code": str(job.code), "compute": job.compute,
+        "command": job.command, "code": None if job.code is None else str(job.code), "compute": job.compute,
         "experiment_name": job.experiment_name, "instance_count": job.instance_count,
         "distribution": {"type": job.distribution.type.value,
                          "process_count_per_instance": job.distribution.process_count_per_instance,
@@ -39,6 +39,6 @@ def job_from_record(data: dict[str, Any]) -> JobSpec:
 
     inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
     outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
-    return JobSpec(**{**data, "code": Path(data["code"]), "inputs": inputs, "outputs": outputs,
+    return JobSpec(**{**data, "code": None if data.get("code") is None else Path(data["code"]), "inputs": inputs, "outputs": outputs,
                       "distribution": Distribution(DistributionType(dist["type"]), dist["process_count_per_instance"],
                                                    dist.get("worker_count"), dist.get("parameter_server_count", 0))})

@@ -169,6 +169,19 @@ def script_of(command: str) -> str | None:
     return None
 
 
+def _code_dir(code: Any, base_dir: Path) -> Path | None:
+    """The job's code folder; None when it has none (Azure ML runs the command in an empty folder)."""
+    if code is None:
+        return None
+    if isinstance(code, bool) or not isinstance(code, (str, int, float)):
+        raise ConfigError("code", f"a {type(code).__name__} is not a folder path", "point code at the job's "
+                          "source folder, or leave code out to run the command in an empty folder")
+    code_dir = (base_dir / str(code)).resolve()
+    if not code_dir.is_dir():
+        raise ConfigError("code", f"{code_dir} is not a folder", "point code at the job's source folder")
+    return code_dir
+
+
 def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(data, dict):
         raise ConfigError("job", "the YAML must be a mapping of job fields")
@@ -179,12 +192,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(command, str) or not command.strip():
         raise ConfigError("command", "missing", "give the command that starts the job")
 
-    code = data.get("code")
-    if code is None:
-        raise ConfigError("code", "missing", "point code at the folder that holds the job's source")
-    code_dir = (base_dir / str(code)).resolve()
-    if not code_dir.is_dir():
-        raise ConfigError("code", f"{code_dir} is not a folder", "point code at the job's source folder")
+    code_dir = _code_dir(data.get("code"), base_dir)
 
     compute = data.get("compute")
     if not isinstance(compute, str) or not compute.strip():
@@ -199,7 +207,10 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     check_bindings(command, inputs, outputs)
     placeholders = {f"{kind}.{n}": "DATA" for kind, names in (("inputs", inputs), ("outputs", outputs)) for n in names}
     script = script_of(substitute_bindings(command, placeholders))
-    if script and not (code_dir / script).is_file():
+    if script and code_dir is None and not Path(script).is_absolute():
+        raise ConfigError("command", f"script {script} not found: the job has no code, so it runs in an empty "
+                          "folder", "set code: to the folder that holds the script")
+    if script and code_dir is not None and not (code_dir / script).is_file():
         raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
                           "fix the script path (it is relative to code)")
 
@@ -242,7 +253,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         command=command,
         code=code_dir,
         compute=compute,
-        experiment_name=(default_experiment_name(code_dir.name) if data.get("experiment_name") is None
+        experiment_name=(default_experiment_name((code_dir or Path.cwd()).name) if data.get("experiment_name") is None
                          else check_experiment_name(data["experiment_name"])),
         instance_count=instance_count,
         distribution=distribution,

@@ -69,14 +69,14 @@ def _environment(env: Any) -> str | dict[str, Any] | None:
     return f"azureml:{env.name}{version}"
 
 
-def _code_dir(job: Any) -> Path:
+def _code_dir(job: Any) -> str | None:
     code = getattr(job, "code", None)
     if code is None:
-        raise ConfigError("code", "missing", "give command(code=<the folder that holds the job's source>)")
+        return None  # no code: the command runs in an empty working folder, as on Azure ML
     if not isinstance(code, (str, os.PathLike)):
         raise ConfigError("code", f"a {type(code).__name__} is not emulated", "give code as a local folder path")
     base = Path(getattr(job, "_base_path", None) or ".")
-    return (base / str(code)).resolve()
+    return str((base / str(code)).resolve())
 
 
 def job_dict(job: Any) -> dict[str, Any]:
@@ -85,7 +85,7 @@ def job_dict(job: Any) -> dict[str, Any]:
     if type(job).__name__ not in ("Command", "CommandJob"):
         raise ConfigError("job", f"an azure.ai.ml {type(job).__name__} is not emulated",
                           "give a command job (azure.ai.ml.command or load_job of a type: command YAML)")
-    data: dict[str, Any] = {"type": "command", "name": job.name, "command": job.command, "code": str(_code_dir(job)),
+    data: dict[str, Any] = {"type": "command", "name": job.name, "command": job.command, "code": _code_dir(job),
                             "compute": job.compute, "experiment_name": job.experiment_name,
                             "display_name": job.display_name, "environment": _environment(job.environment),
                             "environment_variables": dict(job.environment_variables or {}),
@@ -112,7 +112,7 @@ def job_from_v2(job: Any) -> JobSpec:
     data = job_dict(job)
     if not data.get("compute"):
         raise ConfigError("compute", "missing", "give command(compute='<cluster name>')")
-    return job_from_dict(data, base_dir=Path(data["code"]))
+    return job_from_dict(data, base_dir=Path(data.get("code") or getattr(job, "_base_path", None) or "."))
 
 
 def cluster_from_v2(compute: Any) -> ClusterSpec:
@@ -156,7 +156,7 @@ def command_from_spec(spec: JobSpec) -> Any:
                     }.get(dist.type)
     env, inline = spec.environment, spec.environment_def
     return command(
-        command=spec.command, code=str(spec.code), compute=spec.compute, experiment_name=spec.experiment_name,
+        command=spec.command, code=None if spec.code is None else str(spec.code), compute=spec.compute, experiment_name=spec.experiment_name,
         display_name=spec.display_name, environment_variables=dict(spec.environment_variables),
         environment=Environment(image=inline["image"], conda_file=inline["conda_file"]) if inline and not
         inline["build_path"] else Environment(image=env) if env and not env.startswith("azureml:") else env,

@@ -73,8 +73,11 @@ def _kind(mode: int) -> str:
     return "not a regular file"
 
 
-def plan_snapshot(code: Path) -> SnapshotPlan:
-    """Walk `code` (never following a link out of it) and list what the snapshot would hold."""
+def plan_snapshot(code: Path | None) -> SnapshotPlan:
+    """Walk `code` (never following a link out of it) and list what the snapshot would hold. None:
+    a job without code, whose snapshot is empty (Azure ML runs it in an empty working folder)."""
+    if code is None:
+        return SnapshotPlan(Path(os.devnull))
     root = os.path.realpath(code)
     plan = SnapshotPlan(Path(root))
     try:
@@ -153,7 +156,7 @@ def _link(plan: SnapshotPlan, source: str, rel: str, tested: str, stack: tuple[s
         plan.skipped.append(f"{rel}: {_kind(mode)}, not copied")
 
 
-def check_code(code: Path) -> SnapshotPlan:
+def check_code(code: Path | None) -> SnapshotPlan:
     """The plan, or the first refusal as a ConfigError (one line: the link, its target and the fix)."""
     plan = plan_snapshot(code)
     refused = plan.outside + plan.refused
@@ -164,7 +167,7 @@ def check_code(code: Path) -> SnapshotPlan:
     return plan
 
 
-def take_snapshot(code: Path, dest: Path) -> SnapshotPlan:
+def take_snapshot(code: Path | None, dest: Path) -> SnapshotPlan:
     """Copy the code folder to `dest` (which must not exist) as check_code planned it; nothing is
     left at `dest` if it fails."""
     plan = check_code(code)

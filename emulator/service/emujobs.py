@@ -114,10 +114,12 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
     job_type(body)
     props = body["properties"]
     code = asset_ref(str(props.get("codeId") or ""), "codes")
-    if code is None:
-        raise bad_request("code", "code: missing; give command(code=<the folder that holds the job's source>)")
+    if code is None and props.get("codeId"):
+        raise bad_request("code", f"code: {str(props['codeId'])[:200]!r} is not a code asset id; give "
+                          "command(code=<the folder that holds the job's source>), or no code")
     data: dict[str, Any] = {
-        "type": "command", "name": name, "command": props.get("command"), "code": str(code_dir(*code)),
+        "type": "command", "name": name, "command": props.get("command"),
+        "code": None if code is None else str(code_dir(*code)),  # none: an empty working folder, as Azure ML
         "compute": str(props.get("computeId") or "").rsplit("/", 1)[-1] or None,
         "experiment_name": props.get("experimentName"), "display_name": props.get("displayName"),
         "environment_variables": props.get("environmentVariables") or {},

@@ -21,6 +21,7 @@ from amlemu import safeyaml, servicefile, statefile, validate
 from amlemu.api import Emulator
 from amlemu.envs import curated
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
+from amlemu.jobs import resource
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
 from amlemu.runs.runlogs import log_files
@@ -193,7 +194,7 @@ class EmulatorState:
                               "pick another name, or leave name out for a generated one")
         try:
             data = emujobs.to_yaml(name, body, self._code_dir, self._environment)
-            spec = job_from_dict(data, base_dir=Path(data["code"]))
+            spec = job_from_dict(data, base_dir=Path(data.get("code") or os.devnull))  # no code: no folder
         except ConfigError as exc:
             raise emujobs.config_error(exc) from None
         self.submit_spec(spec, body)
@@ -222,17 +223,18 @@ class EmulatorState:
             record = self.emu.store.run(name)
         except NotFoundError:
             raise not_found(f"job {name}") from None
-        saved = self._body_path(name)
-        if saved.exists():
-            props = dict(json.loads(saved.read_text()).get("properties", {}))
-        else:  # submitted with the CLI or the Python API: the fields the SDK needs
-            job = record.job
-            props = {"jobType": "Command", "command": job.get("command", ""),
-                     "computeId": f"{self.workspace.id}/computes/{record.cluster}",
-                     "experimentName": record.experiment, "displayName": job.get("display_name")}
-        props["status"] = record.status.value
-        props.setdefault("experimentName", record.experiment)
-        return props
+        self._body_path(name)  # a name that is no path
+        # The one serializer (jobs/resource.py): the body the SDK PUT, else the run record's job.
+        return resource.job_properties(name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
+                                       compute=record.cluster, experiment=record.experiment,
+                                       status=record.status.value, output_uris=emublobs.run_outputs(self.emu, name))
+
+    def job_created(self, name: str) -> float:
+        """When the job was submitted: its resource's systemData.createdAt."""
+        try:
+            return self.emu.store.run(name).created_at
+        except NotFoundError:
+            raise not_found(f"job {name}") from None
 
     def get_job(self, name: str) -> dict[str, Any]:
         return self._props(name)

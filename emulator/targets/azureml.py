@@ -183,7 +183,7 @@ class AzureMLTarget(Target):
         name, env = entity.name or "<name chosen by the service>", sdk2.anonymous_environment(entity)
         return Plan(self.name, "job", {
             "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
-            "code_upload": str(spec.code), "findings": findings, **({"environment_request": {
+            "code_upload": None if spec.code is None else str(spec.code), "findings": findings, **({"environment_request": {
                 "method": "PUT", "path": f"{self.workspace.arm_path}/environments/{env.name}/versions/{env.version}",
                 "body": env._to_rest_object().as_dict()}} if env is not None else {}),
             "request": {"method": "PUT", "path": f"{self.workspace.arm_path}/jobs/{name}",
