@@ -22,15 +22,21 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from amlemu.envs import hostdists
+from amlemu.envs import hostdists, pipsources
 from amlemu.envs.resolve import ResolvedEnvironment
 from amlemu.errors import BuildError
 
 RECORD = "amlemu-env.json"
 HOST_PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+OFFLINE = "AMLEMU_OFFLINE"
+PYPI = "https://pypi.org/simple"
+# uv's reason when a requirement has no candidate in the sources (it names the package first).
+NOT_FOUND = re.compile(r"Because (?:there (?:is|are) no versions? of |only )?([A-Za-z0-9][A-Za-z0-9._-]*)"
+                       r"[^,]*? (?:was not found|is available|are available|and you require)")
 
 
 def redact(url: str) -> str:
@@ -43,30 +49,77 @@ def redact(url: str) -> str:
 
 @dataclass(frozen=True)
 class PackageSource:
-    """Where packages this machine lacks come from: an index (a CI's mirror) and/or find-links
-    folders. Neither: nothing is downloaded (the offline default)."""
+    """Where packages this machine's venv lacks come from. By default the sources the user's pip has
+    (pip.py); AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS name the emulator's own instead (an index,
+    find-links folders, and nothing else); AMLEMU_OFFLINE=1: no index at all, only AMLEMU_FIND_LINKS'
+    folders (a machine without a network). `index_url` None with `offline` False: PyPI, as pip's."""
 
     index_url: str | None = None
     find_links: tuple[str, ...] = ()
+    extra_index_urls: tuple[str, ...] = ()
+    constraints: tuple[str, ...] = ()
+    offline: bool = True
+    origin: str = "AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS"  # how the source was chosen, for messages
+    cert: str | None = None  # pip's `cert`: the CA bundle its indexes are verified with
 
     @classmethod
-    def from_env(cls, environ: dict[str, str] | None = None) -> PackageSource:
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> PackageSource:
         env = os.environ if environ is None else environ
         links = tuple(p for p in env.get("AMLEMU_FIND_LINKS", "").split(os.pathsep) if p)
-        return cls(env.get("AMLEMU_PACKAGE_INDEX") or None, links)
+        if pipsources.truthy(env.get(OFFLINE, "")):
+            return cls(None, links, offline=True, origin=f"{OFFLINE}=1")
+        if env.get("AMLEMU_PACKAGE_INDEX") or links:
+            index = env.get("AMLEMU_PACKAGE_INDEX") or None
+            return cls(index, links, offline=index is None)
+        pip = pipsources.pip_sources(env)
+        return cls(pip.index_url, pip.find_links, pip.extra_index_urls, pip.constraints, offline=pip.no_index,
+                   origin=pip.origin, cert=pip.cert)
 
     def key(self) -> dict[str, Any]:
-        return {"index": self.index_url, "find_links": list(self.find_links)}
+        return {"index": None if self.offline else (self.index_url or PYPI), "find_links": list(self.find_links),
+                **({"extra": list(self.extra_index_urls)} if self.extra_index_urls and not self.offline else {}),
+                **({"constraints": list(self.constraints)} if self.constraints else {})}
 
     def uv_args(self) -> list[str]:
-        args = ["--index-url", self.index_url] if self.index_url else ["--no-index"]
+        if self.offline:
+            args = ["--no-index"]
+        else:  # uv's own order (the first index that has a package serves it): no index shadows another
+            args = ["--index-url", self.index_url] if self.index_url else []
+            for url in self.extra_index_urls:
+                args += ["--extra-index-url", url]
         for link in self.find_links:
             args += ["--find-links", link]
+        for constraint in self.constraints:
+            args += ["--constraint", constraint]
         return args
 
+    @property
+    def explicit_index(self) -> bool:
+        """An index named for the emulator (AMLEMU_PACKAGE_INDEX), not just pip's."""
+        return bool(self.index_url) and self.origin.startswith("AMLEMU_PACKAGE_INDEX")
+
+    def uv_env(self) -> dict[str, str]:
+        return {"SSL_CERT_FILE": self.cert} if self.cert else {}
+
     def describe(self) -> str:
-        parts = [f"index {redact(self.index_url)}"] if self.index_url else ["no index"]
-        return ", ".join(parts + [f"find-links {link}" for link in self.find_links])
+        if self.offline:
+            parts = ["no index"]
+        else:
+            parts = [f"index {redact(self.index_url) if self.index_url else PYPI + ' (PyPI)'}"]
+            parts += [f"extra index {redact(url)}" for url in self.extra_index_urls]
+        return ", ".join(parts + [f"find-links {link}" for link in self.find_links]) + f" (from {self.origin})"
+
+    def way_out(self) -> str:
+        """How to make a package this source lacks available."""
+        if self.offline and self.origin.startswith(OFFLINE):
+            return (f"unset {OFFLINE} to install from pip's configured sources, or put its wheel in a folder "
+                    "named by AMLEMU_FIND_LINKS")
+        if self.origin.startswith("AMLEMU_"):
+            return ("add it to AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS, or unset both to install from pip's "
+                    "configured sources")
+        return ("make it available from pip's sources (`pip config set global.extra-index-url <index>`, or "
+                "PIP_INDEX_URL / PIP_EXTRA_INDEX_URL / PIP_FIND_LINKS), or set AMLEMU_FIND_LINKS to a folder "
+                "holding its wheel")
 
 
 @dataclass(frozen=True)
@@ -91,17 +144,26 @@ def _uv_env(root: Path) -> dict[str, str]:
             "UV_CACHE_DIR": str(root / "uv-cache")}
 
 
-def _run(argv: list[str], log: Path, what: str) -> None:
+def _run(argv: list[str], log: Path, what: str, source: PackageSource | None = None) -> None:
     with open(log, "a") as out:
         out.write(f"$ {' '.join(redact(a) for a in argv)}\n")
         out.flush()
-        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, env=_uv_env(log.parent), check=False)
+        done = subprocess.run(argv, stdout=out, stderr=subprocess.STDOUT, check=False,
+                              env={**_uv_env(log.parent), **(source.uv_env() if source else {})})
     if done.returncode:
-        lines = log.read_text(errors="replace").splitlines()
+        text = log.read_text(errors="replace")
+        lines = text.splitlines()
         reason = next((ln.strip(" ×╰─▶") for ln in lines if "×" in ln or "error:" in ln), lines[-1] if lines else "")
         detail = " ".join(ln.strip(" ╰─▶│") for ln in lines[lines.index(reason) + 1:][:3]) \
             if reason in lines else ""
         message = re.sub(r"\s+", " ", f"{reason} {detail}").strip()[:400]
+        output = text[text.rfind("$ "):]
+        missing = NOT_FOUND.search(output) if source is not None else None
+        if missing:  # the one line a user acts on: the package, where it was looked for, the way out
+            required = re.search(r"you require ([^,; ]+)", output)
+            wanted = f" ({required.group(1)})" if required and required.group(1) != missing.group(1) else ""
+            raise BuildError(f"{what}: package {missing.group(1)}{wanted} was not found in the sources tried: "
+                             f"{source.describe()}; {source.way_out()} (uv's log: {log})")
         raise BuildError(f"{what}: {message} (uv's log: {log})")
 
 
@@ -173,7 +235,7 @@ def install(env: ResolvedEnvironment, site: Path, bin_dir: Path, where: list[str
         # --no-build: wheels only. Building a source distribution runs its code on this machine, and
         # what a job declares must not run here (Horovod's wheel comes built, from the cache).
         _run([uv_binary(), "pip", "install", "--no-build", *where, *source.uv_args(), *links, "-r", str(requirements)],
-             log, f"environment {env.label} could not be built")
+             log, f"environment {env.label} could not be built", source)
     installed = {d.metadata["Name"]: d.version for d in hostdists.installed(site).values()}
     return {"python": env.python or HOST_PYTHON, "requirements": list(env.requirements),
             "source": source.describe(), "installed": dict(sorted(installed.items())),

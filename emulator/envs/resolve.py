@@ -148,7 +148,8 @@ def _not_installable(line: str) -> str | None:
     req = requirement(line)
     if req is None:
         return "not a requirement (name, extras, versions)"
-    return "a direct URL reference; the package source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS" if req.url else None
+    return ("a direct URL reference; packages come from pip's configured sources (or AMLEMU_PACKAGE_INDEX / "
+            "AMLEMU_FIND_LINKS)") if req.url else None
 
 
 def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str], list[str]]:
@@ -162,8 +163,8 @@ def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str]
             for line in dep["pip"] or []:
                 line = str(line).strip()
                 if line.startswith("-"):
-                    notices.append(f"{where}: pip option '{line.split()[0]}' is not used here; the emulator's package "
-                                   f"source is AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS")
+                    notices.append(f"{where}: pip option '{line.split()[0]}' is not used here; packages come from "
+                                   f"pip's configured sources (or AMLEMU_PACKAGE_INDEX / AMLEMU_FIND_LINKS)")
                 elif line and (why := _not_installable(line)):
                     notices.append(f"{where}: '{line}' is not installed here: {why}")
                 elif line:

@@ -111,10 +111,11 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
 
 def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:
     """Azure ML's own runtime packages (azureml-mlflow routes MLflow to the workspace) are left out
-    when nothing could install them (no index, not on this machine): the emulator plays their part."""
+    unless they are on this machine or AMLEMU_PACKAGE_INDEX names an index for them: the emulator
+    plays their part (a download of Azure's SDK stack for a job that never reaches Azure)."""
     runtime = {r: name for r in env.requirements
                if (name := canonicalize_name(re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0])) in RUNTIME_PACKAGES}
-    if source.index_url or not runtime:
+    if source.explicit_index or not runtime:
         return env, []
     have = hostdists.installed(hostdists.host_site())  # read only when there is something to look up
     skipped = [r for r, name in runtime.items() if name not in have]
