@@ -1,17 +1,22 @@
 """Every environment reference users write (the shapes of azureml-examples' cli/jobs/basics and Azure
 ML's docs) resolves as Azure ML resolves it, pure: a registry's curated environment by label or
 version, a workspace's curated name with or without its AzureML- prefix, by label or version, an
-inline image; an unknown registry or name is one line naming it and the names that exist."""
+inline image, a Docker build context (built by the engine where it has the base images); an
+unknown registry or name is one line naming it and the names that exist."""
 from __future__ import annotations
 
+import io
+import tarfile
+import uuid
 from pathlib import Path
 
 import pytest
 
-from amlemu.envs import curated
+from amlemu.envs import contextbuild, curated
 from amlemu.envs.resolve import EnvRef, parse_ref, resolve
-from amlemu.envs.software import planned_notices
+from amlemu.envs.software import planned_notices, software_for
 from amlemu.errors import ConfigError
+from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
 
 NOBODY = lambda name, version: None  # noqa: E731 - no registered environment
@@ -80,3 +85,61 @@ def test_inline_image_shapes_load_as_the_examples_write_them(tmp_path: Path) -> 
         assert job.image == image and resolve(job.environment, job.environment_def, NOBODY).kind == "image"
     (tmp_path / "job.yml").write_text(f"command: echo hi\ncompute: azureml:c1\nenvironment: {SKLEARN}\n")
     assert load_job(tmp_path / "job.yml").environment == SKLEARN and load_job(tmp_path / "job.yml").image is None
+
+
+# --- build contexts ---------------------------------------------------------------------------------
+def test_a_dockerfiles_base_images_and_what_keeps_it_from_being_built_here() -> None:
+    text = ("# comment\nFROM --platform=linux/amd64 mcr.microsoft.com/azureml/openmpi5.0-ubuntu24.04:latest AS base\n"
+            "RUN apt-get update && \\\n    apt-get install -y git\nFROM base\nCOPY --from=base /a /a\n"
+            "COPY --from=other/tool:1 /t /t\nADD https://example.com/x.tgz /x\n")
+    images, problems = contextbuild.base_images(text)
+    assert images == ["mcr.microsoft.com/azureml/openmpi5.0-ubuntu24.04:latest", "other/tool:1"]
+    assert problems == ["ADD https://example.com/x.tgz would be fetched by the engine (no network is reached here)"]
+    assert contextbuild.base_images("RUN echo\n")[1] == ["it has no FROM instruction"]
+
+
+def test_a_build_context_is_built_by_the_engine_when_it_has_the_base_image_else_a_notice(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A base image present locally (imported here, as no registry is reachable): the context is
+    built into an image the nodes run, tagged by content hash and built once; a base image the
+    engine lacks (or a backend without one) leaves nodes on this machine's software, with the notice."""
+    import docker
+
+    monkeypatch.setenv("AMLEMU_ENV_CACHE", str(tmp_path / "envs"))
+    client = docker.from_env()
+    base = f"amlemu-tests/base:{uuid.uuid4().hex[:12]}"
+    rootfs = io.BytesIO()
+    with tarfile.open(fileobj=rootfs, mode="w") as tar:
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = len(b"ID=amlemu-test\n")
+        tar.addfile(info, io.BytesIO(b"ID=amlemu-test\n"))
+    client.api.import_image_from_data(rootfs.getvalue(), repository=base.split(":")[0], tag=base.split(":")[1])
+    context = tmp_path / "context"
+    (context / "docker").mkdir(parents=True)
+    (context / "hello.txt").write_text("hello from the context\n")
+    (context / "docker" / "train.Dockerfile").write_text(f"FROM {base}\nCOPY hello.txt /opt/hello.txt\nENV GREETING=hi\n")
+    (tmp_path / "env.yml").write_text("name: built\nbuild:\n  path: context\n  dockerfile_path: docker/train.Dockerfile\n")
+    definition = load_environment(tmp_path / "env.yml")
+    made = [base]
+    try:
+        engine = lambda image: bool(client.images.list(image))  # noqa: E731 - the docker backend's has_image
+        first = software_for(None, definition, NOBODY, tmp_path, has_image=engine)
+        made.append(str(first.image))
+        assert first.image and first.image.startswith("amlemu/build:") and first.prefix is None
+        built = client.images.get(first.image)
+        assert "GREETING=hi" in built.attrs["Config"]["Env"] and built.labels["amlemu"] == "1"
+        container = client.containers.create(first.image, command=["none"])
+        try:
+            stream, _ = container.get_archive("/opt/hello.txt")
+            assert tarfile.open(fileobj=io.BytesIO(b"".join(stream))).extractfile("hello.txt").read() == \
+                b"hello from the context\n"
+        finally:
+            container.remove(force=True)
+        assert software_for(None, definition, NOBODY, tmp_path, has_image=engine).image == first.image  # built once
+        lines: list[str] = []
+        on_process = software_for(None, definition, NOBODY, tmp_path, log=lines.append)  # no engine: no image
+        assert on_process.image is None and on_process.prefix is None
+        assert f"no engine here has its base image {base}" in " ".join(on_process.notices) and lines
+    finally:
+        for image in reversed(made):
+            client.images.remove(image, force=True)

@@ -48,6 +48,7 @@ class ResolvedEnvironment:
     requirements: tuple[str, ...] = ()
     image: str | None = None
     build_path: str | None = None  # a Docker build context (build.path)
+    dockerfile: str = "Dockerfile"  # build.dockerfile_path, relative to the context
     build: bool = False  # a Python environment is to be built from `requirements`
     curated: curated.CuratedEnvironment | None = None
     notices: tuple[str, ...] = field(default=())  # what cannot be emulated, one line each
@@ -188,10 +189,9 @@ def from_conda(conda: dict[str, Any], where: str) -> tuple[str | None, list[str]
 
 def _inline(definition: dict[str, Any], label: str, kind: str) -> ResolvedEnvironment:
     image, conda = definition.get("image"), definition.get("conda_file")
-    if definition.get("build_path"):
-        return ResolvedEnvironment(label, "build", build_path=definition["build_path"], notices=(
-            f"environment {label}: a Docker build context is not built on this machine (its base image would be "
-            f"pulled from a registry); nodes run this machine's software",))
+    if definition.get("build_path"):  # built by the engine where it can be (contextbuild.py), as the run is prepared
+        return ResolvedEnvironment(label, "build", build_path=definition["build_path"],
+                                   dockerfile=str(definition.get("dockerfile_path") or "Dockerfile"))
     if conda is None:  # the image's packages are its own: used where the engine has it (the backend's note)
         return ResolvedEnvironment(label, "image", image=image)
     python, requirements, notices = from_conda(conda, f"environment {label} conda_file")

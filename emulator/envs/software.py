@@ -11,7 +11,7 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from amlemu.envs import curated, hostdists
+from amlemu.envs import contextbuild, curated, hostdists
 from amlemu.envs.build import HOST_PYTHON, BuiltEnvironment, PackageSource, build
 from amlemu.envs.layer import build_layer
 from amlemu.envs.resolve import Lookup, ResolvedEnvironment, resolve
@@ -65,6 +65,10 @@ def plan(reference: str | None, definition: dict[str, Any] | None, registered: L
     notices naming what is not emulated). The same for a dry run, a submit and the run itself."""
     env = resolve(reference, definition, registered)
     notices = list(env.notices)
+    if env.kind == "build":
+        notices.append(f"environment {env.label}: its Docker build context {env.build_path} is built by the engine "
+                       "as the run is prepared where the engine has its base images (nothing pulled, RUN steps "
+                       "without network); else nodes run this machine's software")
     if env.curated is not None:
         gaps = curated_gaps(env, hostdists.installed(hostdists.host_site()))
         if gaps:
@@ -93,6 +97,8 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
                  has_image: Callable[[str], bool] = lambda _: False) -> Software:
     source = source or PackageSource.from_env()
     env, notices = plan(reference, definition, registered, source)
+    if env.kind == "build":
+        return _context_image(env, notices, cache, log, has_image)
     if not env.build:
         return Software(env, None, notices)
     log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
@@ -107,6 +113,18 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
     log(f"environment {env.label}: {how} at {built.prefix} ({len(built.record.get('installed', {}))} packages; "
         f"{len(built.record.get('reused_from_host', {}))} linked from this machine's venv)")
     return Software(env, str(built.prefix), notices, built)
+
+
+def _context_image(env: ResolvedEnvironment, notices: tuple[str, ...], cache: Path, log: Callable[[str], None],
+                   has_image: Callable[[str], bool]) -> Software:
+    """A build context: the image the engine builds from it, or this machine's software and why."""
+    dockerfile, why_not = contextbuild.plan(env, has_image)
+    if dockerfile is None:
+        log(f"notice: {why_not}")
+        return Software(env, None, (*notices[:-1], str(why_not)))
+    tag, reused = contextbuild.build_context(env, dockerfile, cache, log)
+    log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'} from its build context)")
+    return Software(env, None, notices, image=tag)
 
 
 def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:

@@ -35,7 +35,7 @@ def environment_from_dict(data: Any, *, base_dir: Path, where: str = "") -> dict
         conda = safeyaml.load_file(path, f"{where}conda_file", "conda file")
     if conda is not None and not isinstance(conda, dict):
         raise ConfigError(f"{where}conda_file", "must be a conda environment file (a mapping with dependencies)")
-    build_path = None
+    build_path, dockerfile = None, None
     if build is not None:
         if not isinstance(build, dict) or not build.get("path"):
             raise ConfigError(f"{where}build.path", "missing", "point it at the Docker build context folder")
@@ -46,12 +46,17 @@ def environment_from_dict(data: Any, *, base_dir: Path, where: str = "") -> dict
         if not folder.is_dir():
             raise ConfigError(f"{where}build.path", f"{folder} is not a folder", "point it at the build context")
         build_path = str(folder)
+        dockerfile = str(build.get("dockerfile_path") or "Dockerfile")
+        if Path(dockerfile).is_absolute() or ".." in Path(dockerfile).parts:
+            raise ConfigError(f"{where}build.dockerfile_path", f"{dockerfile!r:.80} is not inside the build context",
+                              "give the Dockerfile's path relative to build.path (default: Dockerfile)")
     name, version = data.get("name"), data.get("version")
     # Registered by name (and version) in the workspace: Azure ML's asset rule, before anything is stored.
     name = None if name is None else check_asset_name(name, f"{where}name")
     version = None if version is None else check_asset_name(version, f"{where}version", "version")
     return {"name": name, "version": version,
             "image": None if image is None else str(image), "conda_file": conda, "build_path": build_path,
+            **({"dockerfile_path": dockerfile} if dockerfile and dockerfile != "Dockerfile" else {}),
             "description": data.get("description")}
 
 

@@ -62,7 +62,8 @@ def _environment(env: Any) -> str | dict[str, Any] | None:
     build = getattr(env, "build", None)
     if getattr(env, "conda_file", None) or build is not None:  # an inline one: its definition
         return {k: v for k, v in {"image": env.image, "conda_file": env.conda_file,
-                                  "build": {"path": str(build.path)} if build is not None else None}.items() if v}
+                                  "build": {"path": str(build.path), **({"dockerfile_path": str(build.dockerfile_path)} if getattr(
+                                      build, "dockerfile_path", None) else {})} if build is not None else None}.items() if v}
     if getattr(env, "image", None):  # inline too, as `environment: {image: ...}` in YAML
         return {"image": str(env.image)}
     version = f":{env.version}" if getattr(env, "version", None) else ""
