@@ -3,6 +3,7 @@ environment variables a job may set. Each check raises ConfigError naming the fi
 """
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -76,10 +77,19 @@ def check_experiment_name(name: Any, field: str = "experiment_name") -> str:
 
 
 def default_experiment_name(folder: str) -> str:
-    """The experiment a job without experiment_name goes to: its code folder's name, as az ml takes
-    the folder's, with what an experiment name cannot hold made '_' (never a refused default)."""
+    """The experiment a job without experiment_name goes to: a folder's name (Azure ML's rule: the
+    working directory's, cwd_experiment_name), with what an experiment name cannot hold made '_'
+    (never a refused default); "Default" (Azure ML's own) when nothing of it is left."""
     name = re.sub(r"[^A-Za-z0-9_-]", "_", folder)[:256].lstrip("_-")
     return name if EXPERIMENT_NAME_RE.fullmatch(name) else "Default"
+
+
+def cwd_experiment_name() -> str:
+    """Azure ML's default experiment: the name of the working directory the job is created from."""
+    try:
+        return default_experiment_name(os.path.basename(os.getcwd()))
+    except OSError:  # the working directory was removed under us
+        return "Default"
 
 
 def check_display_name(name: Any, field: str = "display_name") -> str | None:

@@ -70,7 +70,8 @@ def test_job_create_sends_the_same_job_through_azure_ai_ml(cli: Cli) -> None:
     assert svc.find("GET", rf"/history/v1.0/.+/runs/{name}/details$")
     assert svc.status(name) == "Completed"
     shown = json.loads(cli("job", "show", name, "-o", "json").stdout)
-    assert (shown["status"], shown["compute"], shown["experiment"]) == ("Completed", "gpucluster", "pytorch-horovod")
+    assert (shown["status"], shown["compute"], shown["experiment_name"]) == \
+        ("Completed", "azureml:gpucluster", "pytorch-horovod")
     assert not any("authorization" in {h.lower() for h in r.headers} for r in svc.requests)
 
 

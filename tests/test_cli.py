@@ -104,7 +104,7 @@ def test_jobs_are_shared_between_processes(amlemu, tmp_path: Path) -> None:
     assert [j["status"] for j in listed] == ["Completed"]
     assert json.loads(amlemu("job", "list", "--experiment", "other", "-o", "json")) == []
     shown = json.loads(amlemu("job", "show", listed[0]["name"], "-o", "json"))
-    assert [h["status"] for h in shown["history"]][-1] == "Completed"
+    assert [h["status"] for h in shown["amlemu"]["history"]][-1] == "Completed"
     downloaded = Path(amlemu("job", "download", listed[0]["name"], "--download-path", str(tmp_path / "dl"))
                       .split("downloaded to ")[1].strip())
     assert "hi there" in (downloaded / "user_logs" / "std_log.txt").read_text()  # one process: Azure ML's name

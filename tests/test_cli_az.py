@@ -235,6 +235,9 @@ def test_azureml_list_and_download_pass_the_limits_to_mlclient() -> None:
         def __init__(self, name: str) -> None:
             self.name, self.experiment_name, self.compute, self.status = name, "exp", "c", "Completed"
 
+        def _to_dict(self) -> dict[str, Any]:  # what az ml prints of a job: its dict
+            return {"name": self.name, "experiment_name": self.experiment_name, "status": self.status}
+
     class Jobs:
         def list(self) -> Iterator[Job]:
             for name in ("newest", "middle", "oldest"):  # the service lists the newest first

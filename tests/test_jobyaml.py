@@ -128,8 +128,11 @@ def test_literal_inputs_environment_and_limits(tmp_path: Path) -> None:
     assert job.image == "my/image:1" and job.experiment_name == "exp"
 
 
-def test_experiment_defaults_to_the_code_folder(tmp_path: Path) -> None:
-    assert load_job(_write(tmp_path, BASE)).experiment_name == "src"
+def test_experiment_defaults_to_the_working_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Azure ML's rule: the folder the job is created from names it, not the code folder (src)."""
+    (tmp_path / "my-work").mkdir()
+    monkeypatch.chdir(tmp_path / "my-work")
+    assert load_job(_write(tmp_path, BASE)).experiment_name == "my-work"
 
 
 def test_uri_file_input_resolves_to_the_file(tmp_path: Path) -> None:

@@ -132,8 +132,8 @@ def test_a_run_keeps_a_plot_and_job_show_lists_it(emu: Emulator, cluster, make_j
     assert run.plot_path == plot and plot.read_bytes()[:8] == PNG_SIGNATURE
     assert f"metrics plotted: {plot}" in (run.dir / "system_logs" / "lifecycle.txt").read_text()
     shown = json.loads(_show(emu, run, "-o", "json"))
-    assert shown["metrics"] == {"loss": pytest.approx(1 / 3), "accuracy": pytest.approx(0.9)}
-    assert shown["plot"] == str(plot)
+    assert shown["amlemu"]["metrics"] == {"loss": pytest.approx(1 / 3), "accuracy": pytest.approx(0.9)}
+    assert shown["amlemu"]["plot"] == str(plot)
     assert f"plot: {plot}" in _show(emu, run)
     result = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "download", run.id,
                                       "--download-path", str(tmp_path / "dl")])
@@ -150,10 +150,10 @@ def test_a_failed_run_is_plotted_and_a_run_without_metrics_is_not(emu: Emulator,
     assert failed.wait(timeout=120) is RunStatus.FAILED
     assert quiet.wait(timeout=120) is RunStatus.COMPLETED, quiet.record.error
     assert failed.plot_path is not None and failed.plot_path.read_bytes()[:8] == PNG_SIGNATURE
-    assert json.loads(_show(emu, failed, "-o", "json"))["metrics"]["loss"] == pytest.approx(1 / 3)
+    assert json.loads(_show(emu, failed, "-o", "json"))["amlemu"]["metrics"]["loss"] == pytest.approx(1 / 3)
     assert quiet.plot_path is None and not (quiet.dir / PLOT_NAME).exists()
     shown = json.loads(_show(emu, quiet, "-o", "json"))
-    assert shown["plot"] is None and shown["metrics"] == {}
+    assert shown["amlemu"]["plot"] is None and shown["amlemu"]["metrics"] == {}
     assert "plot:" not in _show(emu, quiet)
 
 

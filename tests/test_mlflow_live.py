@@ -75,7 +75,7 @@ def test_an_online_jobs_mlflow_metrics_are_seen_while_it_runs(emu: Emulator, bac
         service_cli(home, tmp_path, "serve", "--stop", backend=backend)
         shown = json.loads(service_cli(home, tmp_path, "job", "show", "-n", run.id, "-o", "json",
                                        backend=backend).stdout)
-        assert shown["metrics"]["loss"] == pytest.approx(1 / 6)
+        assert shown["amlemu"]["metrics"]["loss"] == pytest.approx(1 / 6)
         assert run.metric_history()["loss"] == [(s, pytest.approx(1.0 / (s + 1))) for s in range(6)]
         # `amlemu ui --mlflow` serves the same store: the online run is there already, never copied.
         assert build_ui_store(emu, ui_store_path(emu)) == 0 and ui_store_path(emu) == store_path(home)

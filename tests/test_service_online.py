@@ -126,9 +126,10 @@ def test_a_v1_jobs_ranks_log_to_the_online_run_on_both_backends(backend: str, tm
         assert (home / "runs" / name / "outputs" / "note_1.txt").read_text() == "note of rank 1\n"
         # `amlemu job show` reads the same record: the v1 values and the MLflow metric of the same job.
         shown = json.loads(service_cli(home, project, "job", "show", "-n", name, "-o", "json", backend=backend).stdout)
-        assert shown["status"] == "Completed" and shown["metrics"]["mlflow_metric"] == 3.0
-        assert shown["metrics"]["losses"] == 0.25 and shown["metrics"]["epochs.loss"] == 0.125
-        assert shown["metrics"]["accuracy"] in (0.5, 0.6)
+        metrics = shown["amlemu"]["metrics"]
+        assert shown["status"] == "Completed" and metrics["mlflow_metric"] == 3.0
+        assert metrics["losses"] == 0.25 and metrics["epochs.loss"] == 0.125
+        assert metrics["accuracy"] in (0.5, 0.6)
         # The run's token is in no file of the home (its service log, its record, the nodes' disks).
         lifecycle = (home / "runs" / name / "system_logs" / "lifecycle.txt").read_text()
         assert "online: the run reaches the service at https://amlemu-service.blob.internal:" in lifecycle

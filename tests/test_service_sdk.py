@@ -82,7 +82,7 @@ def test_the_unchanged_sdk2_script_runs_on_emulated_docker_nodes(service: Servic
     assert page.status_code == 200 and name in page.text and "Completed" in page.text
     # The emulator ran it: its own store says so, its run folder holds every rank's log and the output.
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
-    assert (shown["status"], shown["compute"]) == ("Completed", "cpu-cluster")
+    assert (shown["status"], shown["compute"]) == ("Completed", "azureml:cpu-cluster")
     run_dir = service.home / "runs" / name
     logs = sorted(p.name for p in (run_dir / "user_logs").glob("std_log_process_*.txt"))
     assert logs == [f"std_log_process_{i}.txt" for i in range(4)]

@@ -115,7 +115,8 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     assert name in re.search(r"^runs: (.*)$", out, re.M)[1]
     # The emulator ran it, as any CLI job: its store, both ranks' logs, the output; download_files copied them.
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
-    assert (shown["status"], shown["compute"], shown["experiment"]) == ("Completed", "gpucluster", "pytorch-distr-hvd")
+    assert (shown["status"], shown["compute"], shown["experiment_name"]) == \
+        ("Completed", "azureml:gpucluster", "pytorch-distr-hvd")
     run_dir = service.home / "runs" / name
     assert sorted(p.name for p in (run_dir / "azureml-logs").glob("70_driver_log_*.txt")) == \
         ["70_driver_log_0.txt", "70_driver_log_1.txt"]

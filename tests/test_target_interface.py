@@ -38,10 +38,12 @@ class ToyTarget(Target):
         return "Completed"
 
     def show(self, name: str) -> dict[str, Any]:
-        return {"name": name, "experiment": "toys", "compute": "toybox", "status": "Completed", "studio_url": "toy://"}
+        return {"name": name, "experiment_name": "toys", "compute": "azureml:toybox", "status": "Completed",
+                "services": {"Studio": {"endpoint": "toy://", "type": "Studio"}}}
 
     def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
-        return [{"name": "toy_job", "experiment": experiment or "toys", "compute": "toybox", "status": "Completed"}]
+        return [{"name": "toy_job", "experiment_name": experiment or "toys", "compute": "azureml:toybox",
+                 "status": "Completed"}]
 
     def metrics(self, name: str) -> dict[str, float]:
         return {"fun": 1.0}
@@ -89,9 +91,12 @@ def toy(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
 
 
 def test_every_job_and_compute_verb_goes_through_the_target(toy) -> None:
-    assert json.loads(toy("job", "create", "-f", "any.yml", "-o", "json"))["studio_url"] == "toy://"
-    assert json.loads(toy("job", "list", "-o", "json"))[0]["compute"] == "toybox"
-    assert "studio_url: toy://" in toy("job", "show", "toy_job")
+    created = json.loads(toy("job", "create", "-f", "any.yml", "-o", "json"))
+    assert created["services"]["Studio"]["endpoint"] == "toy://"
+    assert json.loads(toy("job", "list", "-o", "json"))[0]["compute"] == "azureml:toybox"
+    assert "toybox" in toy("job", "list")
+    assert "toy_job (toys) on toybox: Completed" in toy("job", "show", "toy_job")
+    assert "studio: toy://" in toy("job", "show", "toy_job")
     assert "Metrics: fun=1" in toy("job", "stream", "toy_job")
     assert json.loads(toy("job", "cancel", "toy_job", "--dry-run", "-o", "json"))["actions"] == [
         {"action": "cancel", "what": "toy job", "name": "toy_job"}]
@@ -157,7 +162,10 @@ class StandInClient:
 def test_azureml_lists_shows_deletes_and_cancels_through_mlclient() -> None:
     target = AzureMLTarget(workspace=WS)
     target._client = client = StandInClient()  # noqa: SLF001 - the client the target would build
-    assert target.list_jobs() == [{"name": "j1", "experiment": "exp", "compute": "gpucluster", "status": "Running"}]
+    [listed] = target.list_jobs()  # az ml's Job shape, as `az ml job list` prints it
+    assert {k: listed[k] for k in ("name", "experiment_name", "compute", "status", "type", "resourceGroup")} == {
+        "name": "j1", "experiment_name": "exp", "compute": "azureml:gpucluster", "status": "Running",
+        "type": "command", "resourceGroup": "rg-ml"}
     assert target.list_jobs("other") == []
     shown = target.show_compute("gpucluster")
     assert (shown["vm_size"], shown["vm_priority"], shown["max_nodes"], shown["idle_seconds_before_scaledown"]) == \

@@ -3,6 +3,7 @@ interface (emulator/targets/base.py) alone."""
 from __future__ import annotations
 
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -63,8 +64,13 @@ def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tupl
         sys.exit(0 if status == "Completed" else 1)
     flag = target_flag(target_name)
     emit(target.show(created), output, lambda d: console.print(
-        f"submitted {d['name']} to {d['compute']} on {target.name} (status {d['status']}); "
+        f"submitted {d['name']} to {_compute(d)} on {target.name} (status {d['status']}); "
         f"follow it with: amlemu job stream{flag} -n {d['name']}", highlight=False))
+
+
+def _compute(job: dict[str, Any]) -> str:
+    """The compute's name in az ml's Job shape (`azureml:<name>`; none: serverless)."""
+    return str(job.get("compute") or "serverless").removeprefix("azureml:")
 
 
 def _print_json(data: Any) -> None:
@@ -91,7 +97,7 @@ def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_r
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "experiment", "compute", "status")
         for d in data:
-            table.add_row(d["name"], d["experiment"], d["compute"], d["status"])
+            table.add_row(d["name"], d.get("experiment_name"), _compute(d), d.get("status"))
         console.print(table)
     jobs = _target(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1)
     if not all_results and len(jobs) > max_results:  # one more than asked: there are more
@@ -109,19 +115,20 @@ def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_r
 @handle_errors
 def job_show(ctx: click.Context, name: str, target_name: str | None, output: str) -> None:
     def human(d: dict[str, Any]) -> None:
-        console.print(f"{d['name']} ({d['experiment']}) on {d['compute']}: {d['status']}", highlight=False)
-        if d.get("error"):
-            console.print(f"error: {d['error']}", highlight=False, markup=False)
-        history = d.get("history") or []
+        own = d.get("amlemu") or {}  # the emulator's facts; another target may have none
+        console.print(f"{d['name']} ({d.get('experiment_name')}) on {_compute(d)}: {d.get('status')}", highlight=False)
+        if own.get("error"):
+            console.print(f"error: {own['error']}", highlight=False, markup=False)
+        history = own.get("history") or []
         for h in history:
             detail = h["detail"].splitlines()[0] if h["detail"] else ""
-            console.print(f"  +{h['time'] - history[0]['time']:7.2f}s  {h['status']:<16} {detail}",
-                          highlight=False, markup=False)
-        for k, v in sorted((d.get("metrics") or {}).items()):
+            since = (datetime.fromisoformat(h["time"]) - datetime.fromisoformat(history[0]["time"])).total_seconds()
+            console.print(f"  +{since:7.2f}s  {h['status']:<16} {detail}", highlight=False, markup=False)
+        for k, v in sorted((own.get("metrics") or {}).items()):
             console.print(f"  {k} = {v:.6g}", highlight=False)
-        known = ("name", "experiment", "compute", "status", "error", "history", "metrics")
-        for key, value in d.items():  # outputs, logs, plot; a target's own fields (studio_url)
-            if key not in known and value is not None:
+        studio = ((d.get("services") or {}).get("Studio") or {}).get("endpoint")
+        for key, value in (("studio", studio), *((k, own.get(k)) for k in ("outputs", "logs", "plot"))):
+            if value is not None:
                 console.print(f"{key}: {value}", highlight=False, markup=False)
     emit(_target(ctx, target_name).show(name), output, human)
 

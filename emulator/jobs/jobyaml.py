@@ -19,7 +19,7 @@ from amlemu.names import (
     check_experiment_name,
     check_image_reference,
     check_job_name,
-    default_experiment_name,
+    cwd_experiment_name,
 )
 from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
 from amlemu.storage.datastores import parse_uri
@@ -253,7 +253,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         command=command,
         code=code_dir,
         compute=compute,
-        experiment_name=(default_experiment_name((code_dir or Path.cwd()).name) if data.get("experiment_name") is None
+        experiment_name=(cwd_experiment_name() if data.get("experiment_name") is None
                          else check_experiment_name(data["experiment_name"])),
         instance_count=instance_count,
         distribution=distribution,

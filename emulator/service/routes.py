@@ -21,6 +21,7 @@ from typing import Any
 from starlette.applications import Starlette
 from starlette.routing import Route
 
+from amlemu.jobs import resource
 from amlemu.service import bodies, datablobs, endpoint, health, linkguard, v1online, v1routes
 from amlemu.service.calls import Call, Context, Reply, arm_error
 from amlemu.service.state import ARM_TYPE, not_found, system_data
@@ -145,9 +146,9 @@ def blob(call: Call) -> Reply:
 
 # --- jobs and their run history ------------------------------------------------------------------
 def job_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
-    props = {**props, "services": {"Studio": {"jobServiceType": "Studio",
-                                              "endpoint": f"{call.base}/studio/jobs/{name}"}}}
-    return _resource(call, "jobs", name, props)
+    # The one serializer `amlemu job show` prints through too (emulator/jobs/resource.py).
+    return resource.rest_resource(name, props, workspace_id=call.st.workspace.id,
+                                  created_at=call.st.job_created(name), service_url=call.base)
 
 
 def job(call: Call) -> Reply:

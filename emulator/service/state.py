@@ -272,6 +272,8 @@ class State(Protocol):
 
     def get_job(self, name: str) -> dict[str, Any]: ...
 
+    def job_created(self, name: str) -> float: ...  # when it was submitted (systemData.createdAt)
+
     def list_jobs(self) -> list[tuple[str, dict[str, Any]]]: ...
 
     def cancel_job(self, name: str) -> str: ...  # a long-running operation's id

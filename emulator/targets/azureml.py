@@ -218,11 +218,15 @@ class AzureMLTarget(Target):
         return str(self.show(name)["status"])
 
     def show(self, name: str) -> dict[str, Any]:
-        job = self._call(f"job {name}", lambda: self.client().jobs.get(name))
-        status = getattr(job.status, "value", job.status)  # a str or a JobStatus enum
-        return {"name": name, "target": self.name, "status": str(status), "compute": job.compute,
-                "experiment": job.experiment_name, "display_name": job.display_name,
-                "studio_url": job.studio_url}
+        return self._az_job(self._call(f"job {name}", lambda: self.client().jobs.get(name)))
+
+    def _az_job(self, job: Any) -> dict[str, Any]:
+        """What `az ml job show` prints of it: the CommandJob's dict (az ml makes a job of the
+        command node jobs.get answers), with the resourceGroup az adds."""
+        entity = job._to_job() if hasattr(job, "_to_job") else job  # noqa: SLF001 - az ml's own call
+        shown = json.loads(json.dumps(entity._to_dict(), default=str))  # noqa: SLF001
+        shown["status"] = str(getattr(job.status, "value", job.status))  # some versions dump the enum's name
+        return {**shown, "resourceGroup": self.workspace.resource_group}
 
     def stream(self, name: str) -> str:
         def stream() -> None:
@@ -240,9 +244,7 @@ class AzureMLTarget(Target):
         def jobs() -> list[Any]:
             wanted = (j for j in self.client().jobs.list() if experiment is None or j.experiment_name == experiment)
             return list(wanted if max_results is None else islice(wanted, max_results))
-        rows = [{"name": j.name, "experiment": j.experiment_name, "compute": getattr(j, "compute", None),
-                 "status": str(getattr(j.status, "value", j.status))} for j in self._call("listing jobs", jobs)]
-        return rows[::-1]  # oldest first, as every target lists them
+        return [self._az_job(j) for j in self._call("listing jobs", jobs)][::-1]  # oldest first, as every target
 
     def metrics(self, name: str) -> dict[str, float]:
         return {}  # Azure ML keeps them in the workspace's MLflow tracking server: see the studio

@@ -92,12 +92,14 @@ class Target(ABC):
 
     @abstractmethod
     def show(self, name: str) -> dict[str, Any]:
-        """The job's name, status, compute, experiment and what else the target knows (JSON-able)."""
+        """The job as `az ml job show` prints it (az ml's Job shape: name, status, experiment_name,
+        compute as azureml:<name>, services.Studio.endpoint, ...; JSON-able); a target's own facts
+        under a key of its own (the emulator's: `amlemu`)."""
 
     @abstractmethod
     def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
-        """Each job's name, experiment, compute and status (of one experiment, if given), oldest
-        first; with max_results, only that many of the most recent ones."""
+        """Each job as `show` gives it (of one experiment, if given), oldest first; with
+        max_results, only that many of the most recent ones."""
 
     @abstractmethod
     def metrics(self, name: str) -> dict[str, float]:

@@ -9,8 +9,10 @@ from typing import Any
 from amlemu.actions import Action, execute
 from amlemu.api import Emulator, Run
 from amlemu.errors import ConfigError, NotFoundError, StateError
+from amlemu import servicefile
+from amlemu.jobs import resource
 from amlemu.jobs.sdkjobs import to_job
-from amlemu.runs.contract import bindings
+from amlemu.runs.contract import bindings, workspace_arm_id
 from amlemu.runs.metrics import PLOT_NAME
 from amlemu.specs import ClusterSpec
 from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
@@ -20,12 +22,22 @@ CANCEL_WAIT = 30.0  # seconds `cancel` waits for the run's supervisor to stop th
 DEFAULT_OUTPUT = "default"  # az ml's name for a job's logs and default output (`--output-name default`)
 
 
-def run_data(run: Run) -> dict[str, Any]:
-    record = run.record
-    return {"name": run.id, "experiment": record.experiment, "compute": record.cluster,
-            "status": record.status.value, "error": record.error, "outputs": str(run.outputs),
-            "logs": str(run.log_path(0).parent),
-            "history": [{"time": ts, "status": st.value, "detail": d} for ts, st, d in run.events()]}
+def run_data(run: Run, workspace: dict[str, str], home_root: Path, service_url: str | None) -> dict[str, Any]:
+    """The job as `az ml job show` prints it (the Job resource `amlemu serve` returns, through the
+    one serializer, jobs/resource.py), and amlemu's own facts under `amlemu`: the status history,
+    the run's local folders, its error."""
+    record, ws_id = run.record, workspace_arm_id(workspace)
+    outputs = {b.ref.split(".", 1)[1]: b.uri for b in bindings(run.job, run.id) if b.ref.startswith("outputs.")}
+    props = resource.job_properties(run.id, record.job, home_root=home_root, workspace_id=ws_id,
+                                    compute=record.cluster, experiment=record.experiment,
+                                    status=record.status.value, output_uris=outputs)
+    rest = resource.rest_resource(run.id, props, workspace_id=ws_id, created_at=record.created_at,
+                                  service_url=service_url)
+    extra = {"compute": record.cluster, "code": record.job.get("code"), "error": record.error,
+             "exit_code": record.exit_code,
+             "outputs": str(run.outputs), "logs": str(run.log_path(0).parent),
+             "history": [{"time": resource.iso(ts), "status": st.value, "detail": d} for ts, st, d in run.events()]}
+    return {**resource.az_job(rest), "amlemu": extra}
 
 
 class EmulatorTarget(Target):
@@ -59,15 +71,23 @@ class EmulatorTarget(Target):
     def show(self, name: str) -> dict[str, Any]:
         self.emu.reconcile()
         run = self.emu.run(name)
+        shown = run_data(run, self.emu.workspace(), self.emu.home.root, self._service_url())
         plot = run.plot_path
-        return {**run_data(run), "metrics": run.metrics(), "plot": str(plot) if plot else None}
+        shown["amlemu"].update(metrics=run.metrics(), plot=str(plot) if plot else None)
+        return shown
 
     def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
         self.emu.reconcile()
         runs = self.emu.runs(experiment)  # oldest first
         if max_results is not None:
             runs = runs[max(len(runs) - max_results, 0):]
-        return [{k: v for k, v in run_data(r).items() if k != "history"} for r in runs]
+        workspace, url = self.emu.workspace(), self._service_url()
+        return [run_data(r, workspace, self.emu.home.root, url) for r in runs]
+
+    def _service_url(self) -> str | None:
+        """The running `amlemu serve`'s address: the studio page a job's Studio endpoint is on."""
+        state = servicefile.read_state(self.emu.home.root)
+        return state.url if state else None
 
     def metrics(self, name: str) -> dict[str, float]:
         return self.emu.run(name).metrics()
