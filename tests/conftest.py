@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from amlemu.api import Emulator
-from amlemu.backends import BACKENDS, backend_class
+from amlemu.backends import BACKENDS, backend_class, netns
 from amlemu.home import default_cache
 from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
@@ -141,8 +141,10 @@ def emu(tmp_path: Path, backend: str, _homes: set[str], request: pytest.FixtureR
         label = {"label": f"amlemu.home={emulator.home.id}"}
         assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
         assert client.networks.list(filters=label) == [], "the test left networks behind"
-    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if str(emulator.home.root) in line]
-    assert mounts == [], f"the test left node disks mounted: {mounts}"
+    # Node disks are mounted in the home; process clusters' network namespaces under netns.RUNTIME_ROOT.
+    marks = (str(emulator.home.root), str(netns.RUNTIME_ROOT / emulator.home.id))
+    mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if any(m in line for m in marks)]
+    assert mounts == [], f"the test left node disks or network namespaces mounted: {mounts}"
     leftovers = [(p.pid, p.info["status"], " ".join(p.info["cmdline"] or [])[:200])
                  for p in psutil.process_iter(["cmdline", "status"])
                  if any(str(emulator.home.root) in part for part in (p.info["cmdline"] or []))]

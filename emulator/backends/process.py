@@ -223,7 +223,7 @@ class ProcessBackend(NodeBackend):
                         run=functools.partial(self._remove_found, node.cluster, node.name))
                  for node in self.list_nodes()]
         networks = [Action("remove", "network namespace", path.name, {"path": str(path)},
-                           run=functools.partial(netns.remove, path))
+                           run=functools.partial(netns.remove, path), always=True)  # a kernel object: never left
                     for path in sorted((netns.RUNTIME_ROOT / self.home.id).glob("*"))]
         return nodes + networks
 

@@ -110,7 +110,7 @@ def plan_release_disks(folder: Path, all_homes: bool = False) -> list[Action]:
     devices freed) and their images removed."""
     points = nodedisk.every_home_disk() if all_homes else nodedisk.mounted_under(folder)
     return [Action("unmount", "node disk", str(point), {"image": str(nodedisk.image_path(point))},
-                   run=functools.partial(nodedisk.detach, point)) for point in points]
+                   run=functools.partial(nodedisk.detach, point), always=True) for point in points]
 
 
 def plan_stop_azurite(azurite: Azurite) -> list[Action]:
