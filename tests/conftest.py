@@ -124,6 +124,19 @@ def own_azurite(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """An empty home for tests that drive the CLI or the service; its cleanup stops what they started."""
+    from amlemu import servicefile  # noqa: PLC0415
+
+    root = tmp_path / "home"
+    root.mkdir()
+    yield root
+    subprocess.run([sys.executable, "-m", "amlemu", "--home", str(root), "cleanup", "--yes"], capture_output=True,
+                   timeout=120)
+    assert servicefile.read_state(root) is None
+
+
+@pytest.fixture
 def emu(tmp_path: Path, backend: str, _homes: set[str], request: pytest.FixtureRequest):
     """An emulator with its own home; afterwards nothing it made may remain."""
     emulator = Emulator(home=tmp_path / "home", backend=backend)

@@ -38,16 +38,6 @@ def amlemu(home: Path, *args: str, code: int = 0) -> subprocess.CompletedProcess
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "home"
-    root.mkdir()
-    yield root
-    subprocess.run([sys.executable, "-m", "amlemu", "--home", str(root), "cleanup", "--yes"], capture_output=True,
-                   timeout=120)
-    assert servicefile.read_state(root) is None
-
-
-@pytest.fixture
 def live(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, dict[str, str], Path]]:
     """The service over a real (empty) emulator home, in this process: (url, bearer header, CA
     bundle); the environment points azure-ai-ml at it, as `amlemu env`'s variables do."""

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -23,16 +22,6 @@ def amlemu(home: Path, *args: str, cwd: Path | None = None) -> str:
                           timeout=180, cwd=cwd, env={**os.environ, "AMLEMU_BACKEND": "process"})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
-
-
-@pytest.fixture
-def home(tmp_path: Path) -> Iterator[Path]:
-    root = tmp_path / "home"
-    root.mkdir()
-    yield root
-    subprocess.run([sys.executable, "-m", "amlemu", "--home", str(root), "cleanup", "--yes"], capture_output=True,
-                   timeout=120)
-    assert servicefile.read_state(root) is None
 
 
 def test_the_background_service_outlives_the_folder_it_was_started_from(home: Path, tmp_path: Path) -> None:
