@@ -14,7 +14,7 @@ import pytest
 
 from amlemu.envs import contextbuild, curated
 from amlemu.envs.resolve import EnvRef, parse_ref, resolve
-from amlemu.envs.software import planned_notices, software_for
+from amlemu.envs.software import Software, missing_import, planned_notices, software_for
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
@@ -143,3 +143,11 @@ def test_a_build_context_is_built_by_the_engine_when_it_has_the_base_image_else_
     finally:
         for image in reversed(made):
             client.images.remove(image, force=True)
+
+
+def test_an_import_a_curated_environment_has_but_this_machine_lacks_names_both() -> None:
+    env = resolve("azureml:AzureML-tensorflow-2.16-cuda12@latest", None, NOBODY)
+    hint = missing_import("ModuleNotFoundError: No module named 'tensorflow'", Software(env, None, ()), lambda _: None)
+    assert hint and "has (tensorflow==2.16.2) but this machine's software" in hint and "not downloaded" in hint
+    other = missing_import("ModuleNotFoundError: No module named 'foo'", Software(env, None, ()), lambda _: None)
+    assert other and "which this machine's software does not contain; declare it" in other

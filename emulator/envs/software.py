@@ -158,8 +158,14 @@ def missing_import(reason: str, software: Software | None, log: Callable[[str], 
     match = MISSING_RE.search(reason)
     if not match or software is None:
         return None
+    module = match.group(1).split(".")[0]
     where = f"environment {software.environment.label}" if software.prefix else "this machine's software"
-    hint = (f"the job imports {match.group(1).split('.')[0]}, which {where} does not contain; declare it in the "
+    env = software.environment.curated
+    pinned = env.requirement(module.replace("_", "-")) if env is not None and software.prefix is None else None
+    hint = (f"the job imports {module}, which environment {software.environment.label} has ({pinned}) but this "
+            f"machine's software, which runs in its place, does not (a curated stack is not downloaded): install it "
+            f"in this machine's venv, or name an environment with a conda file that declares it") if pinned else (
+            f"the job imports {module}, which {where} does not contain; declare it in the "
             f"environment (its conda file's pip list)")
     log(f"notice: {hint}")
     return hint
