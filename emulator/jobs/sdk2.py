@@ -61,9 +61,10 @@ def _environment(env: Any) -> str | dict[str, Any] | None:
         return env if env.startswith("azureml:") else f"azureml:{env}"
     build = getattr(env, "build", None)
     if getattr(env, "conda_file", None) or build is not None:  # an inline one: its definition
-        return {k: v for k, v in {"image": env.image, "conda_file": env.conda_file,
-                                  "build": {"path": str(build.path), **({"dockerfile_path": str(build.dockerfile_path)} if getattr(
-                                      build, "dockerfile_path", None) else {})} if build is not None else None}.items() if v}
+        dockerfile = getattr(build, "dockerfile_path", None)
+        context = None if build is None else {"path": str(build.path),
+                                              **({"dockerfile_path": str(dockerfile)} if dockerfile else {})}
+        return {k: v for k, v in {"image": env.image, "conda_file": env.conda_file, "build": context}.items() if v}
     if getattr(env, "image", None):  # inline too, as `environment: {image: ...}` in YAML
         return {"image": str(env.image)}
     version = f":{env.version}" if getattr(env, "version", None) else ""
@@ -157,7 +158,8 @@ def command_from_spec(spec: JobSpec) -> Any:
                     }.get(dist.type)
     env, inline = spec.environment, spec.environment_def
     return command(
-        command=spec.command, code=None if spec.code is None else str(spec.code), compute=spec.compute, experiment_name=spec.experiment_name,
+        command=spec.command, code=None if spec.code is None else str(spec.code), compute=spec.compute,
+        experiment_name=spec.experiment_name,
         display_name=spec.display_name, environment_variables=dict(spec.environment_variables),
         environment=Environment(image=inline["image"], conda_file=inline["conda_file"]) if inline and not
         inline["build_path"] else Environment(image=env) if env and not env.startswith("azureml:") else env,
