@@ -37,6 +37,7 @@ from amlemu.runs import recovery
 from amlemu.runs.plan import plan_launch
 from amlemu.runs.runlogs import rank_log
 from amlemu.specs import JobSpec, RunStatus
+from amlemu.storage.assets import Assets
 from amlemu.storage.datastores import Datastores
 
 
@@ -160,6 +161,7 @@ class Emulator:
         self.store = Store(self.home.db)
         self.default_backend = backend or os.environ.get("AMLEMU_BACKEND", "auto")
         self.datastores = Datastores(self.store, self.home.root, default_cache())
+        self.assets = Assets(self.store, self.datastores)  # data and model assets (storage/assets.py)
         self.faults = FaultInjector(self.home, self.store)
 
     # --- workspace ---------------------------------------------------------------------------
@@ -223,7 +225,7 @@ class Emulator:
 
     # --- jobs --------------------------------------------------------------------------------
     def _job(self, job: Any, overrides: list[str] | None = None) -> JobSpec:
-        return to_job(job, overrides)
+        return self.assets.bind(to_job(job, overrides))  # azureml:<asset> inputs: datastore URIs
 
     def _check_fits(self, job: JobSpec) -> Cluster:
         cluster = self.store.cluster(job.compute)

@@ -3,6 +3,7 @@ module imports its groups and helpers from cli.common and none imports another."
 from __future__ import annotations
 
 from amlemu.cli import (  # noqa: F401 - each registers
+    assets,
     cleanup,
     compute,
     convert,

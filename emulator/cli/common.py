@@ -218,7 +218,12 @@ def environment() -> None:
 
 @cli.group()
 def data() -> None:
-    """Move data in and out of datastores (azureml://datastores/<name>/paths/<path>)."""
+    """Data assets (create, list, show, archive) and data in and out of datastores (upload, download, ls)."""
+
+
+@cli.group()
+def model() -> None:
+    """Model assets (custom_model, mlflow_model, triton_model), for jobs' azureml:<name>:<version> inputs."""
 
 
 @cli.group()

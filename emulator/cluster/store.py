@@ -39,6 +39,9 @@ CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS environments (
     name TEXT NOT NULL, version TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (name, version));
+CREATE TABLE IF NOT EXISTS assets (
+    kind TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (kind, name, version));
 CREATE TABLE IF NOT EXISTS faults (
     id INTEGER PRIMARY KEY, ts REAL NOT NULL, cluster TEXT NOT NULL, node TEXT NOT NULL,
     run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
@@ -154,9 +157,10 @@ class Store:
         self._db.execute("COMMIT")
 
     def reset(self, keep_data: bool = False) -> None:
-        """Forget everything; with keep_data, the workspace, its datastores and environments stay (`amlemu cleanup`)."""
+        """Forget everything; with keep_data, the workspace, its datastores, environments and data/model
+        assets stay (`amlemu cleanup`)."""
         tables = ["clusters", "nodes", "runs", "events", "faults", "preemption_policies"] + (
-            [] if keep_data else ["workspace", "datastores", "environments"])
+            [] if keep_data else ["workspace", "datastores", "environments", "assets"])
         with self.transaction() as db:
             for table in tables:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names

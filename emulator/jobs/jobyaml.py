@@ -22,6 +22,7 @@ from amlemu.names import (
     cwd_experiment_name,
 )
 from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.storage.assets import MODEL_TYPES, is_asset_ref
 from amlemu.storage.datastores import parse_uri
 from amlemu.storage.nodecache import policy_from_env
 
@@ -35,6 +36,7 @@ TENSORFLOW_FIELDS = {"worker_count", "parameter_server_count"}  # az ml's Tensor
 RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
 BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
 INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
+FOLDER_TYPES = ("mltable", *MODEL_TYPES)
 OUTPUT_FIELDS = {"type", "path", "mode", "description", "name", "version"}
 
 
@@ -112,14 +114,26 @@ def _mode(value: dict[str, Any], field: str, allowed: tuple[DataMode, ...], defa
     return parsed
 
 
+def binding_type(kind: str, field: str) -> str:
+    """How a typed input or output is bound: uri_file as a file; uri_folder, mltable and the model
+    types (custom_model, mlflow_model, triton_model) as a folder, as Azure ML mounts them."""
+    if kind in ("uri_file", "uri_folder"):
+        return kind
+    if kind in FOLDER_TYPES:
+        return "uri_folder"
+    raise ConfigError(field, f"'{kind}' is not supported", f"use one of: uri_file, uri_folder, {', '.join(FOLDER_TYPES)}")
+
+
 def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
     field = f"inputs.{name}"
     _check_fields(value, INPUT_FIELDS, f"{field}.")
     path = value.get("path")
     if not isinstance(path, str) or not path:
         raise ConfigError(f"{field}.path", "missing", "give a local path or an azureml://datastores/... URI")
-    kind = str(value.get("type", "uri_folder"))
+    kind = binding_type(str(value.get("type", "uri_folder")), f"{field}.type")
     mode = _mode(value, field, INPUT_MODES, DataMode.RO_MOUNT)
+    if is_asset_ref(path):  # a data/model asset or a job's output: resolved against the workspace at submit
+        return DataInput(kind, path.strip(), mode)
     if path.startswith("azureml://"):
         try:
             parse_uri(path)
@@ -127,7 +141,8 @@ def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
             raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
         return DataInput(kind, path.strip(), mode)
     if path.startswith(("azureml:", "https:", "http:", "wasbs:", "abfss:")):
-        raise ConfigError(f"{field}.path", f"{path}: only azureml://datastores/<ds>/paths/<p> URIs and local "
+        raise ConfigError(f"{field}.path", f"{path}: only azureml://datastores/<ds>/paths/<p> URIs, assets "
+                          "(azureml:<name>:<version> or @latest), azureml://jobs/<job>/outputs/<name> and local "
                           "paths are emulated", "register the storage as a datastore (`amlemu datastore create`)")
     if mode is DataMode.DIRECT:
         raise ConfigError(f"{field}.mode", "direct passes a storage URI to the job; a local path has none",
@@ -150,7 +165,8 @@ def _data_output(name: str, value: dict[str, Any]) -> DataInput:
             parse_uri(path)
         except ConfigError as exc:
             raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
-    return DataInput(str(value.get("type", "uri_folder")), path.strip(), _mode(value, field, OUTPUT_MODES, DataMode.RW_MOUNT))
+    return DataInput(binding_type(str(value.get("type", "uri_folder")), f"{field}.type"), path.strip(),
+                     _mode(value, field, OUTPUT_MODES, DataMode.RW_MOUNT))
 
 
 def script_of(command: str) -> str | None:

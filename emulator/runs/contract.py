@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from amlemu.jobs.jobyaml import substitute_bindings
 from amlemu.runs.mpi import MpiLaunch, mpirun_argv
 from amlemu.specs import DataInput, DataMode, DistributionType, JobSpec
-from amlemu.storage.datastores import DEFAULT as DEFAULT_DATASTORE
+from amlemu.storage.assets import default_output_uri  # noqa: F401 - one formula, re-exported for targets
 from amlemu.storage.datastores import parse_uri
 
 NODE_ROOT = "/mnt/azureml"
@@ -101,10 +101,6 @@ class Binding:
     @property
     def is_output(self) -> bool:
         return self.ref.startswith("outputs.")
-
-
-def default_output_uri(run_id: str, name: str) -> str:
-    return f"azureml://datastores/{DEFAULT_DATASTORE}/paths/azureml/{run_id}/{name}/"
 
 
 def bindings(job: JobSpec, run_id: str) -> list[Binding]:
