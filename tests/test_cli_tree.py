@@ -39,6 +39,7 @@ from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
 from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.assets import asset_from_dict
 from amlemu.storage.datastores import DatastoreSpec
 from amlemu.targets.azureml import WorkspaceRef
 
@@ -85,6 +86,13 @@ CASES: dict[str, Case] = {
     "data download": c(WRITE, f"{UP}/x", "{work}/down"),
     "data ls": c(READ, f"{UP}/"),
     "data sync": c(WRITE, f"{UP}/x"),
+    "data create": c(WRITE, "-n", "tree-data", "-p", f"{UP}/x", "-t", "uri_folder"),
+    "data list": c(READ),
+    "data show": c(READ, "-n", "tree-asset", "--label", "latest"),
+    "data archive": c(WRITE, "-n", "tree-asset", "-v", "1"),
+    "model create": c(WRITE, "-n", "tree-model", "-p", "azureml://jobs/done_run/outputs/model"),
+    "model list": c(READ),
+    "model show": c(READ, "-n", "tree-registered", "-v", "1"),
     "fault kill-node": c(WRITE, "c1", "0"),
     "fault partition": c(ONCE, "dkp", "0"),
     "fault slow": c(LIVE, "dk", "0", "--cpus", "0.5"),
@@ -130,6 +138,8 @@ def template(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iter
         (root / "env.yml").write_text("name: tree-env\nimage: python:3.11-slim\n"
                                       "conda_file: {dependencies: [python=3.11, {pip: [amlemupin==1.0]}]}\n")
         emu.store.add_environment(load_environment(root / "env.yml"))
+        for kind, name in (("data", "tree-asset"), ("model", "tree-registered")):
+            emu.assets.create(asset_from_dict(kind, {"name": name, "path": f"{UP}/x"}, base_dir=root))
         cached = emu.home.cache_dir("c1", "c1-node-0") / "data" / "localds" / "x" / "a.txt"
         cached.parent.mkdir(parents=True)
         cached.write_text("abc")
