@@ -2,6 +2,7 @@
 software with the reason why not. Called as a run is prepared (Azure ML builds its image then)."""
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -12,7 +13,8 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
 from amlemu.envs import contextbuild, curated, hostdists
-from amlemu.envs.build import HOST_PYTHON, BuiltEnvironment, PackageSource, build
+from amlemu.envs.pipsources import truthy
+from amlemu.envs.build import HOST_PYTHON, OFFLINE, BuiltEnvironment, PackageSource, build
 from amlemu.envs.layer import build_layer
 from amlemu.envs.resolve import Lookup, ResolvedEnvironment, resolve
 
@@ -60,7 +62,7 @@ def _pin_met(version: str, have: str | None) -> bool:
 
 
 def plan(reference: str | None, definition: dict[str, Any] | None, registered: Lookup,
-         source: PackageSource) -> tuple[ResolvedEnvironment, tuple[str, ...]]:
+         source: PackageSource | None = None) -> tuple[ResolvedEnvironment, tuple[str, ...]]:
     """(the environment to build, or one whose `build` is False: this machine's software; the
     notices naming what is not emulated). The same for a dry run, a submit and the run itself."""
     env = resolve(reference, definition, registered)
@@ -77,7 +79,7 @@ def plan(reference: str | None, definition: dict[str, Any] | None, registered: L
             return replace(env, build=False), tuple(notices)
         notices.append(f"environment {env.label}: only its pinned packages are emulated, not its image {env.image}")
     if env.build:
-        env, skipped = without_runtime(env, source)
+        env, skipped = without_runtime(env, source)  # None: what the variables say (pip's sources not read)
         if skipped:
             notices.append(f"environment {env.label}: {', '.join(skipped)} not installed here (Azure ML's runtime "
                            f"packages, not on this machine; nodes track MLflow to a local store): set "
@@ -89,18 +91,18 @@ def plan(reference: str | None, definition: dict[str, Any] | None, registered: L
 
 def planned_notices(reference: str | None, definition: dict[str, Any] | None, registered: Lookup) -> tuple[str, ...]:
     """What a dry run and a submit say of the job's environment, without building it."""
-    return plan(reference, definition, registered, PackageSource.from_env())[1]
+    return plan(reference, definition, registered)[1]
 
 
 def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
                  source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
                  has_image: Callable[[str], bool] = lambda _: False) -> Software:
-    source = source or PackageSource.from_env()
     env, notices = plan(reference, definition, registered, source)
     if env.kind == "build":
         return _context_image(env, notices, cache, log, has_image)
     if not env.build:
         return Software(env, None, notices)
+    source = source or PackageSource.from_env()  # pip's configuration is read only for a build
     log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
         f"package source: {source.describe()})")
     if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
@@ -127,13 +129,15 @@ def _context_image(env: ResolvedEnvironment, notices: tuple[str, ...], cache: Pa
     return Software(env, None, notices, image=tag)
 
 
-def without_runtime(env: ResolvedEnvironment, source: PackageSource) -> tuple[ResolvedEnvironment, list[str]]:
+def without_runtime(env: ResolvedEnvironment, source: PackageSource | None) -> tuple[ResolvedEnvironment, list[str]]:
     """Azure ML's own runtime packages (azureml-mlflow routes MLflow to the workspace) are left out
     unless they are on this machine or AMLEMU_PACKAGE_INDEX names an index for them: the emulator
     plays their part (a download of Azure's SDK stack for a job that never reaches Azure)."""
     runtime = {r: name for r in env.requirements
                if (name := canonicalize_name(re.split(r"[\[<>=!~; ]", r, maxsplit=1)[0])) in RUNTIME_PACKAGES}
-    if source.explicit_index or not runtime:
+    explicit = source.explicit_index if source is not None else bool(
+        os.environ.get("AMLEMU_PACKAGE_INDEX")) and not truthy(os.environ.get(OFFLINE, ""))
+    if explicit or not runtime:
         return env, []
     have = hostdists.installed(hostdists.host_site())  # read only when there is something to look up
     skipped = [r for r, name in runtime.items() if name not in have]
