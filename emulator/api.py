@@ -22,11 +22,11 @@ from amlemu import statefile
 from amlemu.actions import Action, execute
 from amlemu.backends import get_backend, nodedisk, resolve_backend
 from amlemu.cluster import allocation as autoscale
-from amlemu.cluster import teardown
+from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, RunRecord, Store
 from amlemu.envs.software import planned_notices
-from amlemu.errors import CapacityError, ConfigError, NotFoundError
+from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import snapshot
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
@@ -36,7 +36,7 @@ from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
 from amlemu.runs import recovery
 from amlemu.runs.plan import plan_launch
 from amlemu.runs.runlogs import rank_log
-from amlemu.specs import JobSpec, RunStatus
+from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage.datastores import Datastores
 
@@ -178,6 +178,7 @@ class Emulator:
         """Dry run of create_compute. `spec`: a ClusterSpec, an azure.ai.ml AmlCompute, or a v1
         provisioning configuration with its `name`."""
         spec = to_cluster(spec, name)
+        pools.check_user_compute(spec)
         chosen, why = resolve_backend(backend or self.default_backend)
         be = get_backend(chosen, self.home)
         requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
@@ -227,13 +228,17 @@ class Emulator:
     def _job(self, job: Any, overrides: list[str] | None = None) -> JobSpec:
         return self.assets.bind(to_job(job, overrides))  # azureml:<asset> inputs: datastore URIs
 
-    def _check_fits(self, job: JobSpec) -> Cluster:
-        cluster = self.store.cluster(job.compute)
-        if job.instance_count > cluster.spec.max_nodes:
-            raise CapacityError(f"resources.instance_count: {job.instance_count} nodes exceed max_nodes "
-                                f"{cluster.spec.max_nodes} of compute '{job.compute}'; lower instance_count "
-                                f"or raise the cluster's max_nodes")
-        return cluster
+    def _check_fits(self, job: JobSpec, create: bool = False) -> Cluster:
+        """The job's cluster: a named one, or the platform's serverless or local pool (made at submit)."""
+        def make(spec: ClusterSpec, backend: str) -> Cluster:
+            made = self.store.add_cluster(spec, backend)
+            get_backend(backend, self.home).create_cluster(spec.name)
+            return made
+        return pools.check_fits(self.job_cluster(job, make if create else None), job)
+
+    def job_cluster(self, job: JobSpec, make: Any = None) -> Cluster:
+        """The cluster `job` runs on: its named compute, or the serverless or local pool (made by `make`)."""
+        return pools.cluster_for(self.store, job, os.environ, lambda: resolve_backend(self.default_backend)[0], make)
 
     def _check_datastores(self, job: JobSpec) -> None:
         for b in bindings(job, "<run id>"):
@@ -271,7 +276,7 @@ class Emulator:
                            base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
                            as_root=os.geteuid() == 0, notices=(*notices, *(n for n in (note, disk_note) if n)),
                            launch_prefix=backend.launch_prefix(cluster.spec.name))
-        return {**plan.to_dict(), "nodes": node_plans}
+        return {**plan.to_dict(), "nodes": node_plans, **pools.describe(self.store, cluster)}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1
@@ -292,7 +297,8 @@ class Emulator:
             shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
             raise
         (run_dir / "system_logs").mkdir(parents=True)
-        self.store.add_run(run_id, job.experiment_name, job.compute, job_to_record(job))
+        cluster = self._check_fits(job, create=True)  # a serverless pool is made now, after every check
+        self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "amlemu.runs.supervisor", str(self.home.root), run_id],

@@ -47,13 +47,65 @@ VM_SIZES: dict[str, VmSize] = {
 }
 
 
-def lookup(name: str) -> VmSize:
+# `compute: local` (the job runs on this machine, as Azure ML's local runs do): a node as large as
+# this machine (node_limits caps every size at it). Only the platform's local pool has this size.
+LOCAL_SIZE = VmSize("Local", 1 << 16, float(1 << 20))
+
+
+def lookup(name: str, field: str = "vm_size") -> VmSize:
     """Case-insensitive, as Azure is; unknown sizes are refused with the known ones."""
+    if name.strip().upper() == LOCAL_SIZE.name.upper():
+        return LOCAL_SIZE
     try:
         return VM_SIZES[name.strip().upper()]
     except KeyError:
         known = ", ".join(sorted(s.name for s in VM_SIZES.values()))
-        raise ConfigError("vm_size", f"unknown size '{name}'", f"use one of: {known}") from None
+        raise ConfigError(field, f"unknown size '{name}'", f"use one of: {known}") from None
+
+
+# --- the platform's pools: serverless compute and `compute: local` -----------------------------
+SERVERLESS = "serverless"  # what a job with no compute shows as its compute, as Azure ML's jobs do
+LOCAL = "local"
+# Azure ML picks a serverless job's size "based on quota, performance, cost and disk size" when it
+# names none; its serverless compute page gives a single DS3_v2-class node as the default.
+DEFAULT_SERVERLESS_SIZE = "Standard_DS3_v2"
+# queue_settings.job_tier (azure-ai-ml's JobTier): spot runs on low-priority (preemptible) nodes;
+# the other tiers (and none) on dedicated ones. Basic/standard/premium differ on Azure in how long
+# a job may queue, which one machine does not emulate.
+JOB_TIERS = {"null": "dedicated", "spot": "lowpriority", "basic": "dedicated", "standard": "dedicated",
+             "premium": "dedicated"}
+# A pool's name is longer than the 24 characters an AmlCompute name may have: no user's cluster
+# can take it, yet it is a valid hostname and container name for its nodes.
+_POOL_PREFIXES = (f"{SERVERLESS}-", f"{LOCAL}-")
+
+
+def job_tier(value: object, field: str = "queue_settings.job_tier") -> str:
+    """The tier's canonical lower-case name; unknown ones are refused with the known ones."""
+    tier = "null" if value is None else str(value).strip().lower()
+    if tier not in JOB_TIERS:
+        raise ConfigError(field, f"'{value}' is not a job tier", f"use one of: {', '.join(JOB_TIERS)}")
+    return tier
+
+
+def serverless_pool(instance_type: str | None, tier: str | None) -> str:
+    """The name of the home's serverless pool for this size and tier (one pool per pair)."""
+    size = lookup(instance_type or DEFAULT_SERVERLESS_SIZE, "resources.instance_type").name
+    priority = "spot" if JOB_TIERS[job_tier(tier)] == "lowpriority" else "dedicated"
+    return f"{SERVERLESS}-{size.lower().replace('_', '-')}-{priority}"
+
+
+LOCAL_POOL = f"{LOCAL}-pool-on-this-machine"
+
+
+def is_pool(name: str) -> bool:
+    return len(name) > 24 and name.startswith(_POOL_PREFIXES) and name.replace("-", "").isalnum() and name.isascii()
+
+
+def shown_compute(cluster: str) -> str:
+    """A run's compute as users see it: `serverless` or `local` for the platform's pools."""
+    if is_pool(cluster):
+        return LOCAL if cluster.startswith(f"{LOCAL}-") else SERVERLESS
+    return cluster
 
 
 @dataclass(frozen=True)
@@ -86,5 +138,12 @@ def node_limits(size: VmSize, *, host_cpus: int, host_memory_bytes: int, host_gp
         scaled.append(f"{size.memory_gib:g} GiB -> {memory / GIB:.1f} GiB")
     if gpus < size.gpus:
         scaled.append(f"{size.gpus} {size.gpu_model} GPUs -> {gpus}")
-    notice = f"{size.name} scaled to this machine: {', '.join(scaled)} per node" if scaled else None
+    local = size is LOCAL_SIZE  # this machine's own size: nothing is scaled down
+    notice = f"{size.name} scaled to this machine: {', '.join(scaled)} per node" if scaled and not local else None
     return NodeLimits(cpus=cpus, cpu_share=share, memory_bytes=memory, gpus=gpus, notice=notice)
+
+
+def rest_compute(cluster: str) -> str | None:
+    """A run's compute in Azure's Job resource: none for serverless (as Azure ML reports it)."""
+    shown = shown_compute(cluster)
+    return None if shown == SERVERLESS else shown

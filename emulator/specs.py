@@ -61,7 +61,7 @@ class ClusterSpec:
     idle_seconds_before_scaledown: int = 120
 
     def __post_init__(self) -> None:
-        if not isinstance(self.name, str) or not NAME_RE.fullmatch(self.name):
+        if not isinstance(self.name, str) or not (NAME_RE.fullmatch(self.name) or skus.is_pool(self.name)):
             raise ConfigError("name", f"'{self.name}' is not a valid compute name",
                               "use 2-24 letters, digits or hyphens, starting with a letter")
         object.__setattr__(self, "vm_size", skus.lookup(self.vm_size).name)
@@ -251,10 +251,22 @@ class JobSpec:
     log_layout: str = "v2"
     # An inline environment (jobs.envyaml): image, conda_file (its content), build_path; None: by reference.
     environment_def: dict[str, Any] | None = None
+    # Serverless compute (compute: serverless, or none): resources.instance_type (None: Azure ML's
+    # default size) and queue_settings.job_tier (skus.JOB_TIERS; None: dedicated nodes).
+    instance_type: str | None = None
+    job_tier: str | None = None
 
     def __post_init__(self) -> None:
         if not self.command.strip():
             raise ConfigError("command", "is empty", "give the command that starts the job")
+        if self.compute == skus.LOCAL and (self.instance_count > 1 or self.process_count > 1):
+            raise ConfigError("compute", "a local job runs as one process on this machine: Azure ML refuses "
+                              "instance_count or processes above 1 on local", "drop distribution and "
+                              "instance_count, or leave compute out to run on serverless compute")
+        if self.instance_type is not None:
+            object.__setattr__(self, "instance_type", skus.lookup(self.instance_type, "resources.instance_type").name)
+        if self.job_tier is not None:
+            object.__setattr__(self, "job_tier", skus.job_tier(self.job_tier))
         if self.instance_count < 1:
             raise ConfigError("resources.instance_count", f"must be at least 1, got {self.instance_count}")
         if self.distribution.type is DistributionType.NONE and self.instance_count > 1:

@@ -11,6 +11,7 @@ import fcntl
 from pathlib import Path
 from typing import Any
 
+from amlemu import skus
 from amlemu.api import Emulator, Run
 from amlemu.runs.homestore import ensure_store, store_path
 from amlemu.runs.metrics import SKIP_TAGS, all_runs, chunks
@@ -104,7 +105,7 @@ def _copy_data(client: Any, target_id: str, source: Any, sources: list[Any], run
 
     have = client.get_run(target_id).data
     params: dict[str, str] = {}
-    tags = {"amlemu.compute": run.record.cluster}
+    tags = {"amlemu.compute": skus.shown_compute(run.record.cluster)}
     for src in sources:
         for key, value in src.data.params.items():
             params.setdefault(key, value)  # params are immutable: the first attempt's value stays

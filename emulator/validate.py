@@ -87,7 +87,7 @@ def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
 def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
     findings = []
     try:
-        cluster = emu.compute(job.compute)
+        cluster = emu.job_cluster(job)  # serverless and local: the platform's pool (made at submit)
     except AmlEmuError:
         names = ", ".join(c.spec.name for c in emu.computes()) or "none"
         return [Finding("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",

@@ -73,7 +73,8 @@ BASE = "code: src\ncommand: python train.py\ncompute: azureml:c1\n"
     (BASE + "distribution:\n  type: mpi\n  process_count_per_instance: 0\n",
      "distribution.process_count_per_instance: must be at least 1, got 0"),
     (BASE + "distribution:\n  type: mpi\n  processes: 2\n", "distribution.processes: unknown field"),
-    ("code: src\ncommand: python train.py\n", "compute: missing; set compute: azureml:<cluster name>"),
+    ("code: src\ncommand: python train.py\ncompute: [c1]\n", "compute: ['c1'] is not a compute name; write compute: "
+     "azureml:<cluster name>, or leave it out for serverless compute"),
     ("code: nowhere\ncommand: python train.py\ncompute: c1\n", "code: "),
     ("code: src\ncommand: python missing.py\ncompute: c1\n", "command: script missing.py not found in code folder"),
     ("code: src\ncompute: c1\n", "command: missing"),

@@ -17,6 +17,7 @@ from amlemu.backends import NodeBackend, NodeRequest
 from amlemu.cluster import gpus as gpu_list
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
+from amlemu import skus
 from amlemu.skus import GIB, node_limits
 from amlemu.specs import ClusterSpec, RunStatus
 
@@ -29,8 +30,10 @@ class Allocation:
 
 def limits_here(spec: ClusterSpec, host_gpus: tuple[str, ...] | None = None):  # type: ignore[no-untyped-def]
     gpus = gpu_list.visible_gpus() if host_gpus is None else host_gpus
+    # A pool's max_nodes is a quota, not nodes meant to run at once: each of its nodes plans on its size.
+    busy = 1 if skus.is_pool(spec.name) else spec.max_nodes
     return node_limits(spec.size, host_cpus=os.cpu_count() or 1, host_memory_bytes=psutil.virtual_memory().total,
-                       host_gpus=len(gpus), nodes=spec.max_nodes)
+                       host_gpus=len(gpus), nodes=busy)
 
 
 def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = None,

@@ -28,6 +28,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "shm_size": job.shm_size,
         "log_layout": job.log_layout,
         "environment_def": job.environment_def,
+        "instance_type": job.instance_type, "job_tier": job.job_tier,
     }
 
 

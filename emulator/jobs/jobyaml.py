@@ -10,7 +10,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from amlemu import safeyaml
+from amlemu import safeyaml, skus
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import environment_from_dict
 from amlemu.names import (
@@ -34,6 +34,7 @@ KNOWN_FIELDS = {
 DISTRIBUTION_FIELDS = {"type", "process_count_per_instance", "worker_count", "parameter_server_count"}
 TENSORFLOW_FIELDS = {"worker_count", "parameter_server_count"}  # az ml's TensorFlowDistribution, only there
 RESOURCE_FIELDS = {"instance_count", "instance_type", "shm_size", "docker_args", "properties"}
+QUEUE_FIELDS = {"job_tier", "priority"}  # az ml's QueueSettings
 BINDING_RE = re.compile(r"\$\{\{\s*([a-zA-Z_][\w.]*)\s*\}\}")
 INPUT_FIELDS = {"type", "path", "mode", "description", "optional"}
 FOLDER_TYPES = ("mltable", *MODEL_TYPES)
@@ -198,6 +199,24 @@ def _code_dir(code: Any, base_dir: Path) -> Path | None:
     return code_dir
 
 
+def _compute(compute: Any) -> str:
+    """A cluster's name, `serverless` (also when there is none: Azure ML's default) or `local`."""
+    if compute is None or (isinstance(compute, str) and not compute.strip()):
+        return skus.SERVERLESS
+    if not isinstance(compute, str):
+        raise ConfigError("compute", f"{compute!r:.60} is not a compute name",
+                          "write compute: azureml:<cluster name>, or leave it out for serverless compute")
+    name = compute.strip().removeprefix("azureml:")
+    return name.lower() if name.lower() in (skus.SERVERLESS, skus.LOCAL) else name
+
+
+def _queue_settings(data: dict[str, Any]) -> str | None:
+    settings = _mapping(data.get("queue_settings"), "queue_settings")
+    _check_fields(settings, QUEUE_FIELDS, "queue_settings.")
+    tier = settings.get("job_tier")
+    return None if tier is None else skus.job_tier(tier)
+
+
 def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(data, dict):
         raise ConfigError("job", "the YAML must be a mapping of job fields")
@@ -210,10 +229,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
 
     code_dir = _code_dir(data.get("code"), base_dir)
 
-    compute = data.get("compute")
-    if not isinstance(compute, str) or not compute.strip():
-        raise ConfigError("compute", "missing", "set compute: azureml:<cluster name>")
-    compute = compute.removeprefix("azureml:")
+    compute = _compute(data.get("compute"))
 
     inputs: dict[str, Any] = {}
     for name, value in _mapping(data.get("inputs"), "inputs").items():
@@ -281,4 +297,6 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         max_run_duration_seconds=None if timeout is None else _int(timeout, "limits.timeout"),
         shm_size=None if resources.get("shm_size") is None else str(resources["shm_size"]),
         environment_def=environment_def,
+        instance_type=None if resources.get("instance_type") is None else str(resources["instance_type"]),
+        job_tier=_queue_settings(data),
     )

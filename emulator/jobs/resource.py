@@ -91,6 +91,8 @@ def command_properties(name: str, job: dict[str, Any], *, workspace_id: str, com
     resources: dict[str, Any] = {"instanceCount": job.get("instance_count", 1)}
     if job.get("shm_size"):
         resources["shmSize"] = job["shm_size"]
+    if job.get("instance_type"):  # serverless compute's size
+        resources["instanceType"] = job["instance_type"]
     props: dict[str, Any] = {
         "jobType": "Command", "command": job.get("command", ""), "experimentName": experiment, "status": status,
         "displayName": job.get("display_name") or name,
@@ -101,6 +103,7 @@ def command_properties(name: str, job: dict[str, Any], *, workspace_id: str, com
         "outputs": {k: _rest_data(v, True, output_uris.get(k)) for k, v in (job.get("outputs") or {}).items()},
         "resources": resources, "distribution": _distribution(job.get("distribution") or {}),
         "tags": {}, "properties": {},
+        "queueSettings": {"jobTier": str(job["job_tier"]).capitalize()} if job.get("job_tier") else None,
     }
     if job.get("max_run_duration_seconds"):
         props["limits"] = {"jobLimitsType": "Command", "timeout": f"PT{job['max_run_duration_seconds']}S"}
@@ -233,5 +236,7 @@ def az_job(resource: dict[str, Any]) -> dict[str, Any]:
         "limits": {"timeout": _timeout(props["limits"]["timeout"])}
         if isinstance(props.get("limits"), dict) and props["limits"].get("timeout") else None,
         "resourceGroup": group[1] if group else None,
+        "queue_settings": {"job_tier": str(props["queueSettings"]["jobTier"]).lower()}
+        if isinstance(props.get("queueSettings"), dict) and props["queueSettings"].get("jobTier") else None,
     }
     return {k: data[k] for k in sorted(data) if data[k] is not None}

@@ -104,6 +104,11 @@ def job_dict(job: Any) -> dict[str, Any]:
         data["resources"] = {"instance_count": job.resources.instance_count}
     if job.resources is not None and getattr(job.resources, "shm_size", None):
         data.setdefault("resources", {})["shm_size"] = job.resources.shm_size
+    if job.resources is not None and getattr(job.resources, "instance_type", None):  # serverless compute's size
+        data.setdefault("resources", {})["instance_type"] = job.resources.instance_type
+    tier = getattr(getattr(job, "queue_settings", None), "job_tier", None)
+    if tier:
+        data["queue_settings"] = {"job_tier": tier}
     timeout = getattr(getattr(job, "limits", None), "timeout", None)
     if timeout:
         data["limits"] = {"timeout": int(timeout)}
@@ -111,9 +116,7 @@ def job_dict(job: Any) -> dict[str, Any]:
 
 
 def job_from_v2(job: Any) -> JobSpec:
-    data = job_dict(job)
-    if not data.get("compute"):
-        raise ConfigError("compute", "missing", "give command(compute='<cluster name>')")
+    data = job_dict(job)  # no compute: serverless, as azure-ai-ml submits it
     return job_from_dict(data, base_dir=Path(data.get("code") or getattr(job, "_base_path", None) or "."))
 
 

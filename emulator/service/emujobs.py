@@ -139,6 +139,11 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
     resources = _object(props, "resources")
     if resources.get("instanceCount"):
         data["resources"] = {"instance_count": resources["instanceCount"]}
+    if resources.get("instanceType"):  # serverless compute's size (a job with no computeId)
+        data.setdefault("resources", {})["instance_type"] = resources["instanceType"]
+    tier = _object(props, "queueSettings").get("jobTier")
+    if tier is not None:
+        data["queue_settings"] = {"job_tier": tier}
     limits = _object(props, "limits")
     if limits.get("timeout"):
         data["limits"] = {"timeout": seconds(limits["timeout"], "limits.timeout")}

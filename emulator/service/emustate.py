@@ -17,7 +17,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from amlemu import safeyaml, servicefile, statefile, validate
+from amlemu import safeyaml, servicefile, skus, statefile, validate
 from amlemu.api import Emulator
 from amlemu.envs import curated
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
@@ -226,7 +226,7 @@ class EmulatorState:
         self._body_path(name)  # a name that is no path
         # The one serializer (jobs/resource.py): the body the SDK PUT, else the run record's job.
         return resource.job_properties(name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
-                                       compute=record.cluster, experiment=record.experiment,
+                                       compute=skus.rest_compute(record.cluster), experiment=record.experiment,
                                        status=record.status.value, output_uris=emublobs.run_outputs(self.emu, name))
 
     def job_created(self, name: str) -> float:
@@ -257,7 +257,8 @@ class EmulatorState:
         error = record.error
         if record.status.value == "Failed" and record.exit_code is not None and "exit" not in (error or ""):
             error = f"{error or 'the job failed'} (exit code {record.exit_code})"
-        return RunView(record.status.value, record.cluster, files, error if record.status.value == "Failed" else None,
+        failed = record.status.value == "Failed"
+        return RunView(record.status.value, skus.shown_compute(record.cluster), files, error if failed else None,
                        started, events[-1][0] if record.status.is_terminal and events else None)
 
     def run_active(self, name: str) -> bool:

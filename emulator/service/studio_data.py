@@ -16,6 +16,7 @@ import threading
 import time
 from typing import Any, BinaryIO
 
+from amlemu import skus
 from amlemu.cluster.store import Node, RunRecord, Store
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
@@ -90,7 +91,7 @@ class StudioData:
 
     @staticmethod
     def _job_row(record: RunRecord) -> dict[str, Any]:
-        return {"id": record.id, "experiment": record.experiment, "compute": record.cluster,
+        return {"id": record.id, "experiment": record.experiment, "compute": skus.shown_compute(record.cluster),
                 "display_name": record.job.get("display_name") or "", "status": record.status.value,
                 "terminal": record.status.is_terminal, "created_at": record.created_at,
                 "nodes": list(record.nodes), "processes": _processes(record.job)}

@@ -9,7 +9,7 @@ from typing import Any
 from amlemu.actions import Action, execute
 from amlemu.api import Emulator, Run
 from amlemu.errors import ConfigError, NotFoundError, StateError
-from amlemu import servicefile
+from amlemu import servicefile, skus
 from amlemu.jobs import resource
 from amlemu.jobs.sdkjobs import to_job
 from amlemu.runs.contract import bindings, workspace_arm_id
@@ -29,11 +29,11 @@ def run_data(run: Run, workspace: dict[str, str], home_root: Path, service_url: 
     record, ws_id = run.record, workspace_arm_id(workspace)
     outputs = {b.ref.split(".", 1)[1]: b.uri for b in bindings(run.job, run.id) if b.ref.startswith("outputs.")}
     props = resource.job_properties(run.id, record.job, home_root=home_root, workspace_id=ws_id,
-                                    compute=record.cluster, experiment=record.experiment,
+                                    compute=skus.rest_compute(record.cluster), experiment=record.experiment,
                                     status=record.status.value, output_uris=outputs)
     rest = resource.rest_resource(run.id, props, workspace_id=ws_id, created_at=record.created_at,
                                   service_url=service_url)
-    extra = {"compute": record.cluster, "code": record.job.get("code"), "error": record.error,
+    extra = {"compute": skus.shown_compute(record.cluster), "code": record.job.get("code"), "error": record.error,
              "exit_code": record.exit_code,
              "outputs": str(run.outputs), "logs": str(run.log_path(0).parent),
              "history": [{"time": resource.iso(ts), "status": st.value, "detail": d} for ts, st, d in run.events()]}
