@@ -11,6 +11,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from test_service import live  # noqa: F401 - the in-process service fixture
+
 from amlemu.api import Emulator
 from amlemu.cli.common import cli
 from amlemu.errors import ConfigError
@@ -189,3 +191,47 @@ outputs:
                                                         "path": f"azureml://jobs/{run.id}/outputs/model"},
                                               base_dir=tmp_path))
     assert [p.rsplit("/", 1)[-1] for p, _ in emu.datastores.ls(model["path"])] == ["MLmodel"]
+
+
+def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_service(live, tmp_path: Path) -> None:  # noqa: F811
+    """ml_client.data / ml_client.models against `amlemu serve`: a local folder uploaded by the SDK,
+    versions numbered by the service, label latest, listing, and the same registry as the CLI's."""
+    from azure.ai.ml import MLClient  # noqa: PLC0415
+    from azure.ai.ml.constants import AssetTypes  # noqa: PLC0415
+    from azure.ai.ml.entities import Data, Model  # noqa: PLC0415
+    from azure.core.exceptions import HttpResponseError, ResourceNotFoundError  # noqa: PLC0415
+    from azure.identity import DefaultAzureCredential  # noqa: PLC0415
+
+    ml_client = MLClient(DefaultAzureCredential(), "00000000-0000-0000-0000-000000000000", "amlemu-rg", "amlemu-ws")
+    (tmp_path / "rows").mkdir()
+    (tmp_path / "rows" / "a.csv").write_text("1,2\n")
+    first = ml_client.data.create_or_update(Data(name="sdk-rows", path=str(tmp_path / "rows"),
+                                                 type=AssetTypes.URI_FOLDER, description="rows"))
+    assert first.version == "1" and first.type == "uri_folder"
+    (tmp_path / "rows" / "b.csv").write_text("3,4\n")
+    second = ml_client.data.create_or_update(Data(name="sdk-rows", path=str(tmp_path / "rows"),
+                                                  type=AssetTypes.URI_FOLDER))
+    assert second.version == "2"
+    assert ml_client.data.get("sdk-rows", label="latest").version == "2"
+    assert ml_client.data.get("sdk-rows", version="1").description == "rows"
+    assert sorted(d.version for d in ml_client.data.list(name="sdk-rows")) == ["1", "2"]
+    assert [d.name for d in ml_client.data.list()] == ["sdk-rows"]
+    with pytest.raises(ResourceNotFoundError):
+        ml_client.data.get("sdk-rows", version="9")
+
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "MLmodel").write_text("flavors: {}\n")
+    model = ml_client.models.create_or_update(Model(name="sdk-model", path=str(tmp_path / "m"),
+                                                    type=AssetTypes.MLFLOW_MODEL))
+    assert (model.version, model.type) == ("1", "mlflow_model")
+    assert ml_client.models.get("sdk-model", label="latest").version == "1"
+    assert [m.name for m in ml_client.models.list()] == ["sdk-model"]
+
+    emu = Emulator(tmp_path / "emu")  # the CLI's registry is the SDK's: the files are on the datastore
+    stored = emu.assets.get("data", "sdk-rows", "2")
+    assert sorted(p.rsplit("/", 1)[-1] for p, _ in emu.datastores.ls(stored["path"])) == ["a.csv", "b.csv"]
+    assert emu.assets.get("model", "sdk-model")["type"] == "mlflow_model"
+    with pytest.raises(HttpResponseError, match="properties.dataUri"):  # never a path on the service's machine
+        ml_client.data._operation.create_or_update(  # noqa: SLF001 - the REST call, as a caller may send it
+            name="x", version="1", resource_group_name="amlemu-rg", workspace_name="amlemu-ws",
+            body={"properties": {"dataType": "uri_folder", "dataUri": "/etc"}})

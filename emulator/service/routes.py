@@ -22,7 +22,7 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from amlemu.jobs import resource
-from amlemu.service import bodies, datablobs, endpoint, health, linkguard, v1online, v1routes
+from amlemu.service import assetroutes, bodies, datablobs, endpoint, health, linkguard, v1online, v1routes
 from amlemu.service.calls import Call, Context, Reply, arm_error
 from amlemu.service.state import ARM_TYPE, not_found, system_data
 
@@ -268,6 +268,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET|PUT", WS + "/codes/{name}/versions/{version}", versioned("codes"), True),
     ("GET", WS + "/environments/{name}/versions", environment_versions, True),
     ("GET|PUT", WS + "/environments/{name}/versions/{version}", versioned("environments"), True),
+    *assetroutes.routes(WS),  # data and model assets: ml_client.data.*, ml_client.models.*
     ("GET", WS + "/jobs", job_list, True),
     ("GET|PUT", WS + "/jobs/{name}", job, True),
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
