@@ -30,8 +30,6 @@ ARM_TYPE = "Microsoft.MachineLearningServices/workspaces/jobs"
 # The `amlemu ui` page's default address: the studio a job's page is on when no service runs.
 UI_URL = "http://127.0.0.1:5000"
 MLFLOW_MOUNT = "/mlflow"  # where the service serves MLflow's tracking server (runs/homestore.py MOUNT)
-# Azure ML's own default output: the run's folder in the artifact store (service/emublobs.py serves it).
-DEFAULT_OUTPUT = "azureml://datastores/workspaceartifactstore/paths/ExperimentRun/dcid.{name}"
 ANONYMOUS_ENV = "CliV2AnonymousEnvironment"  # az ml registers an inline environment under this name
 REST_MODES = {"ro_mount": "ReadOnlyMount", "rw_mount": "ReadWriteMount", "download": "Download",
               "upload": "Upload", "direct": "Direct", "eval_mount": "EvalMount", "eval_download": "EvalDownload"}
@@ -141,13 +139,10 @@ def services(name: str, workspace_id: str, service_url: str | None) -> dict[str,
 
 def rest_resource(name: str, props: dict[str, Any], *, workspace_id: str, created_at: float,
                   service_url: str | None) -> dict[str, Any]:
-    """The JobBase resource a GET of the job answers. The default output is Azure ML's (the run's
-    folder), added when the body did not name one."""
-    outputs = dict(props.get("outputs") or {})
-    outputs.setdefault("default", {"jobOutputType": "uri_folder", "mode": "ReadWriteMount",
-                                   "uri": DEFAULT_OUTPUT.format(name=name)})
+    """The JobBase resource a GET of the job answers. No `default` output: given one, azure-ai-ml's
+    jobs.stream reads the logs from the artifact store's blobs rather than the run history."""
     ours = services(name, workspace_id, service_url)  # a job's own (jupyter_lab, ...) stay beside them
-    props = {**props, "outputs": outputs, "services": {**(props.get("services") or {}), **ours}}
+    props = {**props, "services": {**(props.get("services") or {}), **ours}}
     props.setdefault("resources", {"instanceCount": 1})  # Azure ML's answer has them whether sent or not
     props.setdefault("tags", {})
     props.setdefault("properties", {})

@@ -12,7 +12,7 @@ from amlemu.errors import ConfigError, NotFoundError, StateError
 from amlemu import servicefile, skus
 from amlemu.jobs import resource
 from amlemu.jobs.sdkjobs import to_job
-from amlemu.runs.contract import bindings, workspace_arm_id
+from amlemu.runs.contract import bindings, default_output_uri, workspace_arm_id
 from amlemu.runs.metrics import PLOT_NAME
 from amlemu.specs import ClusterSpec
 from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
@@ -27,7 +27,8 @@ def run_data(run: Run, workspace: dict[str, str], home_root: Path, service_url: 
     one serializer, jobs/resource.py), and amlemu's own facts under `amlemu`: the status history,
     the run's local folders, its error."""
     record, ws_id = run.record, workspace_arm_id(workspace)
-    outputs = {b.ref.split(".", 1)[1]: b.uri for b in bindings(run.job, run.id) if b.ref.startswith("outputs.")}
+    # Where an output without a path goes (read from the record as kept: a record that is no JobSpec still shows).
+    outputs = {k: default_output_uri(run.id, k) for k in record.job.get("outputs") or {}}
     props = resource.job_properties(run.id, record.job, home_root=home_root, workspace_id=ws_id,
                                     compute=skus.rest_compute(record.cluster), experiment=record.experiment,
                                     status=record.status.value, output_uris=outputs)
