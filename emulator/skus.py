@@ -69,11 +69,10 @@ LOCAL = "local"
 # Azure ML picks a serverless job's size "based on quota, performance, cost and disk size" when it
 # names none; its serverless compute page gives a single DS3_v2-class node as the default.
 DEFAULT_SERVERLESS_SIZE = "Standard_DS3_v2"
-# queue_settings.job_tier (azure-ai-ml's JobTier): spot runs on low-priority (preemptible) nodes;
-# the other tiers (and none) on dedicated ones. Basic/standard/premium differ on Azure in how long
-# a job may queue, which one machine does not emulate.
-JOB_TIERS = {"null": "dedicated", "spot": "lowpriority", "basic": "dedicated", "standard": "dedicated",
-             "premium": "dedicated"}
+# queue_settings.job_tier (azure-ai-ml's schema; the REST API's JobTier adds "Null": no tier): spot
+# runs on low-priority (preemptible) nodes, the other tiers (and none) on dedicated ones.
+# Basic/standard/premium differ on Azure in how long a job may queue, which is not emulated.
+JOB_TIERS = {"spot": "lowpriority", "basic": "dedicated", "standard": "dedicated", "premium": "dedicated"}
 # A pool's name is longer than the 24 characters an AmlCompute name may have: no user's cluster
 # can take it, yet it is a valid hostname and container name for its nodes.
 _POOL_PREFIXES = (f"{SERVERLESS}-", f"{LOCAL}-")
@@ -81,7 +80,7 @@ _POOL_PREFIXES = (f"{SERVERLESS}-", f"{LOCAL}-")
 
 def job_tier(value: object, field: str = "queue_settings.job_tier") -> str:
     """The tier's canonical lower-case name; unknown ones are refused with the known ones."""
-    tier = "null" if value is None else str(value).strip().lower()
+    tier = str(value).strip().lower()
     if tier not in JOB_TIERS:
         raise ConfigError(field, f"'{value}' is not a job tier", f"use one of: {', '.join(JOB_TIERS)}")
     return tier
@@ -90,7 +89,7 @@ def job_tier(value: object, field: str = "queue_settings.job_tier") -> str:
 def serverless_pool(instance_type: str | None, tier: str | None) -> str:
     """The name of the home's serverless pool for this size and tier (one pool per pair)."""
     size = lookup(instance_type or DEFAULT_SERVERLESS_SIZE, "resources.instance_type").name
-    priority = "spot" if JOB_TIERS[job_tier(tier)] == "lowpriority" else "dedicated"
+    priority = "spot" if tier is not None and JOB_TIERS[job_tier(tier)] == "lowpriority" else "dedicated"
     return f"{SERVERLESS}-{size.lower().replace('_', '-')}-{priority}"
 
 

@@ -47,7 +47,7 @@ def test_instance_type_and_job_tier_pick_the_pool_and_survive_the_run_record() -
     pool = pools.pool_spec(spot, {"AMLEMU_MAX_INSTANCES": "8"})
     assert pool is not None and pool.name == "serverless-standard-nc6-spot" and pool.max_nodes == 8
     assert pool.vm_priority is Priority.LOW_PRIORITY and pool.size.gpus == 1
-    for tier in ("null", "basic", "standard", "premium"):  # every other tier: dedicated nodes
+    for tier in ("basic", "standard", "premium"):  # every other tier: dedicated nodes
         spec = pools.pool_spec(job(queue_settings={"job_tier": tier}), {})
         assert spec is not None and spec.vm_priority is Priority.DEDICATED
     assert job_from_record(job_to_record(spot)) == spot
@@ -56,7 +56,7 @@ def test_instance_type_and_job_tier_pick_the_pool_and_survive_the_run_record() -
 @pytest.mark.parametrize(("fields", "message"), [
     ({"resources": {"instance_type": "Standard_X9"}}, "resources.instance_type: unknown size 'Standard_X9'; use one of: "),
     ({"queue_settings": {"job_tier": "gold"}},
-     "queue_settings.job_tier: 'gold' is not a job tier; use one of: null, spot, basic, standard, premium"),
+     "queue_settings.job_tier: 'gold' is not a job tier; use one of: spot, basic, standard, premium"),
     ({"queue_settings": {"tier": "spot"}}, "queue_settings.tier: unknown field"),
     ({"compute": "local", "resources": {"instance_count": 2}, "distribution": {"type": "mpi"}},
      "compute: a local job runs as one process on this machine"),

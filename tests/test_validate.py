@@ -97,12 +97,12 @@ def test_the_cli_exits_1_on_errors_and_prints_json(workspace: Emulator, tmp_path
 
 # --- azure-ai-ml's own load_job, when the SDK is installed ------------------------------------------
 def test_a_field_only_azure_ml_refuses_is_one_finding_from_its_schema(tmp_path: Path) -> None:
-    """queue_settings is a field the emulator takes without reading it; azure-ai-ml's load_job (what
-    `az ml job create` runs first) refuses the tier: that is the one finding."""
-    job = _job(tmp_path, GOOD + "queue_settings: {job_tier: gold}\n")
-    assert _lines(validate_file(job)) == [
-        "error: queue_settings.job_tier: 'gold' is not allowed (azure-ai-ml); use one of: spot, basic, standard, premium"]
-    assert _lines(validate_file(job, ["queue_settings.job_tier=spot"])) == []  # --set reaches the SDK too
+    """identity is a field the emulator takes without reading it; azure-ai-ml's load_job (what
+    `az ml job create` runs first) refuses the type: that is the one finding."""
+    job = _job(tmp_path, GOOD + "identity: {type: gold}\n")
+    assert _lines(validate_file(job)) == ["error: identity.type: 'gold' is not allowed (azure-ai-ml); use one of: "
+                                          "managed, managed_identity, aml_token, user_identity"]
+    assert _lines(validate_file(job, ["identity.type=aml_token"])) == []  # --set reaches the SDK too
 
 
 def test_a_problem_both_refuse_is_one_finding(tmp_path: Path) -> None:
@@ -137,11 +137,11 @@ def test_the_emulators_finding_stands_alone(tmp_path: Path, text: str, expected:
 
 def test_the_cli_prints_the_schemas_finding_and_nothing_else(tmp_path: Path) -> None:
     """No "experimental class" notices from azure-ai-ml on the terminal: one line per finding, a total."""
-    job = _job(tmp_path, GOOD + "queue_settings: {job_tier: gold}\n")
+    job = _job(tmp_path, GOOD + "identity: {type: gold}\n")
     done = subprocess.run([sys.executable, "-c", "from amlemu.cli import main; main()", "job", "validate", "-f",
                            str(job)], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "AMLEMU_HOME": str(tmp_path / "home"), "AMLEMU_BACKEND": "process"})
     assert done.returncode == 1 and done.stderr == "", done.stderr
     lines = done.stdout.splitlines()  # the workspace is empty: its compute is a finding too
-    assert [line.split(":")[1] for line in lines[:-1]] == [" compute", " queue_settings.job_tier"], lines
+    assert [line.split(":")[1] for line in lines[:-1]] == [" compute", " identity.type"], lines
     assert lines[-1].endswith("2 error(s), 0 warning(s)")

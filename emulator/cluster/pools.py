@@ -25,7 +25,7 @@ def pool_spec(job: JobSpec, environ: Mapping[str, str]) -> ClusterSpec | None:
     """The pool the job runs on; None when it names a cluster of its own."""
     quota = max_instances_quota(environ)
     if job.compute == skus.SERVERLESS:
-        tier = skus.JOB_TIERS[job.job_tier or "null"]
+        tier = skus.JOB_TIERS[job.job_tier] if job.job_tier else "dedicated"
         return ClusterSpec(skus.serverless_pool(job.instance_type, job.job_tier),
                            vm_size=job.instance_type or skus.DEFAULT_SERVERLESS_SIZE,
                            vm_priority=Priority.parse(tier), min_nodes=0, max_nodes=quota,

@@ -142,7 +142,7 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
     if resources.get("instanceType"):  # serverless compute's size (a job with no computeId)
         data.setdefault("resources", {})["instance_type"] = resources["instanceType"]
     tier = _object(props, "queueSettings").get("jobTier")
-    if tier is not None:
+    if tier is not None and str(tier).lower() != "null":  # the REST enum's Null: no tier
         data["queue_settings"] = {"job_tier": tier}
     limits = _object(props, "limits")
     if limits.get("timeout"):
