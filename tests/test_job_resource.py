@@ -116,6 +116,7 @@ def test_job_show_is_az_mls_job_resource_and_the_sdk_reads_the_same(served: tupl
     sdk_job = ml_client.jobs.create_or_update(command(code=str(project / "src"), command="python hello.py a 1 .",
                                                       compute="c1", environment="AzureML-sklearn-1.5@latest",
                                                       experiment_name="sdk-jobs"))
+    ml_client.jobs.stream(sdk_job.name)  # the SDK follows the job by the resource it reads
     for run in (name, sdk_job.name):
         assert emu.run(run).wait(timeout=300) is RunStatus.COMPLETED, (emu.run(run).record.error, emu.run(run).logs())
 
@@ -157,6 +158,8 @@ def test_job_show_is_az_mls_job_resource_and_the_sdk_reads_the_same(served: tupl
     human = _cli(emu, "job", "show", "-n", name)
     assert f"{name} (my_project_) on c1: Completed" in human and f"studio: {url}/studio/jobs/{name}?wsid=" in human
     assert "my_project_" in _cli(emu, "job", "list")
+    resource.saved_body(emu.home.root, sdk_job.name).write_text("{not json")  # a damaged file: the record's job
+    assert json.loads(_cli(emu, "job", "show", "-n", sdk_job.name, "-o", "json"))["experiment_name"] == "sdk-jobs"
 
 
 def test_without_a_service_the_studio_endpoint_is_amlemu_uis() -> None:

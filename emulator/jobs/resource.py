@@ -117,12 +117,13 @@ def job_properties(name: str, job: dict[str, Any], *, home_root: Path, workspace
                    experiment: str, status: str, output_uris: dict[str, str]) -> dict[str, Any]:
     """The REST properties of a job: the body the SDK PUT through the service (its code and
     environment ids as it sent them) with the run's status, else its run record's."""
-    path = saved_body(home_root, name)
-    if path.is_file():
-        props = dict(json.loads(path.read_text()).get("properties") or {})
-        props["status"] = status
-        props.setdefault("experimentName", experiment)
-        return props
+    try:
+        body = json.loads(saved_body(home_root, name).read_text())
+    except (OSError, ValueError):  # none (a CLI or API job), or unreadable: the record's job stands
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("properties"), dict):
+        return {**body["properties"], "status": status, "experimentName": body["properties"].get("experimentName")
+                or experiment}
     return command_properties(name, job, workspace_id=workspace_id, compute=compute, experiment=experiment,
                               status=status, output_uris=output_uris)
 
