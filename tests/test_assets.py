@@ -171,6 +171,7 @@ open(os.path.join(sys.argv[2], "MLmodel"), "w").write("flavors: {}")
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)  # the process backend's job: through azure-ai-ml
 def test_a_job_reads_a_data_asset_and_its_model_output_is_registered(emu: Emulator, cluster, make_job,
                                                                      tmp_path: Path) -> None:
     cluster(max_nodes=1)
@@ -195,10 +196,11 @@ outputs:
 
 def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_service(live, tmp_path: Path) -> None:  # noqa: F811
     """ml_client.data / ml_client.models against `amlemu serve`: a local folder uploaded by the SDK,
-    versions numbered by the service, label latest, listing, and the same registry as the CLI's."""
-    from azure.ai.ml import MLClient  # noqa: PLC0415
+    versions numbered by the service, label latest, listing, the same registry as the CLI's, and a
+    job whose inputs name a data asset @latest and a model by version."""
+    from azure.ai.ml import Input, MLClient, command  # noqa: PLC0415
     from azure.ai.ml.constants import AssetTypes  # noqa: PLC0415
-    from azure.ai.ml.entities import Data, Model  # noqa: PLC0415
+    from azure.ai.ml.entities import AmlCompute, Data, Model  # noqa: PLC0415
     from azure.core.exceptions import HttpResponseError, ResourceNotFoundError  # noqa: PLC0415
     from azure.identity import DefaultAzureCredential  # noqa: PLC0415
 
@@ -231,6 +233,19 @@ def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_servic
     stored = emu.assets.get("data", "sdk-rows", "2")
     assert sorted(p.rsplit("/", 1)[-1] for p, _ in emu.datastores.ls(stored["path"])) == ["a.csv", "b.csv"]
     assert emu.assets.get("model", "sdk-model")["type"] == "mlflow_model"
+
+    # A job naming both by reference, as the SDK sends them (their ARM ids), reads the versions named.
+    ml_client.compute.begin_create_or_update(AmlCompute(name="c1", size="STANDARD_D2_V2", max_instances=1,
+                                                        idle_time_before_scale_down=0)).result()
+    job = ml_client.jobs.create_or_update(command(
+        command="cat ${{inputs.rows}}/b.csv ${{inputs.model}}/MLmodel", compute="c1",
+        environment="azureml://registries/azureml/environments/sklearn-1.5/labels/latest",
+        inputs={"rows": Input(type="uri_folder", path="azureml:sdk-rows@latest"),
+                "model": Input(type="mlflow_model", path="azureml:sdk-model:1")}))
+    ml_client.jobs.stream(job.name)
+    assert ml_client.jobs.get(job.name).status == "Completed"
+    log = (tmp_path / "emu" / "runs" / job.name / "user_logs" / "std_log.txt").read_text()
+    assert "3,4" in log and "flavors: {}" in log
     with pytest.raises(HttpResponseError, match="properties.dataUri"):  # never a path on the service's machine
         ml_client.data._operation.create_or_update(  # noqa: SLF001 - the REST call, as a caller may send it
             name="x", version="1", resource_group_name="amlemu-rg", workspace_name="amlemu-ws",

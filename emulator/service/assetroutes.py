@@ -9,7 +9,6 @@ caller have the service read and upload any of its files.
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,13 +16,10 @@ from typing import Any
 from amlemu.errors import ConfigError, NotFoundError, StateError
 from amlemu.service.calls import Call, Reply
 from amlemu.service.state import ARM_TYPE, ServiceError, bad_request, not_found, system_data
-from amlemu.storage.assets import asset_from_dict
+from amlemu.storage.assets import asset_from_dict, short_ref
 
 # REST's names of each kind: the URL segment, and the fields holding the type and the URI.
 REST = {"data": ("data", "dataType", "dataUri"), "model": ("models", "modelType", "modelUri")}
-# azure-ai-ml may send the long form of a datastore URI; the registry keeps the short one.
-_LONG_URI = re.compile(r"^azureml://subscriptions/[^/]+/resource[gG]roups/[^/]+/(?:providers/"
-                       r"Microsoft\.MachineLearningServices/)?workspaces/[^/]+/(datastores/.*)$")
 _NOWHERE = Path("/nonexistent")  # a base folder never read: every path taken here is an azureml:// URI
 _LIST_VIEW = {"activeonly": (False, False), "archivedonly": (True, True), "all": (True, False)}
 
@@ -33,6 +29,10 @@ def _assets(call: Call) -> Any:
     if emu is None:  # a state with no emulator home behind it (the test double) keeps no assets
         raise not_found("the asset registry")
     return emu.assets
+
+
+def _name(call: Call) -> str:
+    return call.params["name"].removeprefix("azureml:")  # the SDK keeps the prefix in a reference's name
 
 
 def _version(call: Call, spec: dict[str, Any]) -> dict[str, Any]:
@@ -74,9 +74,7 @@ def _guarded(action: Callable[[], Reply]) -> Reply:
 def _put(call: Call, kind: str, name: str, version: str) -> Reply:
     props = call.props if isinstance(call.props, dict) else {}
     _, type_key, uri_key = REST[kind]
-    uri = str(props.get(uri_key) or "")
-    long = _LONG_URI.match(uri)
-    uri = f"azureml://{long.group(1)}" if long else uri
+    uri = short_ref(str(props.get(uri_key) or ""))  # azure-ai-ml may send a datastore URI's long form
     if not uri.startswith("azureml://"):
         raise bad_request(f"properties.{uri_key}", f"properties.{uri_key}: {uri[:200]!r} is not an azureml:// URI; "
                           "upload the data first (azure-ai-ml does for a local path) and send its datastore URI")
@@ -92,7 +90,7 @@ def _put(call: Call, kind: str, name: str, version: str) -> Reply:
 
 def versioned(kind: str) -> Callable[[Call], Reply]:
     def handler(call: Call) -> Reply:
-        name, version = call.params["name"], call.params["version"]
+        name, version = _name(call), call.params["version"]
         if call.method == "PUT":
             return _guarded(lambda: _put(call, kind, name, version))
         return _guarded(lambda: Reply(body=_version(call, _assets(call).get(kind, name, version))))
@@ -102,7 +100,7 @@ def versioned(kind: str) -> Callable[[Call], Reply]:
 def versions(kind: str) -> Callable[[Call], Reply]:
     def handler(call: Call) -> Reply:
         archived, only = _LIST_VIEW.get(str(call.query.get("listViewType", "ActiveOnly")).lower(), (False, False))
-        found = [v for v in _assets(call).list(kind, call.params["name"], archived=archived)
+        found = [v for v in _assets(call).list(kind, _name(call), archived=archived)
                  if not only or v.get("archived")]
         return Reply(body={"value": [_version(call, v) for v in reversed(found)]})  # the newest first
     return handler
@@ -110,7 +108,7 @@ def versions(kind: str) -> Callable[[Call], Reply]:
 
 def container(kind: str) -> Callable[[Call], Reply]:
     def handler(call: Call) -> Reply:
-        name = call.params["name"]
+        name = _name(call)
         found = _assets(call).list(kind, name, archived=True)
         if not found:
             raise not_found(f"{kind} {name}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from amlemu.errors import ConfigError
 from amlemu.service.state import bad_request
+from amlemu.storage.assets import DATA_TYPES, MODEL_TYPES, short_ref
 
 # REST names -> the YAML's.
 MODES = {"readonlymount": "ro_mount", "readwritemount": "rw_mount", "download": "download", "upload": "upload",
@@ -20,6 +21,7 @@ MODES = {"readonlymount": "ro_mount", "readwritemount": "rw_mount", "download": 
 _DURATION = re.compile(r"^P(?:(?P<d>\d+)D)?(?:T(?:(?P<h>\d+)H)?(?:(?P<m>\d+)M)?(?:(?P<s>\d+(?:\.\d+)?)S)?)?$")
 _ARM_ASSET = re.compile(r"/(?P<kind>codes|environments)/(?P<name>[^/]+)/versions/(?P<version>[^/]+)$")
 _ENV_SHORT = re.compile(r"^azureml:(?P<name>[^:@/]+)(?:@(?P<label>[^:@/]+)|:(?P<version>[^:@/]+))?$")
+DATA_KINDS = ("uri_folder", "uri_file", *DATA_TYPES[2:], *MODEL_TYPES)  # mltable and the model types: folders
 NOT_EMULATED = {"pipeline", "sweep", "automl", "spark", "labeling", "base", "finetuning", "distillation"}
 
 
@@ -44,10 +46,11 @@ def _input(name: str, value: Any) -> Any:
     kind = str(value.get("jobInputType", "")).lower()
     if kind == "literal":
         return value.get("value")
-    if kind not in ("uri_folder", "uri_file"):
+    if kind not in DATA_KINDS:
         raise bad_request(f"inputs.{name}.type", f"inputs.{name}.type: '{kind}' inputs are not emulated; "
-                          "use uri_folder or uri_file")
-    data: dict[str, Any] = {"type": kind, "path": value.get("uri")}
+                          f"use one of: {', '.join(DATA_KINDS)}")
+    # An asset input arrives as its ARM id (the SDK resolved @latest): the loader takes azureml:<name>:<version>.
+    data: dict[str, Any] = {"type": kind, "path": short_ref(str(value.get("uri") or "")) or None}
     if value.get("mode"):
         data["mode"] = MODES.get(str(value["mode"]).lower(), str(value["mode"]))
     return data
@@ -57,9 +60,9 @@ def _output(name: str, value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise bad_request(f"outputs.{name}", f"outputs.{name}: not an output object")
     kind = str(value.get("jobOutputType", "uri_folder")).lower()
-    if kind not in ("uri_folder", "uri_file"):
+    if kind not in DATA_KINDS:
         raise bad_request(f"outputs.{name}.type", f"outputs.{name}.type: '{kind}' outputs are not emulated; "
-                          "use uri_folder or uri_file")
+                          f"use one of: {', '.join(DATA_KINDS)}")
     data: dict[str, Any] = {"type": kind}
     if value.get("uri"):
         data["path"] = value["uri"]

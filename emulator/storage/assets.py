@@ -34,6 +34,21 @@ ASSET_REF_RE = re.compile(r"^azureml:([^:@/]+)(?::([^:@/]+)|@([^:@/]+))$")
 JOB_OUTPUT_RE = re.compile(r"^azureml://jobs/([^/]+)/outputs/([^/]+)(?:/paths/(.*))?/?$")
 
 
+# What azure-ai-ml sends for an asset input (an ARM id, with or without "azureml:") and a datastore
+# URI's long form; the registry and the job loader take the short forms.
+_ARM_ASSET = re.compile(r"^(?:azureml:)?/subscriptions/[^/]+/resource[gG]roups/[^/]+/providers/"
+                        r"Microsoft\.MachineLearningServices/workspaces/[^/]+/(?:data|models)/([^/]+)/versions/([^/]+)$")
+_LONG_URI = re.compile(r"^azureml://subscriptions/[^/]+/resource[gG]roups/[^/]+/(?:providers/"
+                       r"Microsoft\.MachineLearningServices/)?workspaces/[^/]+/(datastores/.*)$")
+
+
+def short_ref(uri: str) -> str:
+    """`azureml:<name>:<version>` for a data or model asset's ARM id, the short datastore URI for a
+    long one, anything else as it is."""
+    arm, long = _ARM_ASSET.match(uri), _LONG_URI.match(uri)
+    return f"azureml:{arm.group(1).removeprefix('azureml:')}:{arm.group(2)}" if arm else f"azureml://{long.group(1)}" if long else uri
+
+
 def default_output_uri(run_id: str, name: str) -> str:
     """Where a job's output without a path goes: Azure ML's default one on the default datastore."""
     return f"azureml://datastores/{DEFAULT}/paths/azureml/{run_id}/{name}/"
