@@ -18,11 +18,12 @@ from test_service import live  # noqa: F401 - the in-process service fixture
 from amlemu import skus
 from amlemu.api import Emulator
 from amlemu.cluster import pools
-from amlemu.errors import ConfigError
+from amlemu.errors import ConfigError, StateError
 from amlemu.jobs import resource
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.service import emujobs
+from amlemu.service.studio_data import StudioData
 from amlemu.specs import ClusterSpec, Priority
 
 
@@ -122,6 +123,15 @@ def test_dry_runs_show_the_pool_and_make_nothing(tmp_path: Path) -> None:
     assert emu.computes() == [] and emu.runs() == []
     with pytest.raises(ConfigError, match="is the name of amlemu's serverless pool"):
         emu.plan_compute(ClusterSpec("serverless-standard-d2-v2-spot"))
+    # Once made, a spot pool takes `compute preempt` as a low-priority AmlCompute does; a dedicated one refuses it.
+    for tier in ("spot", "standard"):
+        pool = pools.pool_spec(job(resources={"instance_type": "Standard_D2_v2"}, queue_settings={"job_tier": tier}), {})
+        assert pool is not None
+        emu.store.add_cluster(pool, "process")  # the record alone: no node is up, nothing to remove
+    assert emu.faults.plan_preempt("serverless-standard-d2-v2-spot") == []
+    with pytest.raises(StateError, match="is dedicated: only low-priority nodes are preempted"):
+        emu.faults.plan_preempt("serverless-standard-d2-v2-dedicated")
+    assert emu.plan_job(str(tmp_path / "job.yml"))["pool"]["made"] == "already"
 
 
 @pytest.mark.parametrize("backend", ["docker"])
@@ -140,6 +150,11 @@ def test_a_serverless_spot_job_runs_on_nodes_made_for_it_and_shows_serverless(em
     shown = subprocess.run([exe, "--home", str(emu.home.root), "job", "show", run.id], capture_output=True,
                            text=True, timeout=60, env={**os.environ, "COLUMNS": "200"})
     assert f"{run.id} (sls) on serverless: Completed" in shown.stdout, shown.stdout + shown.stderr
+    studio = StudioData(emu.home)
+    try:
+        assert studio.job(run.id)["compute"] == "serverless"  # the studio page's job view
+    finally:
+        studio.close()
 
 
 def test_azure_ai_ml_submits_a_command_without_compute_to_serverless(live, tmp_path: Path) -> None:  # noqa: F811
