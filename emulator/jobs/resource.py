@@ -49,8 +49,9 @@ def iso(ts: float) -> str:
 def _rest_data(data: Any, output: bool, uri: str | None = None) -> dict[str, Any]:
     if not isinstance(data, dict):  # a literal input: Azure ML keeps its text
         return {"jobInputType": "literal", "value": str(data)}
-    rest: dict[str, Any] = {"jobOutputType" if output else "jobInputType": data["type"],
-                            "mode": REST_MODES.get(data["mode"], data["mode"])}
+    mode = str(data.get("mode") or ("rw_mount" if output else "ro_mount"))
+    rest: dict[str, Any] = {"jobOutputType" if output else "jobInputType": data.get("type", "uri_folder"),
+                            "mode": REST_MODES.get(mode, mode)}
     if data.get("path") or uri:  # an output's folder without its trailing '/', as Azure ML gives it
         rest["uri"] = data.get("path") or str(uri).rstrip("/")
     return rest
