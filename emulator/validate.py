@@ -102,6 +102,10 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
     if job.instance_count > cluster.spec.max_nodes:
         findings.append(Finding("resources.instance_count", f"{job.instance_count} nodes, compute {job.compute} "
                                 f"has at most {cluster.spec.max_nodes}", "lower instance_count or raise max_instances"))
+    try:  # data and model assets and jobs' outputs, resolved to their datastore URIs as submit does
+        job = emu.assets.bind(job)
+    except ConfigError as exc:
+        return [*findings, Finding(exc.field, exc.problem, exc.fix or "")]
     for b in bindings(job, "<run id>"):
         if b.datastore == LOCAL_SOURCE or b.is_output:
             continue

@@ -18,9 +18,10 @@ from amlemu.cli.common import cli
 from amlemu.errors import ConfigError
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import job_from_dict, load_job
-from amlemu.specs import DataMode, RunStatus
+from amlemu.specs import ClusterSpec, DataMode, RunStatus
 from amlemu.storage.assets import asset_from_dict
 from amlemu.storage.datastores import DEFAULT, DatastoreSpec
+from amlemu.validate import check_job
 
 WS = f"azureml://datastores/{DEFAULT}/paths"
 
@@ -119,7 +120,7 @@ def test_models_of_each_type_and_a_job_output_registered_as_a_model(home: Path, 
 def test_job_inputs_name_assets_job_outputs_and_model_folders(home: Path, tmp_path: Path) -> None:
     """The YAML keeps the reference (az ml sends it as written); submission resolves it to the datastore
     URI of the version it names, bound as the asset is: a file, or a folder."""
-    emu = Emulator(home)
+    emu = Emulator(home, backend="process")
     for version, path in (("1", f"{WS}/v1/train.csv"), ("2", f"{WS}/v2/train.csv")):
         emu.assets.create(asset_from_dict("data", {"name": "titanic", "version": version, "type": "uri_file",
                                                    "path": path}, base_dir=tmp_path))
@@ -158,6 +159,12 @@ outputs:
         with pytest.raises(ConfigError, match="inputs.pinned.path") as caught:
             emu.assets.bind(load_job(tmp_path / "job.yml", [f"inputs.pinned.path={ref}"]))
         assert said in str(caught.value)
+    emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=1))  # `job validate` resolves them too
+    problems = {f.field: f.problem for f in check_job(job, emu)}  # resolved: the data is looked for there
+    assert problems["inputs.pinned.path"] == f"nothing at {WS}/v1/train.csv"
+    assert problems["inputs.model.path"] == f"nothing at {WS}/bert"
+    findings = check_job(load_job(tmp_path / "job.yml", ["inputs.model.path=azureml:bert:4"]), emu)
+    assert any(f.field == "inputs.model.path" and "versions of bert: 1" in f.fix for f in findings)
     with pytest.raises(ConfigError, match="inputs.pinned.type: 'bert_model' is not supported"):
         load_job(tmp_path / "job.yml", ["inputs.pinned.type=bert_model"])
 

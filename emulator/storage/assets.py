@@ -182,8 +182,11 @@ class Assets:
             if self._rows(kind, name):
                 try:
                     spec = self.get(kind, name, version, label)
-                except (NotFoundError, ConfigError) as exc:
-                    raise ConfigError(field, str(exc)) from None
+                except ConfigError as exc:
+                    raise ConfigError(field, exc.problem, exc.fix) from None
+                except NotFoundError as exc:
+                    problem, _, fix = str(exc).partition("; ")
+                    raise ConfigError(field, problem, fix or None) from None
                 return folder_type(spec["type"]), spec["path"]
         raise ConfigError(field, f"no data or model asset named {name}", "register it with `amlemu data create` or "
                           "`amlemu model create`; list them with `amlemu data list`")
