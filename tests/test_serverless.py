@@ -20,6 +20,7 @@ from amlemu.api import Emulator
 from amlemu.cluster import pools
 from amlemu.errors import ConfigError, StateError
 from amlemu.jobs import resource
+from amlemu.jobs.convert import job_yaml_dict
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.service import emujobs
@@ -52,6 +53,14 @@ def test_instance_type_and_job_tier_pick_the_pool_and_survive_the_run_record() -
         spec = pools.pool_spec(job(queue_settings={"job_tier": tier}), {})
         assert spec is not None and spec.vm_priority is Priority.DEDICATED
     assert job_from_record(job_to_record(spot)) == spot
+    # `amlemu convert`'s YAML and the azure-ai-ml command() the azureml target sends keep them too.
+    from amlemu.jobs import sdk2  # noqa: PLC0415
+
+    for spec in (spot, job(), job(compute="local")):
+        written = job_yaml_dict(spec)
+        assert ("compute" in written) is (spec.compute != "serverless")
+        assert job_from_dict(written, base_dir=Path(".")) == spec
+        assert job_from_dict(sdk2.job_dict(sdk2.command_from_spec(spec)), base_dir=Path(".")) == spec
 
 
 @pytest.mark.parametrize(("fields", "message"), [

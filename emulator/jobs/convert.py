@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from amlemu import skus
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import environment_from_dict
 from amlemu.names import check_experiment_name, default_experiment_name
@@ -264,7 +265,8 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
         data["environment"] = job.environment if job.environment.startswith("azureml:") else {"image": job.environment}
     if job.environment_variables:
         data["environment_variables"] = dict(job.environment_variables)
-    data["compute"] = f"azureml:{job.compute}"
+    if job.compute != skus.SERVERLESS:  # serverless: no compute, as Azure ML's examples write it
+        data["compute"] = job.compute if job.compute == skus.LOCAL else f"azureml:{job.compute}"
     dist = job.distribution
     if dist.type is DistributionType.TENSORFLOW:
         data["distribution"] = {"type": dist.type.value, "parameter_server_count": dist.parameter_server_count,
@@ -274,6 +276,10 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
     data["resources"] = {"instance_count": job.instance_count}
     if job.shm_size:
         data["resources"]["shm_size"] = job.shm_size
+    if job.instance_type:
+        data["resources"]["instance_type"] = job.instance_type
+    if job.job_tier:
+        data["queue_settings"] = {"job_tier": job.job_tier}
     if job.max_run_duration_seconds:
         data["limits"] = {"timeout": job.max_run_duration_seconds}
     return data

@@ -168,6 +168,7 @@ def command_from_spec(spec: JobSpec) -> Any:
         inline["build_path"] else Environment(image=env) if env and not env.startswith("azureml:") else env,
         distribution=distribution,
         instance_count=spec.instance_count, timeout=spec.max_run_duration_seconds,
+        instance_type=spec.instance_type, job_tier=spec.job_tier,  # serverless compute's size and tier
         inputs={k: data(v, Input) if isinstance(v, DataInput) else v for k, v in spec.inputs.items()},
         outputs={k: data(v, Output) for k, v in spec.outputs.items()})
 
