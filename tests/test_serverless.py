@@ -183,3 +183,4 @@ def test_azure_ai_ml_submits_a_command_without_compute_to_serverless(live, tmp_p
     emu = Emulator(tmp_path / "emu")
     assert emu.store.run(job.name).cluster == "serverless-standard-d2-v2-spot"
     assert emu.compute("serverless-standard-d2-v2-spot").spec.vm_priority is Priority.LOW_PRIORITY
+    assert [c.name for c in ml_client.compute.list()] == []  # the pool is no compute of the workspace, as on Azure

@@ -328,7 +328,9 @@ class EmulatorState:
         return self._compute_props(name)
 
     def list_computes(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(c.spec.name, self._compute_props(c.spec.name)) for c in self.emu.computes()]
+        # Serverless and local pools are no computes of the workspace, as on Azure ML (their jobs show them).
+        return [(c.spec.name, self._compute_props(c.spec.name)) for c in self.emu.computes()
+                if not skus.is_pool(c.spec.name)]
 
     def delete_compute(self, name: str) -> str:
         self._compute_props(name)
