@@ -221,12 +221,15 @@ def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_servic
     second = ml_client.data.create_or_update(Data(name="sdk-rows", path=str(tmp_path / "rows"),
                                                   type=AssetTypes.URI_FOLDER))
     assert second.version == "2"
-    assert ml_client.data.get("sdk-rows", label="latest").version == "2"
+    assert ml_client.data.get("sdk-rows", label="latest").version == "2"  # before the archive below
     assert ml_client.data.get("sdk-rows", version="1").description == "rows"
     assert sorted(d.version for d in ml_client.data.list(name="sdk-rows")) == ["1", "2"]
     assert [d.name for d in ml_client.data.list()] == ["sdk-rows"]
     with pytest.raises(ResourceNotFoundError):
         ml_client.data.get("sdk-rows", version="9")
+    ml_client.data.archive("sdk-rows", version="2")
+    assert ml_client.data.get("sdk-rows", label="latest").version == "1"
+    assert [d.version for d in ml_client.data.list(name="sdk-rows")] == ["1"]
 
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "MLmodel").write_text("flavors: {}\n")
@@ -238,6 +241,7 @@ def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_servic
 
     emu = Emulator(tmp_path / "emu")  # the CLI's registry is the SDK's: the files are on the datastore
     stored = emu.assets.get("data", "sdk-rows", "2")
+    assert stored["archived"] is True
     assert sorted(p.rsplit("/", 1)[-1] for p, _ in emu.datastores.ls(stored["path"])) == ["a.csv", "b.csv"]
     assert emu.assets.get("model", "sdk-model")["type"] == "mlflow_model"
 
@@ -245,14 +249,14 @@ def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_servic
     ml_client.compute.begin_create_or_update(AmlCompute(name="c1", size="STANDARD_D2_V2", max_instances=1,
                                                         idle_time_before_scale_down=0)).result()
     job = ml_client.jobs.create_or_update(command(
-        command="cat ${{inputs.rows}}/b.csv ${{inputs.model}}/MLmodel", compute="c1",
+        command="ls ${{inputs.rows}}; cat ${{inputs.model}}/MLmodel", compute="c1",
         environment="azureml://registries/azureml/environments/sklearn-1.5/labels/latest",
         inputs={"rows": Input(type="uri_folder", path="azureml:sdk-rows@latest"),
                 "model": Input(type="mlflow_model", path="azureml:sdk-model:1")}))
     ml_client.jobs.stream(job.name)
     assert ml_client.jobs.get(job.name).status == "Completed"
     log = (tmp_path / "emu" / "runs" / job.name / "user_logs" / "std_log.txt").read_text()
-    assert "3,4" in log and "flavors: {}" in log
+    assert "a.csv" in log and "b.csv" not in log and "flavors: {}" in log  # @latest: version 1 (2 is archived)
     with pytest.raises(HttpResponseError, match="properties.dataUri"):  # never a path on the service's machine
         ml_client.data._operation.create_or_update(  # noqa: SLF001 - the REST call, as a caller may send it
             name="x", version="1", resource_group_name="amlemu-rg", workspace_name="amlemu-ws",

@@ -74,6 +74,8 @@ def _guarded(action: Callable[[], Reply]) -> Reply:
 def _put(call: Call, kind: str, name: str, version: str) -> Reply:
     props = call.props if isinstance(call.props, dict) else {}
     _, type_key, uri_key = REST[kind]
+    if props.get("isArchived") is True:  # ml_client.<kind>.archive: the version as it is, marked archived
+        return Reply(200, _version(call, _assets(call).archive(kind, name, version)[0]))
     uri = short_ref(str(props.get(uri_key) or ""))  # azure-ai-ml may send a datastore URI's long form
     if not uri.startswith("azureml://"):
         raise bad_request(f"properties.{uri_key}", f"properties.{uri_key}: {uri[:200]!r} is not an azureml:// URI; "
