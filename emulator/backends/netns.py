@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import fcntl
 import os
 import shutil
 import socket
@@ -58,24 +59,32 @@ def enter_argv(path: Path) -> list[str]:
 
 
 def create(path: Path) -> None:
-    """Bind a namespace at `path` unless one is there (idempotent)."""
+    """Bind a namespace at `path` unless one is there (idempotent). Under a lock: a cluster's nodes
+    are made in parallel, and two bindings stacked at one path would leave one after `remove`."""
     if exists(path):
         return
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.touch()
-    done = subprocess.run(create_argv(path), capture_output=True, text=True, check=False)
-    if done.returncode != 0 or not exists(path):
-        remove(path)
-        raise BackendError(f"could not make the cluster's network namespace at {path}: "
-                           f"{(done.stderr or done.stdout).strip() or f'exit code {done.returncode}'}")
+    with open(path.parent / f".{path.name}.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if exists(path):
+            return
+        path.touch()
+        done = subprocess.run(create_argv(path), capture_output=True, text=True, check=False)
+        if done.returncode != 0 or not exists(path):
+            remove(path)
+            raise BackendError(f"could not make the cluster's network namespace at {path}: "
+                               f"{(done.stderr or done.stdout).strip() or f'exit code {done.returncode}'}")
 
 
 def remove(path: Path) -> None:
     """Unbind the namespace at `path` (it ends once no process is left in it), delete the file and
     its folder once empty."""
-    if exists(path):
+    for _ in range(8):  # every binding stacked there (older versions could stack two)
+        if not exists(path):
+            break
         subprocess.run([shutil.which("umount") or "umount", "--lazy", str(path)], capture_output=True, check=False)
     try:
+        (path.parent / f".{path.name}.lock").unlink(missing_ok=True)
         path.unlink()
         path.parent.rmdir()  # the home's folder, when this was its last cluster
     except FileNotFoundError:

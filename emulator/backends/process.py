@@ -224,7 +224,7 @@ class ProcessBackend(NodeBackend):
                  for node in self.list_nodes()]
         networks = [Action("remove", "network namespace", path.name, {"path": str(path)},
                            run=functools.partial(netns.remove, path), always=True)  # a kernel object: never left
-                    for path in sorted((netns.RUNTIME_ROOT / self.home.id).glob("*"))]
+                    for path in sorted((netns.RUNTIME_ROOT / self.home.id).glob("[!.]*"))]  # not the locks
         return nodes + networks
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
