@@ -123,8 +123,11 @@ def job_properties(name: str, job: dict[str, Any], *, home_root: Path, workspace
     except (OSError, ValueError):  # none (a CLI or API job), or unreadable: the record's job stands
         body = None
     if isinstance(body, dict) and isinstance(body.get("properties"), dict):
-        return {**body["properties"], "status": status, "experimentName": body["properties"].get("experimentName")
-                or experiment}
+        props = {**body["properties"], "status": status}
+        props["experimentName"] = props.get("experimentName") or experiment
+        if compute and not props.get("computeId"):  # a v1 run's body names its compute elsewhere
+            props["computeId"] = f"{workspace_id}/computes/{compute}"
+        return props
     return command_properties(name, job, workspace_id=workspace_id, compute=compute, experiment=experiment,
                               status=status, output_uris=output_uris)
 
