@@ -27,6 +27,7 @@ from amlemu.api import Emulator
 from amlemu.backends import nodedisk
 from amlemu.cli import cli
 from amlemu.specs import ClusterSpec, RunStatus
+from amlemu.storage.assets import asset_from_dict
 from amlemu.storage.azurite import SHARED_ENV
 from amlemu.storage.datastores import DatastoreSpec
 from amlemu.targets.azureml import WorkspaceRef
@@ -39,6 +40,7 @@ READ_ONLY = {
     "job convert": "prints a YAML (-o writes it where the user says, as a shell redirect would)",
     "datastore list": "prints", "datastore show": "prints", "data ls": "prints",
     "environment list": "prints", "environment show": "prints",
+    "data list": "prints", "data show": "prints", "model list": "prints", "model show": "prints",
     "ui": "serves MLflow's UI over copies of the runs until Ctrl-C (a view, not a change)",
     "serve": "serves the workspace's Azure ML API until Ctrl-C (--stop: stops it); what a client changes "
              "through it goes through the same plans as the verbs above",
@@ -81,6 +83,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
         (root / "jobs" / "job.yml").write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\n")
         (root / "jobs" / "env.yml").write_text("name: dry-env\nimage: base:1\n")
         emu.datastores.create(DatastoreSpec("localds", "local", folder=str(root / "ds")))
+        emu.assets.create(asset_from_dict("data", {"name": "dryset", "version": "1", "type": "uri_folder",
+                                                   "path": "azureml://datastores/localds/paths/x"}, base_dir=root))
         emu.datastores.create(DatastoreSpec("blobby", "azurite", container="blobby"))
         emu.datastores.upload(root / "ds" / "x", "azureml://datastores/blobby/paths/x")  # starts Azurite
         emu.datastores.create(DatastoreSpec("sasblob", "azure_blob", container="data", account="acct",
@@ -194,6 +198,12 @@ CASES = [
     c("cleanup-reset-state", "cleanup", "--reset-state", "--all", checks=(
         has(action="move aside", what="state database", name="{home}/amlemu.db"),
         lambda doc, w: not has(what="workspace settings and datastore records")(doc, w))),
+    c("data-create", "data", "create", "-n", "newset", "--type", "uri_folder", "--path",
+      "azureml://datastores/localds/paths/x", checks=(has(action="register", what="data asset", name="newset"),)),
+    c("model-create", "model", "create", "-n", "newmodel", "--type", "custom_model", "--path", "{root}/up", checks=(
+        has(action="register", what="model asset", name="newmodel", upload="{root}/up"),)),
+    c("data-archive", "data", "archive", "-n", "dryset", "-v", "1", checks=(
+        has(action="archive", what="data asset", name="dryset:1"),)),
     c("environment-create", "environment", "create", "-f", "{root}/jobs/env.yml", checks=(
         has(action="register", what="environment", name="dry-env"),)),
     c("datastore-create-local", "datastore", "create", "--name", "newds", "--type", "local", "--path", "{root}/newds",

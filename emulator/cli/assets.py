@@ -176,14 +176,20 @@ def model_show(ctx: click.Context, name: str, version: str | None, label: str | 
 @click.option("-n", "--name", required=True, help="the asset's name")
 @click.option("-v", "--version", default=None, help="this version (default: every version)")
 @click.option("-l", "--label", default=None, help="latest: the newest version")
+@dry_run_option
 @output_option
 @click.pass_context
 @handle_errors
-def data_archive(ctx: click.Context, name: str, version: str | None, label: str | None, output: str) -> None:
+def data_archive(ctx: click.Context, name: str, version: str | None, label: str | None, dry_run: bool,
+                 output: str) -> None:
     """Hide a version (or all) from list and @latest; a job naming the version still reads it."""
     assets = _emu(ctx).assets
     if label:
         version = assets.get("data", name, None, label)["version"]
+    if dry_run:
+        show_plan([Action("archive", "data asset", f"{s['name']}:{s['version']}")
+                   for s in assets.archive_targets("data", name, version)], output)
+        return
     done = assets.archive("data", name, version)
     emit({"done": [f"{s['name']}:{s['version']}" for s in done]}, output,
          lambda d: console.print(f"archived {', '.join(d['done'])}", highlight=False, markup=False))

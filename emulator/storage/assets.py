@@ -256,12 +256,17 @@ class Assets:
                                                                       time.time()))
         return stored
 
-    def archive(self, kind: str, name: str, version: str | None = None) -> list[dict[str, Any]]:
-        """Hide a version (or, without one, every version) from list and @latest; jobs naming the
-        version still resolve it, as on Azure ML."""
+    def archive_targets(self, kind: str, name: str, version: str | None = None) -> list[dict[str, Any]]:
+        """What `archive` would hide (its dry run): the version, or every version not hidden yet."""
         targets = [self.get(kind, name, version)] if version else self.list(kind, name)
         if not targets:
             raise NotFoundError(f"{kind} asset", name, f"list them with `amlemu {kind} list`")
+        return targets
+
+    def archive(self, kind: str, name: str, version: str | None = None) -> list[dict[str, Any]]:
+        """Hide a version (or, without one, every version) from list and @latest; jobs naming the
+        version still resolve it, as on Azure ML."""
+        targets = self.archive_targets(kind, name, version)
         with self.store.transaction() as db:
             for spec in targets:
                 spec["archived"] = True
