@@ -113,3 +113,16 @@ def test_a_job_declaring_a_package_the_venv_lacks_builds_from_pips_sources_and_o
     assert online.wait(timeout=180) is RunStatus.COMPLETED, online.record.error
     assert "appdirs 1.4.4" in online.logs()
     assert "pip's configuration" in (online.dir / "system_logs" / "lifecycle.txt").read_text()
+
+
+def test_a_missing_package_is_named_with_its_pin_however_uv_wraps_its_explanation(tmp_path: Path) -> None:
+    """uv wraps its explanation at the terminal's width: the pin may sit on the next line."""
+    from amlemu.envs import build  # noqa: PLC0415
+
+    wrapped = ("error: No solution found when resolving dependencies\n  cause: Because there is no version of "
+               "amlemupin==3.0 and you require\n         amlemupin==3.0, we can conclude that your requirements are\n"
+               "         unsatisfiable.\n")
+    argv = ["/bin/sh", "-c", f"printf '%s' '{wrapped}'; exit 1"]
+    with pytest.raises(build.BuildError) as raised:
+        build._run(argv, tmp_path / "uv.log", "environment e", build.PackageSource(None, (str(tmp_path),)))
+    assert "package amlemupin (amlemupin==3.0) was not found in the sources tried: no index" in str(raised.value)

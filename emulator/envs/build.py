@@ -157,7 +157,8 @@ def _run(argv: list[str], log: Path, what: str, source: PackageSource | None = N
         detail = " ".join(ln.strip(" ╰─▶│") for ln in lines[lines.index(reason) + 1:][:3]) \
             if reason in lines else ""
         message = re.sub(r"\s+", " ", f"{reason} {detail}").strip()[:400]
-        output = text[text.rfind("$ "):]
+        # uv wraps its explanation at the terminal's width ("you require\n  amlemupin==3.0" under xdist)
+        output = " ".join(text[text.rfind("$ "):].split())
         missing = NOT_FOUND.search(output) if source is not None else None
         if missing:  # the one line a user acts on: the package, where it was looked for, the way out
             required = re.search(r"you require ([^,; ]+)", output)
