@@ -18,7 +18,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=${AMLEMU_VENV:-$ROOT/.venv}
 CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
 PY=${PYTHON:-python3}
-DEB_PACKAGES=(docker.io docker-compose tini util-linux openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make
+DEB_PACKAGES=(docker.io docker-compose tini util-linux e2fsprogs openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make
   chromium chromium-driver)  # the headless browser (and its driver) of the studio page test
 
 step() { printf '\033[1m==> [%3ds] %s\033[0m\n' "$SECONDS" "$*"; }  # seconds since the setup began
