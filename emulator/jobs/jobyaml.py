@@ -217,6 +217,48 @@ def _queue_settings(data: dict[str, Any]) -> str | None:
     return None if tier is None else skus.job_tier(tier)
 
 
+def _check_script(command: str, inputs: dict[str, Any], outputs: dict[str, Any], code_dir: Path | None) -> None:
+    """The script the command runs is in the code folder (a job with no code has none to run)."""
+    placeholders = {f"{kind}.{n}": "DATA" for kind, names in (("inputs", inputs), ("outputs", outputs)) for n in names}
+    script = script_of(substitute_bindings(command, placeholders))
+    if script and code_dir is None and not Path(script).is_absolute():
+        raise ConfigError("command", f"script {script} not found: the job has no code, so it runs in an empty "
+                          "folder", "set code: to the folder that holds the script")
+    if script and code_dir is not None and not (code_dir / script).is_file():
+        raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
+                          "fix the script path (it is relative to code)")
+
+
+def _distribution(dist_data: dict[str, Any]) -> Distribution:
+    _check_fields(dist_data, DISTRIBUTION_FIELDS, "distribution.")
+    dist_type = str(dist_data.get("type", "none")).lower()
+    try:
+        kind = DistributionType(dist_type)
+    except ValueError:
+        raise ConfigError("distribution.type", f"'{dist_type}' is not supported",
+                          "use mpi, pytorch or tensorflow (ray is not emulated)") from None
+    misplaced = sorted((set(dist_data) & TENSORFLOW_FIELDS) if kind is not DistributionType.TENSORFLOW else
+                       (set(dist_data) & {"process_count_per_instance"}))
+    if misplaced:
+        raise ConfigError(f"distribution.{misplaced[0]}", f"is not a field of a {kind.value} distribution",
+                          "tensorflow takes worker_count and parameter_server_count, mpi and pytorch "
+                          "process_count_per_instance")
+    per_node = _int(dist_data.get("process_count_per_instance", 1), "distribution.process_count_per_instance")
+    workers = dist_data.get("worker_count")
+    return Distribution(kind, per_node, None if workers is None else _int(workers, "distribution.worker_count"),
+                        _int(dist_data.get("parameter_server_count", 0), "distribution.parameter_server_count"))
+
+
+def _environment(environment: Any, base_dir: Path) -> tuple[Any, dict[str, Any] | None]:
+    """(the environment as the job names it, its inline definition if it has one)."""
+    if isinstance(environment, dict):
+        definition = environment_from_dict(environment, base_dir=base_dir, where="environment.")
+        return definition.get("image") or definition.get("name"), definition
+    if isinstance(environment, str) and environment.strip() and not environment.startswith("azureml:"):
+        check_image_reference(environment, "environment")  # an image by reference: the engine's grammar
+    return environment, None
+
+
 def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(data, dict):
         raise ConfigError("job", "the YAML must be a mapping of job fields")
@@ -237,33 +279,8 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     outputs = {name: _data_output(name, _mapping(value, f"outputs.{name}"))
                for name, value in _mapping(data.get("outputs"), "outputs").items()}
     check_bindings(command, inputs, outputs)
-    placeholders = {f"{kind}.{n}": "DATA" for kind, names in (("inputs", inputs), ("outputs", outputs)) for n in names}
-    script = script_of(substitute_bindings(command, placeholders))
-    if script and code_dir is None and not Path(script).is_absolute():
-        raise ConfigError("command", f"script {script} not found: the job has no code, so it runs in an empty "
-                          "folder", "set code: to the folder that holds the script")
-    if script and code_dir is not None and not (code_dir / script).is_file():
-        raise ConfigError("command", f"script {script} not found in code folder {code_dir}",
-                          "fix the script path (it is relative to code)")
-
-    dist_data = _mapping(data.get("distribution"), "distribution")
-    _check_fields(dist_data, DISTRIBUTION_FIELDS, "distribution.")
-    dist_type = str(dist_data.get("type", "none")).lower()
-    try:
-        kind = DistributionType(dist_type)
-    except ValueError:
-        raise ConfigError("distribution.type", f"'{dist_type}' is not supported",
-                          "use mpi, pytorch or tensorflow (ray is not emulated)") from None
-    misplaced = sorted((set(dist_data) & TENSORFLOW_FIELDS) if kind is not DistributionType.TENSORFLOW else
-                       (set(dist_data) & {"process_count_per_instance"}))
-    if misplaced:
-        raise ConfigError(f"distribution.{misplaced[0]}", f"is not a field of a {kind.value} distribution",
-                          "tensorflow takes worker_count and parameter_server_count, mpi and pytorch "
-                          "process_count_per_instance")
-    per_node = _int(dist_data.get("process_count_per_instance", 1), "distribution.process_count_per_instance")
-    workers = dist_data.get("worker_count")
-    distribution = Distribution(kind, per_node, None if workers is None else _int(workers, "distribution.worker_count"),
-                                _int(dist_data.get("parameter_server_count", 0), "distribution.parameter_server_count"))
+    _check_script(command, inputs, outputs, code_dir)
+    distribution = _distribution(_mapping(data.get("distribution"), "distribution"))
 
     resources = _mapping(data.get("resources"), "resources")
     _check_fields(resources, RESOURCE_FIELDS, "resources.")
@@ -273,12 +290,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     policy_from_env(env_vars)  # the data runtime's knobs: a bad value fails here, not on the node
     limits = _mapping(data.get("limits"), "limits")
     timeout = limits.get("timeout")
-    environment, environment_def = data.get("environment"), None
-    if isinstance(environment, dict):
-        environment_def = environment_from_dict(environment, base_dir=base_dir, where="environment.")
-        environment = environment_def.get("image") or environment_def.get("name")
-    elif isinstance(environment, str) and environment.strip() and not environment.startswith("azureml:"):
-        check_image_reference(environment, "environment")  # an image by reference: the engine's grammar
+    environment, environment_def = _environment(data.get("environment"), base_dir)
 
     return JobSpec(
         name=check_job_name(data.get("name")),
