@@ -274,7 +274,7 @@ class Emulator:
         plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
                            [f"<address of {r.name}>" for r in requests], self.workspace(),
                            base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
-                           as_root=os.geteuid() == 0, notices=(*notices, *(n for n in (note, disk_note) if n)),
+                           as_root=os.geteuid() == 0, notices=(*notices, *job.notices, *(n for n in (note, disk_note) if n)),
                            launch_prefix=backend.launch_prefix(cluster.spec.name))
         return {**plan.to_dict(), "nodes": node_plans, **pools.describe(self.store, cluster)}
 

@@ -255,6 +255,9 @@ class JobSpec:
     # default size) and queue_settings.job_tier (skus.JOB_TIERS; None: dedicated nodes).
     instance_type: str | None = None
     job_tier: str | None = None
+    # `services:` (interactive endpoints: jupyter_lab, ssh, tensor_board, vs_code) as "name (type)":
+    # accepted as Azure ML accepts them, not started here; `notices` says so.
+    services: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -294,6 +297,12 @@ class JobSpec:
     @property
     def shm_bytes(self) -> int:
         return shm_bytes(self.shm_size or DEFAULT_SHM_SIZE)
+
+    @property
+    def notices(self) -> tuple[str, ...]:
+        """What the job declares that is accepted but not emulated (the dry run and the run say it)."""
+        return tuple(f"services.{service} is not emulated: Azure ML would open this endpoint beside the job; "
+                     "here the job runs without it" for service in self.services)
 
     @property
     def process_count(self) -> int:

@@ -6,11 +6,12 @@ from pathlib import Path
 import pytest
 from conftest import REPO
 
+from amlemu.api import Emulator
 from amlemu.errors import ConfigError
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import apply_overrides, load_job, script_of
 from amlemu.runs.contract import resolve_command, run_folder_id
-from amlemu.specs import DataInput, DataMode, DistributionType
+from amlemu.specs import ClusterSpec, DataInput, DataMode, DistributionType
 
 SEED_JOB = REPO / "trainer" / "job.yml"
 
@@ -172,3 +173,26 @@ def test_datastore_inputs_and_outputs_resolve_to_node_paths(tmp_path: Path) -> N
     assert job.outputs["o"] == DataInput("uri_folder", "", DataMode.UPLOAD)
     assert resolve_command(job, "r").split()[2:] == [
         f"{wd}/INPUT_d", f"{wd}/INPUT_f/b.csv", f"{wd}/o", f"{wd}/m", "azureml://datastores/ws/paths/raw"]
+
+
+def test_services_are_accepted_with_a_notice_that_they_are_not_emulated(tmp_path: Path) -> None:
+    """Azure ML opens interactive endpoints beside a job (`services:`); here the job runs without
+    them, and the dry run and the run's lifecycle say so for each (never silently dropped)."""
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "t.py").write_text("print(1)\n")
+    yml = tmp_path / "job.yml"
+    yml.write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\nservices:\n"
+                   "  my_jupyter:\n    type: jupyter_lab\n  my_tb:\n    type: tensor_board\n    log_dir: outputs/tb\n")
+    job = load_job(yml)
+    assert job.services == ("my_jupyter (jupyter_lab)", "my_tb (tensor_board)")
+    assert job.notices[0].startswith("services.my_jupyter (jupyter_lab) is not emulated")
+    assert job_from_record(job_to_record(job)) == job  # the supervisor reads it back from the record
+    emu = Emulator(home=tmp_path / "home", backend="process")
+    try:
+        emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=1))
+        assert set(job.notices) <= set(emu.plan_job(yml)["notices"])  # the run's launch plan: the same function
+    finally:
+        emu.cleanup()
+    (tmp_path / "bad.yml").write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\nservices:\n  s: {}\n")
+    with pytest.raises(ConfigError, match="services.s.type: missing"):
+        load_job(tmp_path / "bad.yml")

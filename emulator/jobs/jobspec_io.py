@@ -28,7 +28,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "shm_size": job.shm_size,
         "log_layout": job.log_layout,
         "environment_def": job.environment_def,
-        "instance_type": job.instance_type, "job_tier": job.job_tier,
+        "instance_type": job.instance_type, "job_tier": job.job_tier, "services": list(job.services),
     }
 
 
@@ -41,5 +41,6 @@ def job_from_record(data: dict[str, Any]) -> JobSpec:
     inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
     outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
     return JobSpec(**{**data, "code": None if data.get("code") is None else Path(data["code"]), "inputs": inputs, "outputs": outputs,
+                      "services": tuple(data.get("services", ())),
                       "distribution": Distribution(DistributionType(dist["type"]), dist["process_count_per_instance"],
                                                    dist.get("worker_count"), dist.get("parameter_server_count", 0))})

@@ -262,9 +262,9 @@ def _environment(environment: Any, base_dir: Path) -> tuple[Any, dict[str, Any] 
 def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(data, dict):
         raise ConfigError("job", "the YAML must be a mapping of job fields")
-    _check_fields(data, KNOWN_FIELDS, "")
-    if data.get("type", "command") != "command":
+    if data.get("type", "command") != "command":  # before the fields: a pipeline's `jobs` is no typo
         raise ConfigError("type", f"'{data['type']}' jobs are not supported", "use type: command")
+    _check_fields(data, KNOWN_FIELDS, "")
     command = data.get("command")
     if not isinstance(command, str) or not command.strip():
         raise ConfigError("command", "missing", "give the command that starts the job")
@@ -311,4 +311,18 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         environment_def=environment_def,
         instance_type=None if resources.get("instance_type") is None else str(resources["instance_type"]),
         job_tier=_queue_settings(data),
+        services=_services(_mapping(data.get("services"), "services")),
     )
+
+
+def _services(services: dict[str, Any]) -> tuple[str, ...]:
+    """`services:` as "name (type)": each a mapping with its type (jupyter_lab, ssh, tensor_board,
+    vs_code, custom), as azure-ai-ml's schema has them."""
+    found = []
+    for name, value in services.items():
+        kind = _mapping(value, f"services.{name}").get("type")
+        if not isinstance(kind, str) or not kind.strip():
+            raise ConfigError(f"services.{name}.type", "missing", "give the service's type: jupyter_lab, ssh, "
+                              "tensor_board or vs_code")
+        found.append(f"{name} ({kind})")
+    return tuple(found)

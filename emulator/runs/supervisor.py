@@ -126,7 +126,7 @@ class Supervisor:
             self.job, self.run_id, spec.name, self.backend.name, self.requests,
             [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
             base_env=[self.backend.node_env(r) for r in self.requests], mpi_options=self.backend.mpi_options,
-            as_root=os.geteuid() == 0, notices=(*self.software.notices, *(n for n in (note, disk_note) if n)),
+            as_root=os.geteuid() == 0, notices=(*self.software.notices, *self.job.notices, *(n for n in (note, disk_note) if n)),
             launch_prefix=self.backend.launch_prefix(spec.name))
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
