@@ -117,8 +117,14 @@ def test_a_failing_job_ends_the_stream_with_its_failure(service: Service, tmp_pa
     assert blocker.wait(timeout=60) is RunStatus.COMPLETED
 
     assert done.returncode != 0
-    assert "hello from rank 0 of 4" in done.stdout  # the log up to the failure was streamed
-    assert "Execution Summary" in done.stdout
+    # The log up to the failure reaches the user: streamed while the job runs, or, when the job ran
+    # and failed between two of azure-ai-ml's polls (their interval grows while a job waits queued:
+    # on Azure as here), in the JobException, which carries the failing rank's log tail. (A full
+    # suite's load made the second case common: the job waited a minute behind the blocker.)
+    if "hello from rank 0 of 4" in done.stdout:
+        assert "Execution Summary" in done.stdout
+    else:
+        assert re.search(r"hello from rank (\d) of 4.*rank \1: exiting with code 3", done.stderr, re.S), done.stderr[-3000:]
     assert "JobException" in done.stderr and "exit code 3" in done.stderr + done.stdout, done.stderr[-3000:]
     name = done.stdout.split("submitted ", 1)[1].split(":", 1)[0]
     shown = json.loads(service.amlemu("job", "show", "-n", name, "-o", "json").stdout)
