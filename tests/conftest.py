@@ -375,3 +375,20 @@ def served(home: Path, cwd: Path, backend: str = "docker", config: bool = True) 
         yield env
     finally:
         stop_service_home(home)
+
+
+def import_base_image(client) -> str:  # type: ignore[no-untyped-def]
+    """A tiny base image made locally (no registry is reachable): a root with one file. The
+    caller removes it."""
+    import io  # noqa: PLC0415
+    import tarfile  # noqa: PLC0415
+
+    base = f"amlemu-tests/base:{uuid.uuid4().hex[:12]}"
+    rootfs = io.BytesIO()
+    with tarfile.open(fileobj=rootfs, mode="w") as tar:
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = len(b"ID=amlemu-test\n")
+        tar.addfile(info, io.BytesIO(b"ID=amlemu-test\n"))
+    repository, tag = base.split(":")
+    client.api.import_image_from_data(rootfs.getvalue(), repository=repository, tag=tag)
+    return base

@@ -7,11 +7,10 @@ from __future__ import annotations
 import io
 import json
 import tarfile
-import uuid
 from pathlib import Path
 
 import pytest
-from conftest import JobFactory
+from conftest import JobFactory, import_base_image
 from envwheels import wheelhouse
 
 from amlemu.api import Emulator
@@ -88,14 +87,7 @@ def test_where_the_engine_has_the_image_the_packages_are_a_docker_layer_on_it(tm
     from amlemu.envs.software import software_for
 
     client = docker.from_env()
-    base = f"amlemu-tests/base:{uuid.uuid4().hex[:12]}"
-    rootfs = io.BytesIO()
-    with tarfile.open(fileobj=rootfs, mode="w") as tar:
-        info = tarfile.TarInfo("etc/os-release")
-        info.size = len(b"ID=amlemu-test\n")
-        tar.addfile(info, io.BytesIO(b"ID=amlemu-test\n"))
-    repository, tag = base.split(":")
-    client.api.import_image_from_data(rootfs.getvalue(), repository=repository, tag=tag)
+    base = import_base_image(client)
     made: list[str] = [base]
     try:
         definition = {"image": base, "conda_file": {"dependencies": ["python=3.11", {"pip": ["amlemupin==2.0"]}]}}

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import io
 import tarfile
-import uuid
 from pathlib import Path
 
 import pytest
+from conftest import import_base_image
 
 from amlemu.envs import contextbuild, curated
 from amlemu.envs.resolve import EnvRef, parse_ref, resolve
@@ -107,13 +107,7 @@ def test_a_build_context_is_built_by_the_engine_when_it_has_the_base_image_else_
 
     monkeypatch.setenv("AMLEMU_ENV_CACHE", str(tmp_path / "envs"))
     client = docker.from_env()
-    base = f"amlemu-tests/base:{uuid.uuid4().hex[:12]}"
-    rootfs = io.BytesIO()
-    with tarfile.open(fileobj=rootfs, mode="w") as tar:
-        info = tarfile.TarInfo("etc/os-release")
-        info.size = len(b"ID=amlemu-test\n")
-        tar.addfile(info, io.BytesIO(b"ID=amlemu-test\n"))
-    client.api.import_image_from_data(rootfs.getvalue(), repository=base.split(":")[0], tag=base.split(":")[1])
+    base = import_base_image(client)
     context = tmp_path / "context"
     (context / "docker").mkdir(parents=True)
     (context / "hello.txt").write_text("hello from the context\n")
