@@ -67,12 +67,31 @@ def _cmdline(proc: psutil.Process, wait: float = 2.0) -> list[str]:
     return found
 
 
-def _kill_group(pid: int) -> bool | None:
+def _kill_group(pid: int, wait: float = 30.0) -> bool | None:
+    """SIGKILL the group, then wait until none of its members runs: one in a system call (a
+    supervisor's `umount` flushing a node disk) dies only when the call returns, and a cleanup
+    that returned meanwhile would leave it behind."""
+    members = _group(pid)
     try:
         os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         return False  # gone meanwhile: nothing was done
+    deadline = time.monotonic() + wait
+    for proc in members:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            while proc.status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+                time.sleep(0.02)
     return None
+
+
+def _group(pgid: int) -> list[psutil.Process]:
+    """The live processes of process group `pgid`."""
+    found = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(ProcessLookupError, psutil.Error):
+            if os.getpgid(proc.pid) == pgid:
+                found.append(proc)
+    return found
 
 
 def _remove_folder(path: Path) -> Action:
