@@ -28,7 +28,7 @@ from amlemu.cluster.store import Cluster, Node, RunRecord, Store
 from amlemu.envs.software import planned_notices
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
-from amlemu.jobs import snapshot
+from amlemu.jobs import gitcode, snapshot
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
@@ -38,6 +38,7 @@ from amlemu.runs.plan import plan_launch
 from amlemu.runs.runlogs import rank_log
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
+from amlemu.storage import urlinputs
 from amlemu.storage.datastores import Datastores
 
 
@@ -240,9 +241,13 @@ class Emulator:
         """The cluster `job` runs on: its named compute, or the serverless or local pool (made by `make`)."""
         return pools.cluster_for(self.store, job, os.environ, lambda: resolve_backend(self.default_backend)[0], make)
 
-    def _check_datastores(self, job: JobSpec) -> None:
+    def _check_datastores(self, job: JobSpec, probe: bool = False) -> None:
+        """Each datastore input's datastore exists; offline, no URL input or git code; at a submit
+        (`probe`), each URL input answers (a dry run reads nothing from the network)."""
+        urlinputs.check_inputs(job.inputs, probe)
+        gitcode.check_offline(job)
         for b in bindings(job, "<run id>"):
-            if b.datastore != LOCAL_SOURCE:
+            if b.datastore != LOCAL_SOURCE and not urlinputs.is_url_source(b.datastore):
                 try:
                     self.datastores.peek(b.datastore)  # looked up, not made: a dry run creates nothing
                 except NotFoundError as exc:
@@ -283,7 +288,7 @@ class Emulator:
         ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand it to its own supervisor process."""
         job = self._job(job, overrides)
         self._check_fits(job)
-        self._check_datastores(job)
+        self._check_datastores(job, probe=True)
         snapshot.check_code(job.code)  # before anything is created
         self._check_name(job)
         planned_notices(job.environment, job.environment_def, self.store.environment)  # an unknown one: refused
@@ -292,7 +297,7 @@ class Emulator:
         run_dir = self.home.run_dir(run_id)
         # The snapshot: later edits of the source do not change a queued or running job.
         try:
-            snapshot.take_snapshot(job.code, run_dir / "snapshot")
+            gitcode.take_snapshot(job, run_dir / "snapshot")  # code: git+...: cloned now, then removed
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
             raise

@@ -208,6 +208,12 @@ class DataMode(str, enum.Enum):
 
 INPUT_MODES = (DataMode.RO_MOUNT, DataMode.DOWNLOAD, DataMode.DIRECT)
 OUTPUT_MODES = (DataMode.RW_MOUNT, DataMode.UPLOAD, DataMode.DIRECT)
+URL_SCHEMES = ("https", "http", "wasbs", "wasb", "abfss", "abfs")  # inputs by URL (storage/urlinputs.py)
+
+
+def is_url(path: Any) -> bool:
+    """An input's path (or a literal input's value) that is a URL Azure ML reads."""
+    return isinstance(path, str) and "://" in path and path.split("://", 1)[0].lower() in URL_SCHEMES
 
 
 @dataclass(frozen=True)
@@ -255,6 +261,8 @@ class JobSpec:
     # default size) and queue_settings.job_tier (skus.JOB_TIERS; None: dedicated nodes).
     instance_type: str | None = None
     job_tier: str | None = None
+    # `code: git+https://...` as written (code is then None): cloned at submit (emulator/jobs/gitcode.py).
+    code_git: str | None = None
     # `services:` (interactive endpoints: jupyter_lab, ssh, tensor_board, vs_code) as "name (type)":
     # accepted as Azure ML accepts them, not started here; `notices` says so.
     services: tuple[str, ...] = ()
@@ -301,8 +309,25 @@ class JobSpec:
     @property
     def notices(self) -> tuple[str, ...]:
         """What the job declares that is accepted but not emulated (the dry run and the run say it)."""
-        return tuple(f"services.{service} is not emulated: Azure ML would open this endpoint beside the job; "
+        return self.remote_notices + tuple(f"services.{service} is not emulated: Azure ML would open this endpoint beside the job; "
                      "here the job runs without it" for service in self.services)
+
+    @property
+    def remote_notices(self) -> tuple[str, ...]:
+        """What the job reads from the network: a repository cloned at submit, URL inputs fetched by
+        this machine, URLs the job itself reads (a literal input, or mode direct)."""
+        found = [f"code: {self.code_git} is cloned at submit (its ref, shallow) into the run's snapshot"] \
+            if self.code_git else []
+        for name, value in self.inputs.items():
+            url = value.path if isinstance(value, DataInput) else value
+            if not is_url(url):
+                continue
+            if isinstance(value, DataInput) and value.mode is not DataMode.DIRECT:
+                found.append(f"inputs.{name}: {url} is read by this machine when the run starts ({value.mode.value})")
+            else:
+                found.append(f"inputs.{name}: the job reads {url} itself, so its nodes need network (docker nodes have "
+                             "it; process nodes in their own network namespace have none)")
+        return tuple(found)
 
     @property
     def process_count(self) -> int:

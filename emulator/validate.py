@@ -19,6 +19,7 @@ from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.specs import DistributionType, JobSpec
+from amlemu.storage import urlinputs
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -106,8 +107,12 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
         job = emu.assets.bind(job)
     except ConfigError as exc:
         return [*findings, Finding(exc.field, exc.problem, exc.fix or "")]
+    try:  # inputs by URL: each answers (from this machine, as the run will read it)
+        urlinputs.check_inputs(job.inputs, probe=True)
+    except ConfigError as exc:
+        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
     for b in bindings(job, "<run id>"):
-        if b.datastore == LOCAL_SOURCE or b.is_output:
+        if b.datastore == LOCAL_SOURCE or b.is_output or urlinputs.is_url_source(b.datastore):
             continue
         try:
             emu.datastores.get(b.datastore)

@@ -32,7 +32,7 @@ PROBES: dict[str, tuple[dict[str, Any], str | None]] = {
 
 def _rows() -> list[tuple[str, str, str]]:
     text = (REPO / "README.md").read_text()
-    section = text.split("### Azure ML job features: emulated / partly / not", 1)[1].split("\n### ", 1)[0]
+    section = text.split("## Azure ML job features: emulated / partly / not", 1)[1].split("\n#", 1)[0]
     rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in section.splitlines()
             if line.startswith("| ") and not line.startswith("| feature")]
     return [(feature, status, checked) for feature, status, checked in rows]

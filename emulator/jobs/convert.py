@@ -256,6 +256,8 @@ def job_yaml_dict(job: JobSpec, relative_to: Path | None = None) -> dict[str, An
     if job.code is not None:  # no code: none in the YAML either (an empty working folder)
         code = os.path.relpath(job.code, relative_to.resolve()) if relative_to else str(job.code)
         data["code"] = Path(code).as_posix()
+    elif job.code_git:
+        data["code"] = job.code_git
     data["command"] = job.command
     if job.inputs:
         data["inputs"] = {k: _data(v) if isinstance(v, DataInput) else v for k, v in job.inputs.items()}

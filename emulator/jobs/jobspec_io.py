@@ -27,7 +27,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "name": job.name,
         "shm_size": job.shm_size,
         "log_layout": job.log_layout,
-        "environment_def": job.environment_def,
+        "environment_def": job.environment_def, "code_git": job.code_git,
         "instance_type": job.instance_type, "job_tier": job.job_tier, "services": list(job.services),
     }
 

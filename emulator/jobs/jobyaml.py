@@ -13,6 +13,7 @@ from typing import Any
 from amlemu import safeyaml, skus
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import environment_from_dict
+from amlemu.jobs.gitcode import is_git, parse_git_code
 from amlemu.names import (
     check_display_name,
     check_environment_variables,
@@ -25,6 +26,7 @@ from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distrib
 from amlemu.storage.assets import MODEL_TYPES, is_asset_ref
 from amlemu.storage.datastores import parse_uri
 from amlemu.storage.nodecache import policy_from_env
+from amlemu.storage.urlinputs import is_url, parse_url
 
 KNOWN_FIELDS = {
     "$schema", "type", "name", "display_name", "experiment_name", "description", "tags", "properties",
@@ -141,6 +143,9 @@ def _data_input(name: str, value: dict[str, Any], base_dir: Path) -> DataInput:
         except ConfigError as exc:
             raise ConfigError(f"{field}.path", exc.problem, exc.fix) from None
         return DataInput(kind, path.strip(), mode)
+    if is_url(path):  # read by the host at run time (storage/urlinputs.py); a URL is read-only: no rw_mount
+        parse_url(path, f"{field}.path")
+        return DataInput(kind, path.strip(), mode)
     if path.startswith(("azureml:", "https:", "http:", "wasbs:", "abfss:")):
         raise ConfigError(f"{field}.path", f"{path}: only azureml://datastores/<ds>/paths/<p> URIs, assets "
                           "(azureml:<name>:<version> or @latest), azureml://jobs/<job>/outputs/<name> and local "
@@ -188,7 +193,7 @@ def script_of(command: str) -> str | None:
 
 def _code_dir(code: Any, base_dir: Path) -> Path | None:
     """The job's code folder; None when it has none (Azure ML runs the command in an empty folder)."""
-    if code is None:
+    if code is None or is_git(code):  # a repository: cloned at submit (jobs/gitcode.py)
         return None
     if isinstance(code, bool) or not isinstance(code, (str, int, float)):
         raise ConfigError("code", f"a {type(code).__name__} is not a folder path", "point code at the job's "
@@ -270,6 +275,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         raise ConfigError("command", "missing", "give the command that starts the job")
 
     code_dir = _code_dir(data.get("code"), base_dir)
+    code_git = parse_git_code(str(data["code"])).url if is_git(data.get("code")) else None
 
     compute = _compute(data.get("compute"))
 
@@ -279,7 +285,8 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     outputs = {name: _data_output(name, _mapping(value, f"outputs.{name}"))
                for name, value in _mapping(data.get("outputs"), "outputs").items()}
     check_bindings(command, inputs, outputs)
-    _check_script(command, inputs, outputs, code_dir)
+    if code_git is None:  # a repository's script is looked for once it is cloned
+        _check_script(command, inputs, outputs, code_dir)
     distribution = _distribution(_mapping(data.get("distribution"), "distribution"))
 
     resources = _mapping(data.get("resources"), "resources")
@@ -296,6 +303,7 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
         name=check_job_name(data.get("name")),
         command=command,
         code=code_dir,
+        code_git=code_git,
         compute=compute,
         experiment_name=(cwd_experiment_name() if data.get("experiment_name") is None
                          else check_experiment_name(data["experiment_name"])),

@@ -19,6 +19,8 @@ from amlemu.runs.mpi import MpiLaunch, mpirun_argv
 from amlemu.specs import DataInput, DataMode, DistributionType, JobSpec
 from amlemu.storage.assets import default_output_uri  # noqa: F401 - one formula, re-exported for targets
 from amlemu.storage.datastores import parse_uri
+from amlemu.storage.urlinputs import is_url
+from amlemu.storage.urlinputs import location as url_location
 
 NODE_ROOT = "/mnt/azureml"
 CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
@@ -110,8 +112,11 @@ def bindings(job: JobSpec, run_id: str) -> list[Binding]:
             if not isinstance(data, DataInput):
                 continue
             uri = data.path or default_output_uri(run_id, name)
-            datastore, path = parse_uri(uri) if data.on_datastore or not data.path else \
-                (LOCAL_SOURCE, data.path.lstrip("/"))
+            if is_url(data.path):  # read by the host into the node's cache, as a datastore (storage/urlinputs.py)
+                datastore, path = url_location(data.path, data.type)
+            else:
+                datastore, path = parse_uri(uri) if data.on_datastore or not data.path else \
+                    (LOCAL_SOURCE, data.path.lstrip("/"))
             folder = data_dir(run_id, f"INPUT_{name}" if kind == "inputs" else name)
             leaf = f"{folder}/{path.rsplit('/', 1)[-1]}" if data.type == "uri_file" else folder
             node_path = uri if data.mode is DataMode.DIRECT else leaf

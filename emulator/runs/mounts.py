@@ -19,9 +19,11 @@ from typing import Any
 
 from amlemu.errors import AmlEmuError, BackendError
 from amlemu.runs.contract import CACHE_ROOT, LOCAL_SOURCE, NODE_ROOT, Binding, bindings, mount_dir
+from amlemu.runs.modelmount import copy_model, is_mlflow_model
 from amlemu.specs import DataMode, JobSpec
 from amlemu.storage.datastores import Datastores
-from amlemu.storage.nodecache import WORKERS, CachePolicy, NodeCache, Source
+from amlemu.storage.nodecache import WORKERS, CacheError, CachePolicy, NodeCache, Source
+from amlemu.storage.urlinputs import is_url_source, open_url, reason, unreachable
 
 
 def host_path(node_dir: Path, node_path: str) -> Path:
@@ -34,6 +36,8 @@ class RunData:
                  log: Callable[[str], None]) -> None:
         self.datastores, self.run_id, self.policy, self.log = datastores, run_id, policy, log
         self.bindings = bindings(job, run_id)
+        # inputs by URL: read by this machine into the node cache as a datastore is (storage/urlinputs.py)
+        self._urls = {b.datastore: (b.uri, b.type) for b in self.bindings if is_url_source(b.datastore)}
         self._sources: dict[str, Source] = {}
         self._lock = threading.Lock()
 
@@ -48,6 +52,8 @@ class RunData:
                     import fsspec  # noqa: PLC0415
 
                     self._sources[name] = Source(name, fsspec.filesystem("file"), "/")
+                elif name in self._urls:
+                    self._sources[name] = Source(name, *open_url(*self._urls[name]))
                 else:
                     fs, root = self.datastores.filesystem(name)
                     self._sources[name] = Source(name, fs, root)
@@ -57,9 +63,13 @@ class RunData:
         """Run one data step; its error names the binding, with no secret in it."""
         try:
             return action()
-        except AmlEmuError as exc:
-            raise BackendError(f"{binding.ref} ({binding.uri}): {exc}") from None
         except Exception as exc:  # noqa: BLE001 - storage SDK errors are many; each one is redacted
+            if binding.datastore in self._urls and not isinstance(exc, CacheError):  # a URL input: the
+                # input, its URL and how to stage it instead, in one line
+                raise BackendError(str(unreachable(f"{binding.ref}.path", binding.uri, reason(exc),
+                                                   binding.type))) from None
+            if isinstance(exc, AmlEmuError):
+                raise BackendError(f"{binding.ref} ({binding.uri}): {exc}") from None
             raise BackendError(f"{binding.ref} ({binding.uri}): {self.datastores.guard(binding.datastore)(exc)}") from None
 
     # --- before the job ----------------------------------------------------------------------
@@ -73,22 +83,27 @@ class RunData:
                 folder.mkdir(parents=True, exist_ok=True)
             elif b.mode is DataMode.RO_MOUNT:
                 report = self._guarded(b, lambda b=b: cache.sync(self.source(b.datastore), b.path, self.policy))
-                self._link(node_dir, b, target)
+                self._link(node_dir, b, target, cache)
                 self.log(f"{b.ref}: ro_mount of {b.uri} on {node}: {report.line()}")
             else:
                 self._guarded(b, lambda b=b, f=folder: self._download(b, f))
                 self.log(f"{b.ref}: downloaded {b.uri} to {node}")
 
-    def _link(self, node_dir: Path, b: Binding, target: Path) -> None:
+    def _link(self, node_dir: Path, b: Binding, target: Path, cache: NodeCache) -> None:
         """The run's mounts/<ds> and INPUT_<name> (or the file in it) point into the node's cache
-        of <ds>, each in one hop (every open resolves it: a chain of links costs read speed)."""
+        of <ds>, each in one hop (every open resolves it: a chain of links costs read speed); an
+        MLflow model's folder is a copy, which MLflow loads (modelmount.py)."""
         cached = f"{CACHE_ROOT}/{b.datastore}"
         link = host_path(node_dir, mount_dir(self.run_id, b.datastore))
         if not link.is_symlink():
             link.parent.mkdir(parents=True, exist_ok=True)
             os.symlink(cached, link)
         target.parent.mkdir(parents=True, exist_ok=True)
-        os.symlink(posixpath.join(cached, b.path) if b.path else cached, target)
+        model = cache.local_path(b.datastore, b.path)
+        if b.type == "uri_folder" and is_mlflow_model(model):  # MLflow refuses a link (modelmount.py)
+            self.log(f"{b.ref}: an MLflow model: copied from the node's cache ({copy_model(model, target)} bytes)")
+        else:
+            os.symlink(posixpath.join(cached, b.path) if b.path else cached, target)
 
     def _download(self, b: Binding, folder: Path) -> None:
         source = self.source(b.datastore)

@@ -17,6 +17,7 @@ from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.storage.datastores import DatastoreSpec, parse_uri, redact
 from amlemu.storage.filesystems import open_filesystem
 from amlemu.storage.transfer import copy_file, plan_tree, run_transfer
+from amlemu.storage.urlinputs import is_url_source
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -34,7 +35,8 @@ class SyncResult:
 def job_data_uris(job_file: Path, overrides: list[str] | None = None) -> list[str]:
     """The datastore inputs of a job: what it reads, hence what the workspace must hold."""
     job = load_job(job_file, overrides)
-    return sorted({b.uri for b in bindings(job, "<run id>") if not b.is_output and b.datastore != LOCAL_SOURCE})
+    return sorted({b.uri for b in bindings(job, "<run id>") if not b.is_output and b.datastore != LOCAL_SOURCE
+                   and not is_url_source(b.datastore)})  # a URL: Azure ML reads it itself
 
 
 def plan_sync(emu: Emulator, target: AzureMLTarget, uri: str, src: tuple[Any, str] | None = None,
