@@ -261,3 +261,36 @@ def test_azure_ai_ml_registers_lists_and_gets_data_and_models_through_the_servic
         ml_client.data._operation.create_or_update(  # noqa: SLF001 - the REST call, as a caller may send it
             name="x", version="1", resource_group_name="amlemu-rg", workspace_name="amlemu-ws",
             body={"properties": {"dataType": "uri_folder", "dataUri": "/etc"}})
+
+
+ECHO_MODEL = {  # an MLflow pyfunc model written by hand (mlflow's save_model looks for the network)
+    "MLmodel": "flavors:\n  python_function:\n    loader_module: echo_model\n    code: code\n",
+    "code/echo_model.py": "class Echo:\n    def predict(self, data, params=None):\n        return [len(data)]\n\n\n"
+                          "def _load_pyfunc(path):\n    return Echo()\n",
+}
+
+
+def test_an_mlflow_model_on_a_ro_mount_input_is_a_folder_mlflow_loads(home: Path, tmp_path: Path) -> None:
+    """mlflow.pyfunc.load_model refuses a path that resolves out of its parent folder, which the link
+    of a ro_mount into the node's cache does (hello-model-as-output of Azure's examples failed so):
+    a model folder reaches the job as a real folder, read from the node's cache; data stays a link."""
+    import mlflow.pyfunc  # noqa: PLC0415
+
+    from amlemu.runs.mounts import RunData, host_path  # noqa: PLC0415
+    from amlemu.storage.nodecache import CachePolicy, NodeCache  # noqa: PLC0415
+
+    emu = Emulator(home, backend="process")
+    emu.datastores.create(DatastoreSpec("models", "local", folder=str(tmp_path / "store")))
+    for rel, text in {**{f"echo/{k}": v for k, v in ECHO_MODEL.items()}, "rows/a.csv": "1,2\n"}.items():
+        (tmp_path / "store" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "store" / rel).write_text(text)
+    job = job_from_dict({"command": "echo", "compute": "c1", "inputs": {
+        "model": {"type": "mlflow_model", "path": "azureml://datastores/models/paths/echo"},
+        "rows": {"type": "uri_folder", "path": "azureml://datastores/models/paths/rows"}}}, base_dir=tmp_path)
+    lifecycle: list[str] = []
+    data = RunData(emu.datastores, job, "run_1", CachePolicy(), lifecycle.append)
+    data.prepare_node("c1-node-0", tmp_path / "node", NodeCache(tmp_path / "cache"))
+    model, rows = (host_path(tmp_path / "node", b.node_path) for b in data.bindings)
+    assert model.is_dir() and not model.is_symlink() and rows.is_symlink()
+    assert mlflow.pyfunc.load_model(str(model)).predict([1, 2, 3]) == [3]
+    assert any("inputs.model: an MLflow model: copied from the node's cache" in line for line in lifecycle)
