@@ -139,141 +139,170 @@ def param_digest(model: Any) -> str:
     return digest.hexdigest()
 
 
-def train(args: argparse.Namespace, data_root: Path, metrics_class: type[Metrics] = Metrics) -> dict[str, Any]:
-    import horovod.torch as hvd  # noqa: PLC0415 - heavy imports after argument checks
-    import torch  # noqa: PLC0415
-    import torch.nn.functional as F  # noqa: PLC0415
-    from torch.utils.data import DataLoader, DistributedSampler  # noqa: PLC0415
-    from torchvision import datasets, transforms  # noqa: PLC0415
+class Training:
+    """One rank's training: Horovod, the data, the model and its optimizer, set up from `args`."""
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from model import Net  # noqa: PLC0415
+    def __init__(self, args: argparse.Namespace, data_root: Path) -> None:
+        import horovod.torch as hvd  # noqa: PLC0415 - heavy imports after argument checks
+        import torch  # noqa: PLC0415
 
-    hvd.init()
-    rank, size = hvd.rank(), hvd.size()
-    use_cuda = not args.no_cuda and torch.cuda.is_available()
-    torch.manual_seed(args.seed)
-    if use_cuda:
-        torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
-        torch.cuda.manual_seed(args.seed)
-    # Ranks on one node share its cores; oversubscribed intra-op threads slow everyone down.
-    # OMP_NUM_THREADS, when the platform or the user sets it, says how many this rank may use.
-    threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1) // hvd.local_size()
-    torch.set_num_threads(max(1, threads))
-    device = torch.device("cuda" if use_cuda else "cpu")
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from model import Net  # noqa: PLC0415
 
-    transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
-    train_set = datasets.MNIST(str(data_root), train=True, download=False, transform=transform)
-    test_set = datasets.MNIST(str(data_root), train=False, download=False, transform=transform)
-    train_sampler = DistributedSampler(train_set, num_replicas=size, rank=rank, seed=args.seed)
-    test_sampler = DistributedSampler(test_set, num_replicas=size, rank=rank, shuffle=False)
-    loader_kw = {"num_workers": 1, "pin_memory": True} if use_cuda else {}
-    train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=train_sampler, **loader_kw)
-    test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=test_sampler, **loader_kw)
+        self.args, self.hvd, self.torch = args, hvd, torch
+        hvd.init()
+        self.rank, self.size = hvd.rank(), hvd.size()
+        use_cuda = not args.no_cuda and torch.cuda.is_available()
+        torch.manual_seed(args.seed)
+        if use_cuda:
+            torch.cuda.set_device(hvd.local_rank() % torch.cuda.device_count())
+            torch.cuda.manual_seed(args.seed)
+        # Ranks on one node share its cores; oversubscribed intra-op threads slow everyone down.
+        # OMP_NUM_THREADS, when the platform or the user sets it, says how many this rank may use.
+        threads = int(os.environ.get("OMP_NUM_THREADS") or 0) or (os.cpu_count() or 1) // hvd.local_size()
+        torch.set_num_threads(max(1, threads))
+        self.device = torch.device("cuda" if use_cuda else "cpu")
+        self._load_data(data_root, use_cuda)
+        self.model = Net().to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr * self.size, momentum=args.momentum)
+        self.start_epoch, self.global_step, self.resumed_from = 1, 0, None
 
-    model = Net().to(device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr * size, momentum=args.momentum)
+    def _load_data(self, data_root: Path, use_cuda: bool) -> None:
+        from torch.utils.data import DataLoader, DistributedSampler  # noqa: PLC0415
+        from torchvision import datasets, transforms  # noqa: PLC0415
 
-    outputs = args.output_dir
-    start_epoch, global_step, resumed_from = 1, 0, None
-    if rank == 0:
-        outputs.mkdir(parents=True, exist_ok=True)
-        newest = find_checkpoint(outputs)
-        if newest:
-            state = torch.load(newest, map_location=device)
-            model.load_state_dict(state["model"])
-            optimizer.load_state_dict(state["optimizer"])
-            start_epoch, global_step, resumed_from = state["epoch"] + 1, state["global_step"], newest.name
-            print(f"resuming from {newest.name}: epoch {state['epoch']} done", flush=True)
-    # Rank 0's (possibly restored) state becomes everyone's.
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
-    start_epoch, global_step, resumed_from = hvd.broadcast_object((start_epoch, global_step, resumed_from), 0)
+        args = self.args
+        transform = transforms.Compose([transforms.ToTensor(), transforms.Normalize((0.1307,), (0.3081,))])
+        self.train_set = datasets.MNIST(str(data_root), train=True, download=False, transform=transform)
+        test_set = datasets.MNIST(str(data_root), train=False, download=False, transform=transform)
+        self.train_sampler = DistributedSampler(self.train_set, num_replicas=self.size, rank=self.rank, seed=args.seed)
+        self.test_sampler = DistributedSampler(test_set, num_replicas=self.size, rank=self.rank, shuffle=False)
+        loader_kw = {"num_workers": 1, "pin_memory": True} if use_cuda else {}
+        self.train_loader = DataLoader(self.train_set, batch_size=args.batch_size, sampler=self.train_sampler,
+                                       **loader_kw)
+        self.test_loader = DataLoader(test_set, batch_size=args.test_batch_size, sampler=self.test_sampler, **loader_kw)
 
-    compression = hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    def resume(self) -> None:
+        """Rank 0 restores the newest checkpoint, if any; its state becomes everyone's. Then the
+        optimizer becomes Horovod's (allreduced gradients)."""
+        hvd, outputs = self.hvd, self.args.output_dir
+        if self.rank == 0:
+            outputs.mkdir(parents=True, exist_ok=True)
+            newest = find_checkpoint(outputs)
+            if newest:
+                state = self.torch.load(newest, map_location=self.device)
+                self.model.load_state_dict(state["model"])
+                self.optimizer.load_state_dict(state["optimizer"])
+                self.start_epoch, self.global_step, self.resumed_from = \
+                    state["epoch"] + 1, state["global_step"], newest.name
+                print(f"resuming from {newest.name}: epoch {state['epoch']} done", flush=True)
+        hvd.broadcast_parameters(self.model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(self.optimizer, root_rank=0)
+        self.start_epoch, self.global_step, self.resumed_from = hvd.broadcast_object(
+            (self.start_epoch, self.global_step, self.resumed_from), 0)
+        compression = hvd.Compression.fp16 if self.args.fp16_allreduce else hvd.Compression.none
+        self.optimizer = hvd.DistributedOptimizer(self.optimizer, named_parameters=self.model.named_parameters(),
+                                                  compression=compression)
 
-    metrics = metrics_class(enabled=rank == 0)
-    metrics.params({"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
-                    "momentum": args.momentum, "world_size": size, "seed": args.seed,
-                    "max_steps": args.max_steps, "device": device.type})
+    def train_epoch(self, epoch: int, metrics: Metrics) -> int:
+        """One epoch (or its first `--max-steps` steps); returns the samples all ranks trained on."""
+        import torch.nn.functional as F  # noqa: PLC0415
 
-    def evaluate() -> tuple[float, float]:
-        model.eval()
+        args, trained = self.args, 0
+        self.model.train()
+        self.train_sampler.set_epoch(epoch)
+        for batch_idx, (data, target) in enumerate(self.train_loader):
+            if args.max_steps is not None and batch_idx >= args.max_steps:
+                break
+            data, target = data.to(self.device), target.to(self.device)
+            self.optimizer.zero_grad()
+            loss = F.nll_loss(self.model(data), target)
+            loss.backward()
+            self.optimizer.step()
+            self.global_step += 1
+            trained += len(data) * self.size
+            if batch_idx % args.log_interval == 0 and self.rank == 0:
+                seen = batch_idx * len(data) * self.size
+                print(f"epoch {epoch} [{seen}/{len(self.train_set)}] loss {loss.item():.4f}", flush=True)
+                metrics.log("train_loss", loss.item(), self.global_step)
+        return trained
+
+    def evaluate(self) -> tuple[float, float]:
+        """Test loss and accuracy over the whole test set (each rank evaluates its share)."""
+        import torch.nn.functional as F  # noqa: PLC0415
+
+        torch, hvd = self.torch, self.hvd
+        self.model.eval()
         loss_sum, correct = 0.0, 0.0
         with torch.no_grad():
-            for data, target in test_loader:
-                data, target = data.to(device), target.to(device)
-                output = model(data)
+            for data, target in self.test_loader:
+                data, target = data.to(self.device), target.to(self.device)
+                output = self.model(data)
                 loss_sum += F.nll_loss(output, target, reduction="sum").item()
                 correct += output.argmax(dim=1).eq(target).sum().item()
-        n = len(test_sampler)
+        n = len(self.test_sampler)
         # Every rank saw an equal share, so the mean of the per-rank means is the global mean.
         loss = hvd.allreduce(torch.tensor(loss_sum / n), name="avg_loss").item()
         accuracy = hvd.allreduce(torch.tensor(correct / n), name="avg_accuracy").item()
         return loss, accuracy
 
+    def checkpoint(self, epoch: int) -> None:
+        ckpt = checkpoint_path(self.args.output_dir, epoch)
+        self.torch.save({"epoch": epoch, "global_step": self.global_step, "model": self.model.state_dict(),
+                         "optimizer": self.optimizer.state_dict()}, ckpt.with_suffix(".tmp"))
+        ckpt.with_suffix(".tmp").replace(ckpt)  # a preemption never leaves half a checkpoint
+
+
+def train(args: argparse.Namespace, data_root: Path, metrics_class: type[Metrics] = Metrics) -> dict[str, Any]:
+    run = Training(args, data_root)
+    run.resume()
+    rank, size = run.rank, run.size
+    metrics = metrics_class(enabled=rank == 0)
+    metrics.params({"epochs": args.epochs, "batch_size": args.batch_size, "lr": args.lr,
+                    "momentum": args.momentum, "world_size": size, "seed": args.seed,
+                    "max_steps": args.max_steps, "device": run.device.type})
     test_loss = test_accuracy = float("nan")
     trained_samples, train_seconds = 0, 0.0
     status = "FAILED"
     try:
-        for epoch in range(start_epoch, args.epochs + 1):
-            model.train()
-            train_sampler.set_epoch(epoch)
+        for epoch in range(run.start_epoch, args.epochs + 1):
             started = time.perf_counter()
-            for batch_idx, (data, target) in enumerate(train_loader):
-                if args.max_steps is not None and batch_idx >= args.max_steps:
-                    break
-                data, target = data.to(device), target.to(device)
-                optimizer.zero_grad()
-                loss = F.nll_loss(model(data), target)
-                loss.backward()
-                optimizer.step()
-                global_step += 1
-                trained_samples += len(data) * size
-                if batch_idx % args.log_interval == 0 and rank == 0:
-                    seen = batch_idx * len(data) * size
-                    print(f"epoch {epoch} [{seen}/{len(train_set)}] loss {loss.item():.4f}", flush=True)
-                    metrics.log("train_loss", loss.item(), global_step)
+            trained_samples += run.train_epoch(epoch, metrics)
             train_seconds += time.perf_counter() - started
-            test_loss, test_accuracy = evaluate()
+            test_loss, test_accuracy = run.evaluate()
             if rank == 0:
                 print(f"epoch {epoch} test loss {test_loss:.4f} accuracy {test_accuracy:.4f}", flush=True)
                 metrics.log("test_loss", test_loss, epoch)
                 metrics.log("test_accuracy", test_accuracy, epoch)
-                ckpt = checkpoint_path(outputs, epoch)
-                torch.save({"epoch": epoch, "global_step": global_step, "model": model.state_dict(),
-                            "optimizer": optimizer.state_dict()}, ckpt.with_suffix(".tmp"))
-                ckpt.with_suffix(".tmp").replace(ckpt)  # a preemption never leaves half a checkpoint
-        if start_epoch > args.epochs:  # restarted after the last epoch: report, do not retrain
-            test_loss, test_accuracy = evaluate()
+                run.checkpoint(epoch)
+        if run.start_epoch > args.epochs:  # restarted after the last epoch: report, do not retrain
+            test_loss, test_accuracy = run.evaluate()
         status = "FINISHED"
     finally:
         metrics.close(status)
 
-    digests = hvd.allgather_object(param_digest(model))
+    digests = run.hvd.allgather_object(param_digest(run.model))
     summary = {
         "world_size": size,
         "epochs": args.epochs,
-        "global_step": global_step,
+        "global_step": run.global_step,
         "test_loss": test_loss,
         "test_accuracy": test_accuracy,
-        "resumed_from": resumed_from,
-        "device": device.type,
+        "resumed_from": run.resumed_from,
+        "device": run.device.type,
         "train_seconds": round(train_seconds, 3),
         "samples_per_second": round(trained_samples / train_seconds, 1) if train_seconds else None,
         # What this rank's throughput was planned on (benchmarks compare like with like).
-        "threads": {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
+        "threads": {"torch": run.torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")},
         "param_digests": digests,
         "params_in_sync": len(set(digests)) == 1,
     }
     if rank == 0:
-        torch.save(model.state_dict(), outputs / "model.pt")
-        (outputs / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+        run.torch.save(run.model.state_dict(), args.output_dir / "model.pt")
+        (args.output_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
         print(f"final test accuracy {test_accuracy:.4f} (loss {test_loss:.4f}); "
               f"parameters identical on all {size} ranks: {summary['params_in_sync']}", flush=True)
-    hvd.shutdown()
+    run.hvd.shutdown()
     return summary
 
 
