@@ -234,6 +234,42 @@ class DataInput:
         return self.path.startswith("azureml://")
 
 
+# `services:` types that run beside the job here (emulator/runs/services.py); the others are
+# accepted with a notice saying why not.
+SERVICES_RUN = ("jupyter_lab", "tensor_board")
+SERVICE_NOT_RUN = {
+    "ssh": "an SSH server needs the capabilities and terminals a node's sandbox drops; open a jupyter_lab "
+           "service instead",
+    "vs_code": "Azure ML's VS Code endpoint goes through Azure's tunnel service; open a jupyter_lab service "
+               "instead (VS Code's Jupyter extension connects to its URL)",
+}
+
+
+@dataclass(frozen=True)
+class ServiceSpec:
+    """One of a job's `services:` (interactive endpoints beside the job), as azure-ai-ml's schema has it."""
+
+    name: str
+    type: str  # jupyter_lab, tensor_board, ssh, vs_code (custom and others: noticed)
+    nodes: str | None = None  # "all": every node; None: the head node only (Azure ML's default)
+    log_dir: str | None = None  # tensor_board: relative to the job's working folder
+    ssh_public_keys: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes not in (None, "all"):
+            raise ConfigError(f"services.{self.name}.nodes", f"'{self.nodes}' is not a choice",
+                              "write nodes: all (every node), or leave it out for the head node")
+
+    @property
+    def notice(self) -> str | None:
+        """Why this service does not run here; None for one that does."""
+        if self.type in SERVICES_RUN:
+            return None
+        why = SERVICE_NOT_RUN.get(self.type, "Azure ML would open this endpoint beside the job; here the job "
+                                  "runs without it")
+        return f"services.{self.name} ({self.type}) is not emulated: {why}"
+
+
 @dataclass(frozen=True)
 class JobSpec:
     """A command job as the CLI v2 YAML describes it."""
@@ -263,9 +299,9 @@ class JobSpec:
     job_tier: str | None = None
     # `code: git+https://...` as written (code is then None): cloned at submit (emulator/jobs/gitcode.py).
     code_git: str | None = None
-    # `services:` (interactive endpoints: jupyter_lab, ssh, tensor_board, vs_code) as "name (type)":
-    # accepted as Azure ML accepts them, not started here; `notices` says so.
-    services: tuple[str, ...] = ()
+    # `services:` (interactive endpoints): jupyter_lab and tensor_board run beside the job
+    # (emulator/runs/services.py); ssh, vs_code and others are accepted with a notice.
+    services: tuple[ServiceSpec, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.command.strip():
@@ -309,8 +345,7 @@ class JobSpec:
     @property
     def notices(self) -> tuple[str, ...]:
         """What the job declares that is accepted but not emulated (the dry run and the run say it)."""
-        return self.remote_notices + tuple(f"services.{service} is not emulated: Azure ML would open this endpoint beside the job; "
-                     "here the job runs without it" for service in self.services)
+        return self.remote_notices + tuple(service.notice for service in self.services if service.notice)
 
     @property
     def remote_notices(self) -> tuple[str, ...]:

@@ -1,6 +1,6 @@
 """README's "Azure ML job features" table stays true: each test file it names exists, and each
-feature it marks `not` is still refused with one line naming the field (or, for `services`, still
-accepted with a notice). Implementing one of them fails this test until the table says so."""
+feature it marks `not` is still refused with one line naming the field (or, for a probe with no
+field, still accepted with a notice). Implementing one of them fails this test until the table says so."""
 from __future__ import annotations
 
 import re
@@ -24,7 +24,6 @@ PROBES: dict[str, tuple[dict[str, Any], str | None]] = {
     "registry-asset": ({**BASE, "command": "python t.py ${{inputs.m}}",
                         "inputs": {"m": {"type": "uri_folder", "path": "azureml://registries/r/data/d/versions/1"}}},
                        "inputs.m.path"),
-    "services": ({**BASE, "services": {"nb": {"type": "jupyter_lab"}}}, None),  # accepted, noticed
     "sweep": ({**BASE, "type": "sweep"}, "type"),
     "pipeline": ({"type": "pipeline", "jobs": {}}, "type"),
 }

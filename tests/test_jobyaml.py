@@ -175,17 +175,21 @@ def test_datastore_inputs_and_outputs_resolve_to_node_paths(tmp_path: Path) -> N
         f"{wd}/INPUT_d", f"{wd}/INPUT_f/b.csv", f"{wd}/o", f"{wd}/m", "azureml://datastores/ws/paths/raw"]
 
 
-def test_services_are_accepted_with_a_notice_that_they_are_not_emulated(tmp_path: Path) -> None:
-    """Azure ML opens interactive endpoints beside a job (`services:`); here the job runs without
-    them, and the dry run and the run's lifecycle say so for each (never silently dropped)."""
+def test_services_are_read_and_those_not_emulated_are_noticed(tmp_path: Path) -> None:
+    """Azure ML opens interactive endpoints beside a job (`services:`): jupyter_lab and tensor_board
+    run here (tests/test_services.py); the others run without, and the dry run and the run's
+    lifecycle say so for each (never silently dropped)."""
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "t.py").write_text("print(1)\n")
     yml = tmp_path / "job.yml"
     yml.write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\nservices:\n"
-                   "  my_jupyter:\n    type: jupyter_lab\n  my_tb:\n    type: tensor_board\n    log_dir: outputs/tb\n")
+                   "  my_jupyter:\n    type: jupyter_lab\n  my_tb:\n    type: tensor_board\n    log_dir: outputs/tb\n"
+                   "  my_code:\n    type: vs_code\n")
     job = load_job(yml)
-    assert job.services == ("my_jupyter (jupyter_lab)", "my_tb (tensor_board)")
-    assert job.notices[0].startswith("services.my_jupyter (jupyter_lab) is not emulated")
+    assert [(s.name, s.type, s.log_dir) for s in job.services] == [
+        ("my_jupyter", "jupyter_lab", None), ("my_tb", "tensor_board", "outputs/tb"), ("my_code", "vs_code", None)]
+    assert [n for n in job.notices if n.startswith("services.")] == [job.services[2].notice]
+    assert job.services[2].notice.startswith("services.my_code (vs_code) is not emulated")
     assert job_from_record(job_to_record(job)) == job  # the supervisor reads it back from the record
     emu = Emulator(home=tmp_path / "home", backend="process")
     try:

@@ -173,6 +173,15 @@ class NodeBackend(abc.ABC):
         sock = socket.create_server((address, 0))
         return sock
 
+    def node_port(self, request: NodeRequest, default: int) -> int:
+        """A port for a run's service on the node (runs/servicerun.py): `default` where each node has
+        a network of its own (a container), else one free there now."""
+        return default
+
+    def connect_node(self, request: NodeRequest, address: str, port: int) -> socket.socket:
+        """A connection from this machine to `address`:`port` on the node: a run's service relay."""
+        return socket.create_connection((address, port), timeout=5.0)
+
     def launch_prefix(self, cluster: str) -> tuple[str, ...]:
         """What the host's side of a launch (mpirun) runs under, to be in the cluster's network
         (pure: the dry run shows it); nothing by default."""

@@ -25,6 +25,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from amlemu.errors import BackendError
@@ -105,29 +106,42 @@ def _setns(fd: int) -> None:
         raise OSError(code, os.strerror(code))
 
 
-def listen_in(path: Path, host: str = "127.0.0.1") -> socket.socket:
-    """A TCP socket listening on `host`:<a free port> inside the namespace at `path`.
+def _socket_in(path: Path, make: Callable[[], socket.socket]) -> socket.socket:
+    """The socket `make` returns, made inside the namespace at `path`.
 
     A network namespace belongs to a thread, and a socket to the namespace it was made in for its
     whole life: a short-lived thread enters the namespace, makes the socket and ends, so no other
     thread of this process ever changes network."""
     found: dict[str, object] = {}
 
-    def make() -> None:
+    def run() -> None:
         try:
             with open(path, "rb") as target:
                 _setns(target.fileno())
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((host, 0))
-            sock.listen(128)
-            found["sock"] = sock
+            found["sock"] = make()
         except OSError as exc:
             found["error"] = exc
 
-    thread = threading.Thread(target=make, name="amlemu-netns", daemon=True)
+    thread = threading.Thread(target=run, name="amlemu-netns", daemon=True)
     thread.start()
     thread.join()
     if "sock" not in found:
-        raise OSError(f"cannot listen in the network namespace {path}: {found.get('error')}")
+        raise OSError(f"cannot use the network namespace {path}: {found.get('error')}")
     return found["sock"]  # type: ignore[return-value]
+
+
+def listen_in(path: Path, host: str = "127.0.0.1") -> socket.socket:
+    """A TCP socket listening on `host`:<a free port> inside the namespace at `path`."""
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, 0))
+        sock.listen(128)
+        return sock
+    return _socket_in(path, make)
+
+
+def connect_in(path: Path, host: str, port: int, timeout: float = 5.0) -> socket.socket:
+    """A TCP connection to `host`:`port` inside the namespace at `path` (a run's service relay
+    reaching a node's service from this machine's side)."""
+    return _socket_in(path, lambda: socket.create_connection((host, port), timeout=timeout))

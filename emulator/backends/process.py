@@ -99,6 +99,16 @@ class ProcessBackend(NodeBackend):
         netns.create(path)  # made with the nodes; again here for nodes made before namespaces were
         return netns.listen_in(path)
 
+    def node_port(self, request: NodeRequest, default: int) -> int:
+        """A cluster's nodes share one loopback (with other runs on the cluster): a port free there now."""
+        path = self.network_path(request.cluster)
+        with netns.listen_in(path) if path is not None else socket.create_server(("127.0.0.1", 0)) as sock:
+            return int(sock.getsockname()[1])
+
+    def connect_node(self, request: NodeRequest, address: str, port: int) -> socket.socket:
+        path = self.network_path(request.cluster)
+        return netns.connect_in(path, address, port) if path is not None else super().connect_node(request, address, port)
+
     def _network_note(self) -> str:
         if netns.supported():
             return "the cluster's nodes share a network namespace of their own (loopback only)"

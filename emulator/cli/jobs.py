@@ -130,6 +130,11 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
         for key, value in (("studio", studio), *((k, own.get(k)) for k in ("outputs", "logs", "plot"))):
             if value is not None:
                 console.print(f"{key}: {value}", highlight=False, markup=False)
+        for key, service in (d.get("services") or {}).items():  # the job's own (jupyter_lab, ...)
+            if key not in ("Studio", "Tracking"):
+                shown = " ".join(str(v) for v in (service.get("status") or "not started", service.get("endpoint"),
+                                                  service.get("error_message")) if v)
+                console.print(f"service {key} ({service.get('type')}): {shown}", highlight=False, markup=False)
     emit(_target(ctx, target_name).show(name), output, human)
 
 

@@ -1,14 +1,23 @@
 """JobSpec <-> the JSON kept in a run's record (the job exactly as it was submitted)."""
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.specs import DataInput, DataMode, Distribution, DistributionType, JobSpec, ServiceSpec
 
 
 def _data(value: DataInput) -> dict[str, str]:
     return {"type": value.type, "path": value.path, "mode": value.mode.value}
+
+
+def _service(value: dict[str, Any] | str) -> ServiceSpec:
+    """A record's service; records before services ran kept "name (type)"."""
+    if isinstance(value, str):
+        name, _, kind = value.partition(" (")
+        return ServiceSpec(name, kind.rstrip(")"))
+    return ServiceSpec(**value)
 
 
 def job_to_record(job: JobSpec) -> dict[str, Any]:
@@ -28,7 +37,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
         "shm_size": job.shm_size,
         "log_layout": job.log_layout,
         "environment_def": job.environment_def, "code_git": job.code_git,
-        "instance_type": job.instance_type, "job_tier": job.job_tier, "services": list(job.services),
+        "instance_type": job.instance_type, "job_tier": job.job_tier, "services": [asdict(s) for s in job.services],
     }
 
 
@@ -41,6 +50,6 @@ def job_from_record(data: dict[str, Any]) -> JobSpec:
     inputs = {k: load(v) if isinstance(v, dict) else v for k, v in data["inputs"].items()}
     outputs = {k: load(v) for k, v in data.get("outputs", {}).items()}
     return JobSpec(**{**data, "code": None if data.get("code") is None else Path(data["code"]), "inputs": inputs, "outputs": outputs,
-                      "services": tuple(data.get("services", ())),
+                      "services": tuple(_service(s) for s in data.get("services", ())),
                       "distribution": Distribution(DistributionType(dist["type"]), dist["process_count_per_instance"],
                                                    dist.get("worker_count"), dist.get("parameter_server_count", 0))})

@@ -22,7 +22,7 @@ from amlemu.names import (
     check_job_name,
     cwd_experiment_name,
 )
-from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec
+from amlemu.specs import INPUT_MODES, OUTPUT_MODES, DataInput, DataMode, Distribution, DistributionType, JobSpec, ServiceSpec
 from amlemu.storage.assets import MODEL_TYPES, is_asset_ref
 from amlemu.storage.datastores import parse_uri
 from amlemu.storage.nodecache import policy_from_env
@@ -323,14 +323,17 @@ def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     )
 
 
-def _services(services: dict[str, Any]) -> tuple[str, ...]:
-    """`services:` as "name (type)": each a mapping with its type (jupyter_lab, ssh, tensor_board,
-    vs_code, custom), as azure-ai-ml's schema has them."""
+def _services(services: dict[str, Any]) -> tuple[ServiceSpec, ...]:
+    """`services:`: each a mapping with its type (jupyter_lab, ssh, tensor_board, vs_code, custom),
+    as azure-ai-ml's schema has them, with its nodes, log_dir and ssh_public_keys."""
     found = []
     for name, value in services.items():
-        kind = _mapping(value, f"services.{name}").get("type")
+        service = _mapping(value, f"services.{name}")
+        kind = service.get("type")
         if not isinstance(kind, str) or not kind.strip():
             raise ConfigError(f"services.{name}.type", "missing", "give the service's type: jupyter_lab, ssh, "
                               "tensor_board or vs_code")
-        found.append(f"{name} ({kind})")
+        text = {key: None if service.get(key) is None else str(service[key])
+                for key in ("nodes", "log_dir", "ssh_public_keys")}
+        found.append(ServiceSpec(str(name), kind, **text))
     return tuple(found)

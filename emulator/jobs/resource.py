@@ -11,8 +11,9 @@ the SDK never disagree.
   makes of it (CommandJob's YAML schema, ARM ids resolved to `azureml:` names), plus the
   `resourceGroup` the az CLI adds to every resource with an id; keys sorted, as az prints them.
 
-The caller gathers the facts (record, workspace, URLs); the one file read here is the body a job
-was PUT with through the service (<home>/service/jobs/<name>.json), by `job_properties`.
+The caller gathers the facts (record, workspace, URLs); the files read here, by `job_properties`,
+are the body a job was PUT with through the service (<home>/service/jobs/<name>.json) and the
+state of the run's services (<run>/services.json, written by its supervisor: runs/servicerun.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from amlemu import servicefile
+from amlemu.home import Home
+from amlemu.specs import RunStatus
 
 ARM_TYPE = "Microsoft.MachineLearningServices/workspaces/jobs"
 # The `amlemu ui` page's default address: the studio a job's page is on when no service runs.
@@ -34,6 +37,10 @@ ANONYMOUS_ENV = "CliV2AnonymousEnvironment"  # az ml registers an inline environ
 REST_MODES = {"ro_mount": "ReadOnlyMount", "rw_mount": "ReadWriteMount", "download": "Download",
               "upload": "Upload", "direct": "Direct", "eval_mount": "EvalMount", "eval_download": "EvalDownload"}
 YAML_MODES = {v.lower(): k for k, v in REST_MODES.items()}
+SERVICES_RECORD = "services.json"  # a run's services as its supervisor records them (runs/servicerun.py)
+REST_SERVICE_TYPES = {"jupyter_lab": "JupyterLab", "tensor_board": "TensorBoard", "ssh": "SSH", "vs_code": "VSCode",
+                      "custom": "Custom"}
+YAML_SERVICE_TYPES = {v: k for k, v in REST_SERVICE_TYPES.items()}
 REST_DISTRIBUTION = {"mpi": "Mpi", "pytorch": "PyTorch", "tensorflow": "TensorFlow"}
 CREATION_CONTEXT = {"created_at": "createdAt", "created_by": "createdBy", "created_by_type": "createdByType",
                     "last_modified_at": "lastModifiedAt", "last_modified_by": "lastModifiedBy",
@@ -127,9 +134,54 @@ def job_properties(name: str, job: dict[str, Any], *, home_root: Path, workspace
         props["experimentName"] = props.get("experimentName") or experiment
         if compute and not props.get("computeId"):  # a v1 run's body names its compute elsewhere
             props["computeId"] = f"{workspace_id}/computes/{compute}"
-        return props
-    return command_properties(name, job, workspace_id=workspace_id, compute=compute, experiment=experiment,
-                              status=status, output_uris=output_uris)
+    else:
+        props = command_properties(name, job, workspace_id=workspace_id, compute=compute, experiment=experiment,
+                                   status=status, output_uris=output_uris)
+    own = job_services(Home(home_root).run_dir(name), list(job.get("services") or []), RunStatus(status).is_terminal)
+    if own:
+        props["services"] = {**(props.get("services") or {}), **own}
+    return props
+
+
+def _declared(service: dict[str, Any] | str) -> dict[str, Any]:
+    if isinstance(service, str):  # a record from before services ran: "name (type)"
+        name, _, kind = service.partition(" (")
+        return {"name": name, "type": kind.rstrip(")")}
+    return service
+
+
+def job_services(run_dir: Path, declared: list[Any], run_ended: bool) -> dict[str, dict[str, Any]]:
+    """Azure ML's JobService of each service the job declared (its record's), with its state as its
+    run's services record has it: status, endpoint (a jupyter_lab's with its token, while it runs),
+    errorMessage (a service skipped); `endpoint.<node>` properties with nodes: all. An ended run's
+    services are Stopped, their endpoints without a token, whatever the record says."""
+    try:
+        live = json.loads((run_dir / SERVICES_RECORD).read_text())
+    except (OSError, ValueError):
+        live = {}
+    found: dict[str, dict[str, Any]] = {}
+    for service in map(_declared, declared):
+        rest: dict[str, Any] = {"jobServiceType": REST_SERVICE_TYPES.get(service["type"], service["type"])}
+        if service.get("nodes") == "all":
+            rest["nodes"] = {"nodesValueType": "All"}
+        props = {key: service[field] for field, key in (("log_dir", "logDir"), ("ssh_public_keys", "sshPublicKeys"))
+                 if service.get(field)}
+        nodes = (live.get(service["name"]) or {}).get("nodes") or {}
+        shown = {node: {**state, "endpoint": state["endpoint"].split("?", 1)[0] if run_ended else state["endpoint"],
+                        "status": "Stopped" if run_ended and state["status"] != "Failed" else state["status"]}
+                 for node, state in nodes.items()}
+        if shown:
+            head = next(iter(shown.values()))
+            rest.update(status=head["status"], endpoint=head["endpoint"])
+            errors = [state["error"] for state in shown.values() if state.get("error")]
+            if errors:
+                rest["errorMessage"] = "; ".join(errors)
+            if len(shown) > 1:
+                props.update({f"endpoint.{node}": state["endpoint"] for node, state in shown.items()})
+        if props:
+            rest["properties"] = props
+        found[service["name"]] = rest
+    return found
 
 
 def services(name: str, workspace_id: str, service_url: str | None) -> dict[str, dict[str, str]]:
@@ -212,6 +264,16 @@ def _timeout(value: Any) -> Any:
     return int(match[1]) if match else value
 
 
+def _az_service(rest: dict[str, Any]) -> dict[str, Any]:
+    """A JobService as azure-ai-ml's JobService entities print it (Studio, Tracking: endpoint and type)."""
+    kind, props = rest.get("jobServiceType"), dict(rest.get("properties") or {})
+    shown = {"endpoint": rest.get("endpoint"), "type": YAML_SERVICE_TYPES.get(str(kind), kind),
+             "status": rest.get("status"), "nodes": "all" if rest.get("nodes") else None,
+             "error_message": rest.get("errorMessage"), "log_dir": props.pop("logDir", None),
+             "ssh_public_keys": props.pop("sshPublicKeys", None), "properties": props or None}
+    return {k: v for k, v in shown.items() if v is not None or k in ("endpoint", "type")}
+
+
 def az_job(resource: dict[str, Any]) -> dict[str, Any]:
     """`az ml job show`'s dict of a Job resource (a command job)."""
     props, system = resource.get("properties") or {}, resource.get("systemData") or {}
@@ -223,8 +285,7 @@ def az_job(resource: dict[str, Any]) -> dict[str, Any]:
         "status": props.get("status"), "description": props.get("description"),
         "tags": dict(props.get("tags") or {}), "properties": dict(props.get("properties") or {}),
         "creation_context": {k: system[rest] for k, rest in CREATION_CONTEXT.items() if system.get(rest) is not None},
-        "services": {k: {"endpoint": v.get("endpoint"), "type": v.get("jobServiceType")}
-                     for k, v in (props.get("services") or {}).items() if isinstance(v, dict)},
+        "services": {k: _az_service(v) for k, v in (props.get("services") or {}).items() if isinstance(v, dict)},
         "compute": _azureml_id(props.get("computeId"), "computes"), "command": props.get("command"),
         "code": _azureml_id(props.get("codeId"), "codes"),
         "environment": _azureml_id(props.get("environmentId"), "environments"),

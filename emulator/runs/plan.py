@@ -35,6 +35,7 @@ from amlemu.runs.contract import (
     run_env,
 )
 from amlemu.runs.launchers import ProcessPlan, launcher, node_processes
+from amlemu.runs.services import ServicePlan, plan_services
 from amlemu.specs import DistributionType, JobSpec
 from amlemu.storage.nodecache import policy_from_env
 
@@ -68,6 +69,7 @@ class LaunchPlan:
     ranks: tuple[Rank, ...]
     data: tuple[Binding, ...]
     notices: tuple[str, ...]
+    services: tuple[ServicePlan, ...] = ()  # the job's services: beside it, for its lifetime
 
     def node_environment(self, node: NodePlan) -> dict[str, str]:
         """The whole environment of a node's processes (the env file the node's shell sources)."""
@@ -86,6 +88,7 @@ class LaunchPlan:
             "ranks": [asdict(r) for r in self.ranks],
             "data": [{**asdict(b), "mode": b.mode.value} for b in self.data],
             "notices": list(self.notices),
+            "services": [s.to_dict() for s in self.services],
         }
 
 
@@ -115,7 +118,7 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
         env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share, cluster=compute,
                     node_gpus=len(requests[0].gpus)),
         ranks=tuple(rank_layout(job, slots)), data=tuple(bindings(job, run_id)),
-        notices=(*notices, *cache_notices))
+        notices=(*notices, *cache_notices), services=plan_services(job, run_id, slots, agent=AGENT))
 
 
 def agent_plan(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from amlemu.envs.software import missing_import, software_for
 from amlemu.errors import AmlEmuError
 from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, rundisk, servicelink, statuswrite, watchdog
+from amlemu.runs import homestore, rundisk, servicelink, servicerun, statuswrite, watchdog
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
@@ -184,6 +184,7 @@ class Supervisor:
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
         proc = Gang(plan, env, self.logs)
+        services = servicerun.start(self, plan, env, proc)  # beside the job, stopped with it
         self.store.update_run(self.run_id, launch_pid=proc.pgid)
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
@@ -218,6 +219,7 @@ class Supervisor:
         if outcome is None and proc.poll():  # a process failed: the others are stopped, as mpirun stops its ranks
             self.stop(proc)
         exit_code = proc.wait()
+        services.stop()
         stop_refresh.set()
         refresher.join(timeout=30)
         mirror.join(timeout=30)
