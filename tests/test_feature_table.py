@@ -16,9 +16,6 @@ from amlemu.jobs.jobyaml import job_from_dict
 BASE = {"command": "python t.py", "code": "src", "compute": "azureml:c1"}
 # A `not` row's probe: the job that uses the feature, and the field its refusal must name.
 PROBES: dict[str, tuple[dict[str, Any], str | None]] = {
-    "url-input": ({**BASE, "command": "python t.py ${{inputs.d}}",
-                   "inputs": {"d": {"type": "uri_file", "path": "https://example.com/iris.csv"}}}, "inputs.d.path"),
-    "git-code": ({**BASE, "code": "git+https://github.com/Azure/azureml-examples"}, "code"),
     "runs-model": ({**BASE, "command": "python t.py ${{inputs.m}}",
                     "inputs": {"m": {"type": "mlflow_model", "path": "runs:/0123/model"}}}, "inputs.m.path"),
     "registry-asset": ({**BASE, "command": "python t.py ${{inputs.m}}",
