@@ -169,11 +169,6 @@ class Emulator:
     def workspace(self) -> dict[str, str]:
         return self.store.workspace()
 
-    def write_config(self, path: str | Path) -> Path:
-        """config.json of the shape Workspace.from_config() / MLClient.from_config() read."""
-        execute(self.plan_write_config(path))
-        return Path(path)
-
     # --- computes ----------------------------------------------------------------------------
     def plan_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Dry run of create_compute. `spec`: a ClusterSpec, an azure.ai.ml AmlCompute, or a v1

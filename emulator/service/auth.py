@@ -71,11 +71,6 @@ class Auth:
         it has not expired; a run token's name its run (servicekeys.RUN_CLAIM)."""
         return servicekeys.decode(self.key, (authorization or "").removeprefix("Bearer ").strip())
 
-    def check_token(self, authorization: str | None) -> bool:
-        """A workspace token (not a run's) this home issued, not expired."""
-        found = self.claims(authorization)
-        return found is not None and servicekeys.RUN_CLAIM not in found
-
     def sign(self, resource: str) -> str:
         """The `sig` of a URL the service hands out (a blob container's SAS, a log file)."""
         return self._mac("url:" + resource)[:43]
