@@ -81,50 +81,50 @@ def _chunks(fh: BinaryIO) -> Iterator[bytes]:
             yield block
 
 
-def studio_app(home: Home) -> Starlette:
-    """The studio of `home`, to mount (`Mount("/studio", studio_app(home))`): its links follow the
-    mount's path. Run on its own, its lifespan closes the store; mounted, Starlette runs no
-    lifespan of a sub-app, so the store's connection lives as long as the process."""
-    data = StudioData(home)
-    assets = {name: (Path(__file__).with_name(name).read_bytes(), media) for name, media in ASSETS.items()}
+class _Handlers:
+    """The studio's routes over one home's StudioData (the store's reads run in the thread pool)."""
 
-    async def asset(request: Request) -> Response:
+    def __init__(self, data: StudioData) -> None:
+        self.data = data
+        self.assets = {name: (Path(__file__).with_name(name).read_bytes(), media) for name, media in ASSETS.items()}
+
+    async def asset(self, request: Request) -> Response:
         name = request.path_params["name"]
-        if name not in assets:
+        if name not in self.assets:
             raise NotFoundError("file", name, "the studio serves studio.js and studio.css")
-        content, media = assets[name]
+        content, media = self.assets[name]
         return Response(content, media_type=media)
 
-    async def overview(request: Request) -> Response:
-        return HTMLResponse(pages.overview_page(await run_in_threadpool(data.overview), _base(request)))
+    async def overview(self, request: Request) -> Response:
+        return HTMLResponse(pages.overview_page(await run_in_threadpool(self.data.overview), _base(request)))
 
-    def _job_page(run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
-        job = data.job(run_id)
-        return job, [data.log_chunk(run_id, rank, -1) for rank in range(job["processes"])], data.plan(run_id)
+    def _job_page(self, run_id: str) -> tuple[dict[str, Any], list[dict[str, Any]], dict[str, Any] | None]:
+        job = self.data.job(run_id)
+        return job, [self.data.log_chunk(run_id, rank, -1) for rank in range(job["processes"])], self.data.plan(run_id)
 
-    async def job(request: Request) -> Response:
-        found, logs, plan = await run_in_threadpool(_job_page, request.path_params["run_id"])
+    async def job(self, request: Request) -> Response:
+        found, logs, plan = await run_in_threadpool(self._job_page, request.path_params["run_id"])
         return HTMLResponse(pages.job_page(found, logs, _base(request), plan))
 
-    async def api_overview(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(data.overview))
+    async def api_overview(self, request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(self.data.overview))
 
-    async def api_job(request: Request) -> Response:
-        return JSONResponse(await run_in_threadpool(data.job, request.path_params["run_id"]))
+    async def api_job(self, request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(self.data.job, request.path_params["run_id"]))
 
-    async def api_log(request: Request) -> Response:
+    async def api_log(self, request: Request) -> Response:
         try:
             offset = int(request.query_params.get("offset", "-1"))
         except ValueError:
             return JSONResponse({"error": {"code": "BadRequest", "message": "offset: must be a whole number of "
                                            "bytes; leave it out for the log's tail"}}, status_code=400)
-        chunk = await run_in_threadpool(data.log_chunk, request.path_params["run_id"],
+        chunk = await run_in_threadpool(self.data.log_chunk, request.path_params["run_id"],
                                         request.path_params["rank"], offset)
         return JSONResponse(chunk)
 
-    async def download(request: Request) -> Response:
+    async def download(self, request: Request) -> Response:
         run_id, rel = request.path_params["run_id"], request.path_params["path"]
-        fh = await run_in_threadpool(data.open_file, run_id, rel)
+        fh = await run_in_threadpool(self.data.open_file, run_id, rel)
         if fh is None:
             raise NotFoundError("file", rel, f"job {run_id} has no such file in its outputs or logs")
         media = INLINE_TYPES.get(Path(rel).suffix.lower())  # else a download, whatever the name says
@@ -132,20 +132,28 @@ def studio_app(home: Home) -> Starlette:
         return StreamingResponse(_chunks(fh), media_type=media or "application/octet-stream",
                                  headers={"content-security-policy": FILE_POLICY, "content-disposition": disposition})
 
+
+def studio_app(home: Home) -> Starlette:
+    """The studio of `home`, to mount (`Mount("/studio", studio_app(home))`): its links follow the
+    mount's path. Run on its own, its lifespan closes the store; mounted, Starlette runs no
+    lifespan of a sub-app, so the store's connection lives as long as the process."""
+    data = StudioData(home)
+    handlers = _Handlers(data)
+
     @asynccontextmanager
     async def lifespan(_app: Starlette):  # type: ignore[no-untyped-def]
         yield
         data.close()
 
     routes = [
-        Route("/", overview, name="overview"),
-        Route("/jobs/{run_id}", job, name="job"),
-        Route("/runs/{run_id}", job),  # azureml-core's "Web View" link to a run
-        Route("/api/overview", api_overview),
-        Route("/api/jobs/{run_id}", api_job),
-        Route("/api/jobs/{run_id}/logs/{rank:int}", api_log),
-        Route("/files/{run_id}/{path:path}", download),
-        Route("/static/{name}", asset),
+        Route("/", handlers.overview, name="overview"),
+        Route("/jobs/{run_id}", handlers.job, name="job"),
+        Route("/runs/{run_id}", handlers.job),  # azureml-core's "Web View" link to a run
+        Route("/api/overview", handlers.api_overview),
+        Route("/api/jobs/{run_id}", handlers.api_job),
+        Route("/api/jobs/{run_id}/logs/{rank:int}", handlers.api_log),
+        Route("/files/{run_id}/{path:path}", handlers.download),
+        Route("/static/{name}", handlers.asset),
     ]
     app = Starlette(routes=routes, exception_handlers={NotFoundError: _missing, 404: _missing},
                     lifespan=lifespan)
