@@ -24,6 +24,7 @@ from amlemu.jobs import resource
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs.contract import NodeSlot, node_workdir
+from amlemu.service import emujobs
 from amlemu.runs.services import MISSING_EXIT, missing_notice, plan_services, service_command
 from amlemu.specs import ServiceSpec
 
@@ -100,6 +101,19 @@ def test_the_job_resource_shows_each_service_as_azure_ml_does(tmp_path: Path) ->
     assert ended["nb"]["status"] == "Stopped" and "token" not in ended["nb"]["endpoint"]
 
 
+def test_an_sdk_job_s_services_are_the_yaml_s(tmp_path: Path) -> None:
+    """azure-ai-ml's JobService entities as the SDK PUTs them through `amlemu serve`: the body of
+    command(..., services={"nb": JupyterLabJobService(), "tb": TensorBoardJobService(log_dir="tb",
+    nodes="all"), "v": VsCodeJobService()}) (azure-ai-ml itself takes seconds to import)."""
+    services = {"nb": {"jobServiceType": "JupyterLab"}, "v": {"jobServiceType": "VSCode"},
+                "tb": {"jobServiceType": "TensorBoard", "nodes": {"nodesValueType": "All"}, "properties": {"logDir": "tb"}}}
+    body = {"properties": {"jobType": "Command", "command": "echo hi", "services": services}}
+    data = emujobs.to_yaml("j1", body, lambda name, version: tmp_path, lambda env_id: "python:3.11")
+    assert job_from_dict(data, base_dir=tmp_path).services == (
+        ServiceSpec("nb", "jupyter_lab"), ServiceSpec("v", "vs_code"),
+        ServiceSpec("tb", "tensor_board", nodes="all", log_dir="tb"))
+
+
 def _show(emu: Emulator, name: str) -> dict[str, Any]:
     result = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", "-n", name, "-o", "json"])
     assert result.exit_code == 0, result.output
@@ -116,11 +130,15 @@ def _opened(url: str) -> str:
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_jupyter_lab_and_tensorboard_are_reachable_while_the_job_runs_and_closed_after(emu: Emulator, cluster, make_job) -> None:  # type: ignore[no-untyped-def]
     cluster(max_nodes=1)
-    run = emu.submit(make_job(BLOCK, distribution="none", extra="""
+    job = make_job(BLOCK, distribution="none", extra="""
         services:
           nb: {type: jupyter_lab}
           tb: {type: tensor_board, log_dir: outputs/tb}
-        """))
+        """)
+    planned = emu.plan_job(job)["services"]  # the dry run: each service's argv on its node
+    assert [(s["name"], s["node"], s["argv"][0]) for s in planned] == [("nb", "c1-node-0", "jupyter"),
+                                                                       ("tb", "c1-node-0", "tensorboard")]
+    run = emu.submit(job)
 
     def running() -> dict[str, Any] | None:
         services = _show(emu, run.id)["services"]
@@ -131,6 +149,8 @@ def test_jupyter_lab_and_tensorboard_are_reachable_while_the_job_runs_and_closed
     assert _opened(nb) == "/lab"  # the token opens it
     assert _opened(nb.split("?")[0]) == "/login"  # without it: Jupyter's login page
     assert _opened(tb) == "/"
+    text = CliRunner().invoke(cli, ["--home", str(emu.home.root), "job", "show", "-n", run.id]).stdout
+    assert f"service nb (jupyter_lab): Running {nb}" in text and f"service tb (tensor_board): Running {tb}" in text
     token = nb.split("token=")[1]
     logs = "".join(p.read_text() for p in emu.home.run_dir(run.id).rglob("*.txt"))
     assert token not in logs  # never in a log: Jupyter shows a token it was given as "..."
@@ -140,3 +160,16 @@ def test_jupyter_lab_and_tensorboard_are_reachable_while_the_job_runs_and_closed
     assert after["status"] == "Stopped" and "token" not in after["endpoint"]
     with pytest.raises(urllib.error.URLError):
         urllib.request.urlopen(nb, timeout=10)  # noqa: S310 - the relay's port is closed
+
+    # A node whose environment has no tensorboard (its PATH holds only the system's): skipped, named.
+    bare = make_job(BLOCK, distribution="none", extra="""
+        environment_variables: {PATH: /usr/bin:/bin}
+        services:
+          tb: {type: tensor_board}
+        """)
+    bare.write_text(bare.read_text().replace("command: python ", "command: python3 "))
+    run = emu.submit(bare)
+    skipped = wait_until(lambda: _show(emu, run.id)["services"]["tb"].get("error_message"), STARTUP, "tb is skipped")
+    assert "has no `tensorboard`; add tensorboard to the environment" in skipped
+    release(emu, run)
+    assert run.wait(timeout=STARTUP).value == "Completed"  # the job ran on without it

@@ -99,8 +99,8 @@ class Services:
                     self.log(f"notice: {error}")
                 elif state["status"] == "Starting" and code is None and self._answers(plan, requests[plan.node]):
                     self._set(plan, "Running")
-                    self.log(f"service {plan.name} ({plan.type}) running on {plan.node}: its endpoint (with its "
-                              "token) is in `amlemu job show`")
+                    self.log(f"service {plan.name} ({plan.type}) running on {plan.node}: its endpoint is in "
+                              "`amlemu job show`")
 
     def _answers(self, plan: ServicePlan, request: Any) -> bool:
         try:

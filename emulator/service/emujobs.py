@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.errors import ConfigError
+from amlemu.jobs.resource import YAML_SERVICE_TYPES
 from amlemu.service.state import bad_request
 from amlemu.storage.assets import DATA_TYPES, MODEL_TYPES, short_ref
 
@@ -150,7 +151,21 @@ def to_yaml(name: str, body: dict[str, Any], code_dir: Callable[[str, str], Path
     limits = _object(props, "limits")
     if limits.get("timeout"):
         data["limits"] = {"timeout": seconds(limits["timeout"], "limits.timeout")}
+    data["services"] = _services(props)
     return {k: v for k, v in data.items() if v not in (None, {})}
+
+
+def _services(props: dict[str, Any]) -> dict[str, Any]:
+    """azure-ai-ml's JobServices (JupyterLabJobService, ...) as the YAML's `services:`."""
+    found: dict[str, Any] = {}
+    for name, rest in _object(props, "services").items():
+        if not isinstance(rest, dict) or rest.get("jobServiceType") in ("Studio", "Tracking"):
+            continue
+        kind, extra = str(rest.get("jobServiceType") or ""), rest.get("properties") or {}
+        service = {"type": YAML_SERVICE_TYPES.get(kind, kind.lower()), "nodes": "all" if rest.get("nodes") else None,
+                   "log_dir": extra.get("logDir"), "ssh_public_keys": extra.get("sshPublicKeys")}
+        found[name] = {k: v for k, v in service.items() if v}
+    return found
 
 
 def config_error(exc: ConfigError) -> Exception:
