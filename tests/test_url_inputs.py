@@ -185,6 +185,16 @@ def test_a_url_that_goes_away_after_the_submit_fails_the_run_in_one_line(web: We
     assert f"set inputs.iris.path to {STAGE}/iris/iris.csv" in str(failed.value) and "\n" not in str(failed.value)
 
 
+def test_job_validate_names_an_unreachable_url_input(home: Path, tmp_path: Path) -> None:
+    from amlemu.validate import check_job  # noqa: PLC0415
+
+    dead = f"http://127.0.0.1:{free_port()}/iris.csv"
+    job = _job({"iris": {"type": "uri_file", "path": dead}}, tmp_path, compute=None)  # serverless
+    findings = [f for f in check_job(job, Emulator(home, backend="process")) if f.field == "inputs.iris.path"]
+    assert len(findings) == 1 and findings[0].problem.startswith(f"{dead} cannot be read here")
+    assert "amlemu data upload" in findings[0].fix
+
+
 def test_the_cli_refuses_an_offline_url_input_in_one_line_and_creates_nothing(home: Path, tmp_path: Path) -> None:
     (tmp_path / "job.yml").write_text("command: cat ${{inputs.iris}}\n"  # serverless: no compute to make
                                       "inputs:\n  iris: {type: uri_file, path: 'https://example.com/iris.csv'}\n")
