@@ -153,7 +153,14 @@ def start(supervisor: Any, plan: LaunchPlan, env: dict[str, str], gang: Any) -> 
     or by themselves once the gang has ended). Where a cluster's nodes share a network (process
     nodes), each gets a port free there now in place of the plan's."""
     requests = {r.name: r for r in supervisor.requests}
-    ports = {s.key: supervisor.backend.node_port(requests[s.node], s.port) for s in plan.services}
+    ports = {s.key: _port(supervisor.backend, requests[s.node], s.port) for s in plan.services}
     plans = plan_services(supervisor.job, supervisor.run_id, plan.nodes, agent=AGENT, ports=ports)
     return Services(supervisor, plans, env, gang)
 
+
+
+def _port(backend: Any, request: Any, default: int) -> int:
+    try:
+        return int(backend.node_port(request, default))
+    except OSError:  # the plan's, then: a port taken meanwhile fails that service alone
+        return default
