@@ -18,10 +18,10 @@ import pytest
 
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError, ConfigError
-from amlemu.jobs.jobyaml import job_from_dict, load_job
+from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs.contract import bindings
 from amlemu.runs.mounts import RunData
-from amlemu.specs import DataInput, DataMode, RunStatus
+from amlemu.specs import DataInput, DataMode
 from amlemu.storage import urlinputs
 from amlemu.storage.datastores import Datastores
 from amlemu.storage.httptree import HttpTree
@@ -218,17 +218,24 @@ print("b:", open(os.path.join(sys.argv[2], "more", "b.csv")).read().strip())
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_a_job_reads_a_url_file_mounted_and_a_url_folder_downloaded(emu: Emulator, cluster, make_job, web: Web) -> None:
+    """Through `amlemu job create --stream`: the process node has no network of its own (its own
+    namespace), so what it reads came through this machine's fetch into its cache."""
     cluster(max_nodes=1)
     job_file = make_job(READ, distribution="none", args="${{inputs.iris}} ${{inputs.folder}}", extra=f"""
 inputs:
   iris: {{type: uri_file, path: "{web.url}/iris.csv"}}
   folder: {{type: uri_folder, path: "{web.url}/iris/", mode: download}}
+  raw_url: "{web.url}/iris.csv"
 """)
-    plan = emu.plan_job(load_job(job_file))
-    assert any(n.startswith(f"inputs.iris: {web.url}/iris.csv is read by this machine") for n in plan["notices"])
-    run = emu.submit(job_file)
-    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
-    log = run.logs()
-    assert "file: sepal,petal|5.1,1.4|" in log and "folder: ['a.csv', 'more/b.csv']" in log and "b: b" in log
+    exe = str(Path(sys.executable).with_name("amlemu"))
+    done = subprocess.run([exe, "--home", str(emu.home.root), "job", "create", "-f", str(job_file), "--stream"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "file: sepal,petal|5.1,1.4|" in done.stdout and "folder: ['a.csv', 'more/b.csv']" in done.stdout
+    assert "b: b" in done.stdout and "Traceback" not in done.stderr
+    assert f"notice: inputs.iris: {web.url}/iris.csv is read by this machine when the run starts" in done.stderr
+    assert f"notice: inputs.raw_url: the job reads {web.url}/iris.csv itself, so its nodes need network" in done.stderr
+    run = emu.runs()[0]
     lifecycle = (run.dir / "system_logs" / "lifecycle.txt").read_text()
     assert f"inputs.iris: ro_mount of {web.url}/iris.csv" in lifecycle and "1 fetched" in lifecycle
+    assert "notice: inputs.raw_url: the job reads" in lifecycle  # the run says it too

@@ -53,6 +53,7 @@ def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tupl
         return
     notes = {n.get("image_note") for n in plan.data.get("nodes", [])} - {None}
     notes |= {n for n in plan.data.get("notices", []) if n.startswith("environment ")}  # what it runs in
+    notes |= {n for n in plan.data.get("notices", []) if n.startswith(("inputs.", "code: "))}  # what it reads
     notes |= {("AmlCompute would refuse this job: " if f["severity"] == "error" else "") +
               f"{f['field']}: {f['problem']}; {f['fix']}" for f in plan.data.get("findings", [])}
     for note in sorted(notes):
