@@ -104,6 +104,15 @@ def test_urls_parse_to_their_host_container_and_cache_location() -> None:
     assert not any(urlinputs.blocked(a) for a in ("127.0.0.1", "10.0.0.1", "::1", "example.com"))
 
 
+def test_blob_and_lake_urls_open_anonymously_on_their_account_blob_endpoint() -> None:
+    """Unit only (no storage account here): the filesystem and root a wasbs/abfss input is read from."""
+    fs, root = urlinputs.open_url("wasbs://data@acct.blob.core.windows.net/iris/iris.csv", "uri_file")
+    assert (root, fs.account_name, fs.account_url, fs.anon) == ("data/iris", "acct", "https://acct.blob.core.windows.net",
+                                                                True)
+    fs, root = urlinputs.open_url("abfss://lake@acct2.dfs.core.windows.net/raw/", "uri_folder")
+    assert (root, fs.account_name, fs.account_url) == ("lake/raw", "acct2", "https://acct2.blob.core.windows.net")
+
+
 @pytest.mark.parametrize(("url", "said"), [
     ("http://169.254.169.254/latest/meta-data/", "link-local address (a cloud metadata service)"),
     ("http://[fd00:ec2::254]/latest/", "link-local address"),
