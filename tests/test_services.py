@@ -173,3 +173,26 @@ def test_jupyter_lab_and_tensorboard_are_reachable_while_the_job_runs_and_closed
     assert "has no `tensorboard`; add tensorboard to the environment" in skipped
     release(emu, run)
     assert run.wait(timeout=STARTUP).value == "Completed"  # the job ran on without it
+
+
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)
+def test_on_docker_nodes_a_service_on_every_node_is_relayed_to_each(emu: Emulator, cluster, make_job) -> None:  # type: ignore[no-untyped-def]
+    """Docker nodes: the relay reaches each node at its address on the cluster network."""
+    cluster(max_nodes=2)
+    run = emu.submit(make_job(BLOCK, nodes=2, distribution="pytorch", extra="""
+        services:
+          tb: {type: tensor_board, nodes: all}
+        """))
+
+    def running() -> dict[str, Any] | None:
+        tb = _show(emu, run.id)["services"]["tb"]
+        return tb if tb.get("status") == "Running" and len(tb.get("properties", {})) == 2 else None
+    tb = wait_until(running, STARTUP, "tensorboard answers on both nodes")
+    endpoints = sorted(tb["properties"].values())
+    assert tb["nodes"] == "all" and len(set(endpoints)) == 2
+    assert all(e.startswith("http://127.0.0.1:") and _opened(e) == "/" for e in endpoints)
+    release(emu, run)
+    assert run.wait(timeout=STARTUP).value == "Completed"
+    for endpoint in endpoints:
+        with pytest.raises(urllib.error.URLError):
+            urllib.request.urlopen(endpoint, timeout=10)  # noqa: S310 - closed with the job

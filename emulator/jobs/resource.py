@@ -152,9 +152,10 @@ def _declared(service: dict[str, Any] | str) -> dict[str, Any]:
 
 def job_services(run_dir: Path, declared: list[Any], run_ended: bool) -> dict[str, dict[str, Any]]:
     """Azure ML's JobService of each service the job declared (its record's), with its state as its
-    run's services record has it: status, endpoint (a jupyter_lab's with its token, while it runs),
-    errorMessage (a service skipped); `endpoint.<node>` properties with nodes: all. An ended run's
-    services are Stopped, their endpoints without a token, whatever the record says."""
+    run's services record has it: status (the head node's, once no node's is Starting), endpoint
+    (the head node's; a jupyter_lab's with its token, while it runs), errorMessage (a service
+    skipped); `endpoint.<node>` properties with nodes: all. An ended run's services are Stopped,
+    their endpoints without a token, whatever the record says."""
     try:
         live = json.loads((run_dir / SERVICES_RECORD).read_text())
     except (OSError, ValueError):
@@ -171,8 +172,9 @@ def job_services(run_dir: Path, declared: list[Any], run_ended: bool) -> dict[st
                         "status": "Stopped" if run_ended and state["status"] != "Failed" else state["status"]}
                  for node, state in nodes.items()}
         if shown:
-            head = next(iter(shown.values()))
-            rest.update(status=head["status"], endpoint=head["endpoint"])
+            head = next(iter(shown.values()))  # Starting until every node's has answered or failed
+            starting = any(state["status"] == "Starting" for state in shown.values())
+            rest.update(status="Starting" if starting else head["status"], endpoint=head["endpoint"])
             errors = [state["error"] for state in shown.values() if state.get("error")]
             if errors:
                 rest["errorMessage"] = "; ".join(errors)
