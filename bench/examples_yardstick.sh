@@ -92,14 +92,16 @@ EOF
 }
 
 # --- one job ------------------------------------------------------------------------------------
-# The job's one-line reason: amlemu's error's first line and, after a log tail, its last line.
+# The job's one-line reason: its exit code and the last line of the error amlemu recorded (the
+# exception a log tail ends with, or amlemu's notice after it), else the error's first line.
 reason() {
-    local error
-    error=$("$AMLEMU" job show -n "$1" --query amlemu.error -o tsv 2>/dev/null)
-    local first=${error%%$'\n'*} last
-    last=$(printf '%s\n' "$error" | grep -v '^\s*$' | tail -n 1)
-    [[ "$last" != "$first" ]] && first="$first ... $last"
-    printf '%s' "${first:0:220}"
+    "$AMLEMU" job show -n "$1" -o json 2>/dev/null | python3 -c '
+import json, re, sys
+error = (json.load(sys.stdin).get("amlemu") or {}).get("error") or "no error recorded"
+lines = [l.strip() for l in error.splitlines() if l.strip()]
+code = re.match(r"the job exited with code (\d+)", lines[0])
+text = (f"exit {code.group(1)}: " + lines[-1]) if code and len(lines) > 1 else lines[0]
+print(text[:200])'
 }
 
 run_one() {  # file -> prints "outcome<TAB>seconds"
@@ -119,8 +121,9 @@ run_one() {  # file -> prints "outcome<TAB>seconds"
         124:*) [[ -n "$name" ]] && "$AMLEMU" job cancel -n "$name" -o none >/dev/null 2>&1
                printf 'Timeout: still %s after %s s (cancelled)\t%s\n' "${status:-unknown}" "$TIMEOUT" "$seconds" ;;
         *:Failed) printf 'Failed: %s\t%s\n' "$(reason "$name")" "$seconds" ;;
-        3:*) printf 'Failed at create: %s\t%s\n' \
-                 "$(grep -m1 -o 'amlemu: error: .*' "$log" | cut -c16-236)" "$seconds" ;;
+        3:*) local said  # amlemu's one line is "field: problem; fix": the problem is the reason
+             said=$(grep -m1 -o 'amlemu: error: .*' "$log" | cut -c16-)
+             printf 'Failed at create: %s\t%s\n' "${said%%; *}" "$seconds" ;;
         *) printf 'rc %s, status %s (see %s)\t%s\n' "$rc" "${status:-none}" "$file" "$seconds" ;;
     esac
 }
