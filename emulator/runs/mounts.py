@@ -101,7 +101,8 @@ class RunData:
         target.parent.mkdir(parents=True, exist_ok=True)
         model = cache.local_path(b.datastore, b.path)
         if b.type == "uri_folder" and is_mlflow_model(model):  # MLflow refuses a link (modelmount.py)
-            self.log(f"{b.ref}: an MLflow model: copied from the node's cache ({copy_model(model, target)} bytes)")
+            size = self._guarded(b, lambda: copy_model(model, target))  # a full node disk: one line naming it
+            self.log(f"{b.ref}: an MLflow model: copied from the node's cache ({size} bytes)")
         else:
             os.symlink(posixpath.join(cached, b.path) if b.path else cached, target)
 
