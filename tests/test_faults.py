@@ -261,9 +261,11 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
     assert outcomes.get("Completed", 0) > 0 and sum(outcomes.values()) == count
 
 
-# The seed's own setup (docker nodes); preemption itself is tested on both backends above.
+# The seed's job resuming from its checkpoint: on process nodes in `make test`; on the seed's own
+# docker nodes in `make test-full` only (4 container starts more), as a preempted run's restart on fresh docker
+# nodes with its outputs put back is checked in `make test` above (both backends).
 @TRAINING
-@pytest.mark.parametrize("backend", ["docker"])
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)])
 def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_subset: Path) -> None:
     """Preempted after its first checkpoint, the 2-node MNIST job restarts on fresh nodes, resumes
     from its newest checkpoint and still learns. 2,000 images for 3 epochs: epochs 2 and 3 take
