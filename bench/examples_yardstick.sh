@@ -44,8 +44,11 @@ if [[ -z "$HOME_DIR" ]]; then
 elif [[ -n "$(ls -A "$HOME_DIR" 2>/dev/null)" ]]; then
     echo "examples_yardstick: --home $HOME_DIR is not empty (the yardstick needs a fresh workspace)" >&2
     rm -rf "$WORK"; exit 2
+else
+    mkdir -p "$HOME_DIR" && HOME_DIR=$(cd "$HOME_DIR" && pwd)  # the jobs are created from another folder
 fi
 export AMLEMU_HOME=$HOME_DIR AMLEMU_BACKEND=process AMLEMU_TARGET=emulator AMLEMU
+unset AMLEMU_AZURITE_DIR  # the home's own Azurite, stopped by its cleanup
 
 finish() {
     "$AMLEMU" cleanup --all --yes >/dev/null 2>&1 || echo "examples_yardstick: cleanup failed: run amlemu --home $HOME_DIR cleanup --all --yes" >&2
