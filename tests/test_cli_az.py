@@ -150,6 +150,8 @@ def test_query_selects_before_the_format(home: Path) -> None:
     assert names == "old_run\nmid_run\nnew_run\n"
     rows = amlemu(home, "job", "list", "--query", "[].[name, status]", "-o", "tsv").stdout.splitlines()
     assert rows[-1] == "new_run\tCompleted"
+    # Without -o, a query prints az's own default, JSON: scripts written for az read it as they do az's.
+    assert json.loads(amlemu(home, "job", "list", "--query", "[].name").stdout) == ["old_run", "mid_run", "new_run"]
     table = amlemu(home, "compute", "list", "--query", "[].{name:name, idle:idle}", "-o", "table").stdout
     assert table.splitlines() == ["Name  Idle", "----  ----", "c1    1"]
     assert json.loads(amlemu(home, "job", "cancel", "-n", "new_run", "--dry-run", "-o", "json",

@@ -122,6 +122,12 @@ def _query() -> Any:
     return ctx.meta.get(META_QUERY) if ctx is not None else None
 
 
+def _output_by_default() -> bool:
+    """-o was not given (the command's default applies)."""
+    ctx = click.get_current_context(silent=True)
+    return ctx is not None and ctx.get_parameter_source("output") in (None, click.core.ParameterSource.DEFAULT)
+
+
 def is_human(output: str) -> bool:
     """-o table without --query: the command prints its own human form."""
     return output == "table" and _query() is None
@@ -135,6 +141,8 @@ def emit(data: Any, output: str, human: Callable[[Any], Any] | None = None) -> N
     query, data = _query(), formats.plain(data)
     if query is not None:
         data = formats.apply_query(query, data)
+        if _output_by_default():  # az's own default is json: `$(az ml job show --query x)` scripts read it
+            output = "json"
     click.echo(formats.render(data, output, queried=query is not None), nl=False)
 
 
