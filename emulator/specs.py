@@ -49,6 +49,9 @@ class Priority(str, enum.Enum):
                           "use dedicated or low_priority (az ml's tier; v1's lowpriority is taken too)")
 
 
+# A command that installs packages when it runs (Azure's hello-git and hello-notebook examples do).
+RUNTIME_INSTALL = re.compile(r"(?:^|[;&|\s(])(?:pip3?|conda|mamba|python3? -m pip) install\b")
+
 @dataclass(frozen=True)
 class ClusterSpec:
     """The fields of AmlCompute.provisioning_configuration (v1) / the AmlCompute entity (v2)."""
@@ -362,6 +365,10 @@ class JobSpec:
             else:
                 found.append(f"inputs.{name}: the job reads {url} itself, so its nodes need network (docker nodes have "
                              "it; process nodes in their own network namespace have none)")
+        if RUNTIME_INSTALL.search(self.command):
+            found.append("command: it installs packages as it runs (pip/conda install), so its nodes need a package "
+                         "index (docker nodes have network; process nodes have none): declare them in the "
+                         "environment (its conda file's pip list) to have them built from your pip's sources")
         return tuple(found)
 
     @property

@@ -9,7 +9,7 @@ from conftest import REPO
 from amlemu.api import Emulator
 from amlemu.errors import ConfigError
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
-from amlemu.jobs.jobyaml import apply_overrides, load_job, script_of
+from amlemu.jobs.jobyaml import apply_overrides, job_from_dict, load_job, script_of
 from amlemu.runs.contract import resolve_command, run_folder_id
 from amlemu.specs import ClusterSpec, DataInput, DataMode, DistributionType
 
@@ -200,3 +200,16 @@ def test_services_are_read_and_those_not_emulated_are_noticed(tmp_path: Path) ->
     (tmp_path / "bad.yml").write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\nservices:\n  s: {}\n")
     with pytest.raises(ConfigError, match="services.s.type: missing"):
         load_job(tmp_path / "bad.yml")
+
+
+@pytest.mark.parametrize("command,noticed", [
+    ("pip install pygit2; python hello-git.py", True),
+    ("echo start && python -m pip install --quiet papermill", True),
+    ("conda install -y numpy\npython t.py", True),
+    ("echo pipe install", False),
+    ("ls ./pip_install_helper", False),
+])
+def test_a_command_that_installs_packages_as_it_runs_is_noticed(command: str, noticed: bool, tmp_path: Path) -> None:
+    job = job_from_dict({"command": command, "compute": "azureml:c1"}, base_dir=tmp_path)
+    found = [n for n in job.notices if n.startswith("command: it installs packages")]
+    assert bool(found) is noticed
