@@ -24,6 +24,9 @@ class Cli:
         self.svc, self.cwd = svc, cwd
         self.env = {k: v for k, v in os.environ.items() if k not in CREDENTIAL_VARS and not k.startswith("AMLEMU_")}
         self.env.update(svc.env(), AMLEMU_HOME=str(home), AMLEMU_TARGET="azureml")
+        # `amlemu env --fast-stream`'s polling: `job stream` polls at once instead of every 2 s or more
+        # (the service's job still moves one step per poll, so the stream sees it run, then end).
+        self.env.update(AZUREML_RUN_POLLING_INTERVAL_MIN="0", AZUREML_RUN_POLLING_INTERVAL_MAX="1")
 
     def __call__(self, *args: str, code: int = 0, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
         done = subprocess.run([str(AMLEMU), *args], cwd=self.cwd, env={**self.env, **(env or {})},
