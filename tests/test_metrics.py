@@ -21,7 +21,7 @@ from conftest import STARTUP, release, wait_until
 from amlemu.api import Emulator, Run
 from amlemu.cli import cli
 from amlemu.runs.homestore import template_path
-from amlemu.runs.metrics import PLOT_NAME, SEED_TAG, merge_store, plot_metrics, plot_run, seed_store
+from amlemu.runs.metrics import PLOT_NAME, SEED_TAG, empty_store, merge_store, plot_metrics, plot_run, seed_store
 from amlemu.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
 from amlemu.specs import RunStatus
 
@@ -101,6 +101,7 @@ def test_a_failure_to_plot_is_logged_not_raised(tmp_path: Path) -> None:
     emu.store.add_run("r1", "exp", "c1", {})
     run_dir = emu.home.run_dir("r1")
     run_dir.mkdir(parents=True)
+    empty_store(template_path(), run_dir / "mlflow.db")  # a copy: MLflow's migrations of a new store take seconds
     client = MlflowClient(tracking_uri=f"sqlite:///{run_dir / 'mlflow.db'}")
     mlrun = client.create_run(client.create_experiment("exp"))
     client.log_metric(mlrun.info.run_id, "loss", 0.5, step=0)
