@@ -28,13 +28,13 @@ from amlemu.runs import homestore, rundisk, servicelink, servicerun, statuswrite
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
+from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
 from amlemu.runs.plan import LaunchPlan, agent_plan, plan_launch
 from amlemu.runs.runlogs import RunLogs, failure_reason
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
 from amlemu.storage.nodecache import NodeCache, policy_from_env
 
-POLL = 0.2  # how often a supervisor reads the store (cancel, faults, free nodes): most of its CPU
 KILL_GRACE = 2.0
 
 
@@ -192,40 +192,22 @@ class Supervisor:
         mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
                                   args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
-        started, outcome = time.monotonic(), None
-        limit = self.job.max_run_duration_seconds
-        policy_preemptions = policy_schedule(self.store, self.cluster.spec.name, self.run_id,
-                                             [r.name for r in self.requests])
-        while proc.poll() is None:
-            if self.canceled():
-                outcome = "canceled"
-            elif limit and time.monotonic() - started > limit:
-                outcome = "timeout"
-            elif self.preempted():
-                outcome = "preempted"
-            elif self.partitioned_too_long():
-                outcome = "partitioned"
-            if outcome:
-                self.stop(proc)
-                break
-            for due, node in list(policy_preemptions):
-                if time.monotonic() - started >= due:
-                    policy_preemptions.remove((due, node))
-                    try:
-                        self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
-                    except AmlEmuError as exc:  # the node went meanwhile: nothing to preempt
-                        self.logs.platform(f"preemption policy: {exc}")
-            time.sleep(POLL)
-        if outcome is None and proc.poll():  # a process failed: the others are stopped, as mpirun stops its ranks
+        watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()),
+                      partitioned=self.partitioned_too_long, preempt=self.policy_preempt,
+                      due=policy_schedule(self.store, self.cluster.spec.name, self.run_id,
+                                          [r.name for r in self.requests]),
+                      limit=self.job.max_run_duration_seconds)
+        outcome = watch.until_done(proc.poll)
+        if outcome is not Outcome.EXITED or proc.poll():  # a failed process: the others go, as mpirun stops its ranks
             self.stop(proc)
         exit_code = proc.wait()
         services.stop()
         stop_refresh.set()
         refresher.join(timeout=30)
         mirror.join(timeout=30)
-        if outcome is None and self.preempted():  # the kill ended the job before a poll saw the fault
-            outcome = "preempted"
-        if outcome == "preempted" and not self.canceled():
+        if outcome is Outcome.EXITED and self.preempted():  # the kill ended the job before a poll saw the fault
+            outcome = Outcome.PREEMPTED
+        if outcome is Outcome.PREEMPTED and not self.canceled():
             self.stop(proc)
             return self.restart()
         lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
@@ -274,39 +256,33 @@ class Supervisor:
         alive = {n.name: n.running for n in self.backend.list_nodes() if n.cluster == self.cluster.spec.name}
         return [alive.get(r.name, False) for r in self.requests]
 
-    def finalize(self, outcome: str | None, exit_code: int, lost: list[str]) -> None:
+    def finalize(self, outcome: Outcome, exit_code: int, lost: list[str]) -> None:
         if self.canceled():  # a cancel that came as the job was ending still wins
-            outcome = "canceled"
-        if outcome != "canceled":
+            outcome = Outcome.CANCELED
+        if outcome is not Outcome.CANCELED:
             self.set(RunStatus.FINALIZING, f"exit code {exit_code}")
         self.quiesce()
         upload_error = self.upload_outputs()
         self.collect()
-        cut_off = {f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}
-        self.cleanup_nodes(dead=set(lost) | cut_off)  # a node cut off from its cluster is no use to the next job
-        if outcome == "canceled":
-            self.set(RunStatus.CANCELED, "canceled by request; every process was stopped", exit_code=exit_code)
-        elif outcome == "partitioned":
-            names = ", ".join(sorted({f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)}))
-            reason = (f"node {names} was cut off from the cluster network and the job did not end within "
-                      f"{PARTITION_TIMEOUT:g} s; it was stopped on all nodes")
-            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
-        elif outcome == "timeout":
-            self.set(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
-                     f"{self.job.max_run_duration_seconds}) and was stopped", exit_code=exit_code,
-                     error=f"exceeded max_run_duration_seconds={self.job.max_run_duration_seconds}")
-        elif exit_code == 0 and not lost and upload_error:
-            self.set(RunStatus.FAILED, upload_error, exit_code=0, error=upload_error)
-        elif exit_code == 0 and not lost:
-            self.set(RunStatus.COMPLETED, exit_code=0)
-        else:
-            layout = list(self.plan.ranks)
-            mpi_log = self.logs.mpi_path.read_text(errors="replace")
-            killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
-            failed = self.gang_failure[0] if self.gang_failure else None
-            reason = failure_reason(mpi_log, layout, self.run_dir, exit_code, lost, killed, failed)
-            reason += f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else ""
-            self.set(RunStatus.FAILED, reason, exit_code=exit_code, error=reason)
+        cut_off = sorted({f["node"] for f in self.store.faults(self.run_id, "partition", since=self.attempt_since)})
+        self.cleanup_nodes(dead=set(lost) | set(cut_off))  # a node cut off from its cluster is no use to the next job
+        end = ending(Attempt(outcome, exit_code, tuple(lost), upload_error, self.job.max_run_duration_seconds,
+                             tuple(cut_off), PARTITION_TIMEOUT), explain=lambda: self.explain(exit_code, lost))
+        self.set(end.status, end.detail, exit_code=exit_code, **({"error": end.error} if end.error else {}))
+
+    def explain(self, exit_code: int, lost: list[str]) -> str:
+        """Why the job failed by itself: the failing rank, node and exit code, from the logs."""
+        mpi_log = self.logs.mpi_path.read_text(errors="replace")
+        killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
+        failed = self.gang_failure[0] if self.gang_failure else None
+        reason = failure_reason(mpi_log, list(self.plan.ranks), self.run_dir, exit_code, lost, killed, failed)
+        return reason + (f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else "")
+
+    def policy_preempt(self, node: str) -> None:
+        try:
+            self.faults.preempt(self.cluster.spec.name, node, reason="the cluster's preemption policy")
+        except AmlEmuError as exc:  # the node went meanwhile: nothing to preempt
+            self.logs.platform(f"preemption policy: {exc}")
 
     def end_with_error(self, reason: str) -> None:
         """Nodes cleaned before the terminal status, as in finalize: a run that has ended has left
