@@ -25,7 +25,8 @@ from starlette.testclient import TestClient
 
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
-from amlemu.runs.metrics import PLOT_NAME
+from amlemu.runs.homestore import template_path
+from amlemu.runs.metrics import PLOT_NAME, empty_store
 from amlemu.service.studio import standalone_app
 from amlemu.service.studio_data import LOG_CHUNK, MAX_POINTS
 from amlemu.service.studiogate import home_key, login_url, mint_login
@@ -95,6 +96,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     (r1 / "snapshot").mkdir()
     (r1 / "snapshot" / "train.py").write_text("print(1)")
     (r1 / PLOT_NAME).write_bytes(b"\x89PNG\r\n\x1a\n")
+    empty_store(template_path(), r1 / "mlflow.db")  # a copy: MLflow's migrations of a new store take seconds
     client = MlflowClient(tracking_uri=f"sqlite:///{r1 / 'mlflow.db'}")
     run = client.create_run(client.create_experiment("exp"))
     client.log_batch(run.info.run_id, metrics=[Metric("loss", 1.0 / (step + 1), 0, step)
