@@ -34,6 +34,9 @@ TRAINER_DIR = REPO / "trainer"
 # trainings at once on a small machine spin on each other's cores and take longer than in turn.
 # (Two lanes were tried: the suite is bound by CPU, not by this lane, and took longer.)
 TRAINING = pytest.mark.xdist_group("training")
+# Tests that import azureml.train (its estimators) in the test process share one worker: the import
+# costs ~8 s of CPU (the package reads its script validator's package lists twice), paid once a worker.
+AZUREML_TRAIN = pytest.mark.xdist_group("azureml-train")
 # Proof-sized runs (the full MNIST's 95%, 100 jobs under faults): `make test-full`; `make test`
 # (CI) runs the same tests on less data or fewer jobs, so every behaviour is still checked there.
 FULL = pytest.mark.full

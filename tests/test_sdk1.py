@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from conftest import AZUREML_TRAIN
 
 from amlemu.cli import cli
 from amlemu.errors import ConfigError
@@ -183,6 +184,7 @@ def test_local_target_is_not_a_cluster() -> None:
     assert sdk1.job_from_v1(src, compute="gpucluster").compute == "gpucluster"
 
 
+@AZUREML_TRAIN
 def test_seed_pytorch_estimator(seed_estimator) -> None:  # type: ignore[no-untyped-def]
     estimator, target, PyTorch = seed_estimator
     assert isinstance(target, AmlCompute)
@@ -201,6 +203,7 @@ def test_seed_pytorch_estimator(seed_estimator) -> None:  # type: ignore[no-unty
                 node_count=2, distributed_backend="mpi")
 
 
+@AZUREML_TRAIN
 def test_serialized_run_config_agrees_with_the_job(seed_estimator) -> None:  # type: ignore[no-untyped-def]
     """The azureml target's dry run (the v1 run configuration it sends) against the emulator's reading."""
     env = image_env(FROM_ENV="1")
@@ -238,6 +241,7 @@ def test_provisioning_configuration_to_cluster() -> None:
         == ("Standard_NC6", Priority.DEDICATED, 1, 1800)
 
 
+@AZUREML_TRAIN
 def test_is_v1(seed_estimator) -> None:  # type: ignore[no-untyped-def]
     assert sdk1.is_v1(seed_estimator[0])
     assert sdk1.is_v1(ScriptRunConfig(str(TRAINER), script="train.py"))
@@ -245,6 +249,7 @@ def test_is_v1(seed_estimator) -> None:  # type: ignore[no-untyped-def]
     assert not sdk1.is_v1("train.py") and not sdk1.is_v1(ClusterSpec("gpucluster"))
 
 
+@AZUREML_TRAIN
 def test_yaml_round_trips_through_both_loaders(tmp_path: Path, seed_estimator) -> None:  # type: ignore[no-untyped-def]
     from azure.ai.ml import load_job as v2_load_job  # noqa: PLC0415
 

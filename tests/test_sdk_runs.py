@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import REPO, TRAINING
+from conftest import AZUREML_TRAIN, REPO, TRAINING
 
 from amlemu.api import Emulator
 from amlemu.jobs import sdk1
@@ -45,6 +45,7 @@ def _seed_estimator(emu: Emulator):  # type: ignore[no-untyped-def]
     return estimator
 
 
+@AZUREML_TRAIN
 @pytest.mark.parametrize("backend", ["docker"])  # the v1 reading is backend-blind
 def test_the_seed_v1_estimator_is_planned_as_the_seed_job(emu: Emulator, mnist_subset: Path) -> None:
     """`emu.submit(estimator)`'s dry run: the estimator's 2 nodes x 1 process under the platform's
