@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import BLOCK, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release, served, service_cli, wait_until
+from conftest import BLOCK, FULL, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release, served, service_cli, wait_until
 
 from amlemu.api import Emulator
 from amlemu.home import Home
@@ -127,6 +127,11 @@ def test_the_articles_v1_cells_run_unchanged_on_emulated_docker_nodes(service: S
     assert not (service.user_home / ".azure").exists()
 
 
+# `make test-full` only: in `make test` the seed notebook (tests/test_seed_notebook.py) submits the
+# article's PyTorch estimator, 2 nodes x 1 MPI process, through the service on docker nodes and
+# waits for it to complete; this script's --estimator branch is the same three lines of SDK calls.
+# (Importing azureml.train alone costs ~8 s of CPU.)
+@FULL
 def test_the_articles_pytorch_estimator_runs_on_two_nodes(service: Service) -> None:
     done = service.submit("--estimator")
 
