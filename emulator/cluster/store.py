@@ -11,103 +11,24 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action, execute
+from amlemu.cluster.records import (  # noqa: F401 - the records, importable from here as they always were
+    MIGRATIONS,
+    SCHEMA,
+    SCHEMA_VERSION,
+    WORKSPACE_DEFAULTS,
+    Cluster,
+    Node,
+    RunRecord,
+    cluster_from_json,
+    cluster_to_json,
+)
 from amlemu.errors import ConfigError, NotFoundError, StateDbError, StateError
 from amlemu.names import check_workspace_field
-from amlemu.specs import ClusterSpec, Priority, RunStatus
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS workspace (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS clusters (
-    name TEXT PRIMARY KEY, spec TEXT NOT NULL, backend TEXT NOT NULL, created_at REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS nodes (
-    cluster TEXT NOT NULL, idx INTEGER NOT NULL, name TEXT NOT NULL, state TEXT NOT NULL,
-    run_id TEXT, idle_since REAL, created_at REAL NOT NULL, address TEXT,
-    PRIMARY KEY (cluster, idx));
-CREATE TABLE IF NOT EXISTS runs (
-    id TEXT PRIMARY KEY, seq INTEGER NOT NULL, experiment TEXT NOT NULL, cluster TEXT NOT NULL,
-    status TEXT NOT NULL, job TEXT NOT NULL, created_at REAL NOT NULL, error TEXT,
-    supervisor_pid INTEGER, launch_pid INTEGER, nodes TEXT NOT NULL DEFAULT '[]', exit_code INTEGER);
-CREATE TABLE IF NOT EXISTS events (
-    run_id TEXT NOT NULL, ts REAL NOT NULL, status TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
-CREATE INDEX IF NOT EXISTS events_run ON events (run_id, ts);
-CREATE TABLE IF NOT EXISTS datastores (name TEXT PRIMARY KEY, spec TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS environments (
-    name TEXT NOT NULL, version TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (name, version));
-CREATE TABLE IF NOT EXISTS assets (
-    kind TEXT NOT NULL, name TEXT NOT NULL, version TEXT NOT NULL, spec TEXT NOT NULL, created_at REAL NOT NULL,
-    PRIMARY KEY (kind, name, version));
-CREATE TABLE IF NOT EXISTS faults (
-    id INTEGER PRIMARY KEY, ts REAL NOT NULL, cluster TEXT NOT NULL, node TEXT NOT NULL,
-    run_id TEXT, kind TEXT NOT NULL, detail TEXT NOT NULL DEFAULT '');
-CREATE INDEX IF NOT EXISTS faults_run ON faults (run_id, kind);
-CREATE TABLE IF NOT EXISTS preemption_policies (
-    cluster TEXT PRIMARY KEY, rate_per_node_hour REAL NOT NULL, seed INTEGER NOT NULL,
-    max_preemptions INTEGER NOT NULL);
-"""
-# PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
-# A database of a newer version is refused with a way out, never half-read.
-SCHEMA_VERSION = 1
-MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0"}
-
-WORKSPACE_DEFAULTS = {
-    "workspace_name": "amlemu-ws",
-    "subscription_id": "00000000-0000-0000-0000-000000000000",
-    "resource_group": "amlemu-rg",
-    "location": "local",
-}
-
-
-@dataclass(frozen=True)
-class Cluster:
-    spec: ClusterSpec
-    backend: str
-    created_at: float
-
-
-@dataclass(frozen=True)
-class Node:
-    cluster: str
-    idx: int
-    name: str
-    state: str  # creating | idle | busy | removing
-    run_id: str | None
-    idle_since: float | None
-    created_at: float
-    address: str | None
-
-
-@dataclass(frozen=True)
-class RunRecord:
-    id: str
-    seq: int
-    experiment: str
-    cluster: str
-    status: RunStatus
-    job: dict[str, Any]
-    created_at: float
-    error: str | None = None
-    supervisor_pid: int | None = None
-    launch_pid: int | None = None
-    nodes: list[str] = field(default_factory=list)
-    exit_code: int | None = None
-    preemptions: int = 0
-
-
-def _cluster_to_json(spec: ClusterSpec) -> str:
-    return json.dumps({**spec.__dict__, "vm_priority": spec.vm_priority.value})
-
-
-def _cluster_from_json(text: str) -> ClusterSpec:
-    data = json.loads(text)
-    data["vm_priority"] = Priority(data["vm_priority"])
-    return ClusterSpec(**data)
-
+from amlemu.specs import ClusterSpec, RunStatus
 
 class Store:
     def __init__(self, path: Path) -> None:
@@ -238,14 +159,14 @@ class Store:
             if db.execute("SELECT 1 FROM clusters WHERE name = ?", (spec.name,)).fetchone():
                 raise StateError(f"compute '{spec.name}' already exists; delete it first or pick another name")
             db.execute("INSERT INTO clusters VALUES (?, ?, ?, ?)",
-                       (spec.name, _cluster_to_json(spec), backend, time.time()))
+                       (spec.name, cluster_to_json(spec), backend, time.time()))
         return self.cluster(spec.name)
 
     def cluster(self, name: str) -> Cluster:
         row = self._db.execute("SELECT * FROM clusters WHERE name = ?", (name,)).fetchone()
         if row is None:
             raise NotFoundError("compute", name, "create it with `amlemu compute create`")
-        return Cluster(_cluster_from_json(row["spec"]), row["backend"], row["created_at"])
+        return Cluster(cluster_from_json(row["spec"]), row["backend"], row["created_at"])
 
     def clusters(self) -> list[Cluster]:
         rows = self._db.execute("SELECT name FROM clusters ORDER BY name").fetchall()
@@ -254,7 +175,7 @@ class Store:
     def update_cluster(self, spec: ClusterSpec) -> Cluster:
         """New scale settings for an existing cluster (its name, size and priority stay)."""
         with self.transaction() as db:
-            db.execute("UPDATE clusters SET spec = ? WHERE name = ?", (_cluster_to_json(spec), spec.name))
+            db.execute("UPDATE clusters SET spec = ? WHERE name = ?", (cluster_to_json(spec), spec.name))
         return self.cluster(spec.name)
 
     def delete_cluster(self, name: str) -> None:
