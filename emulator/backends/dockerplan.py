@@ -1,0 +1,74 @@
+"""A docker node as data: the container the docker backend creates for a node request (pure; the
+backend's `plan_node` and the dry run show exactly this, `create_node` executes it)."""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from amlemu.backends import gpudevices
+from amlemu.backends.base import CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, node_base_env, software_bin, software_paths
+
+MIRROR_IMAGE = "amlemu/node-host-mirror:1"
+CPU_PERIOD = 100_000  # microseconds
+# The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
+SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
+
+
+def _mirror_mounts() -> dict[str, dict[str, str]]:
+    return {p: {"bind": p, "mode": "ro"} for p in software_paths()}
+
+
+def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bool, container_name: str,
+                   network: str) -> dict[str, Any]:
+    """The container of one node: the job's image when the engine has it (else the host mirror),
+    its disk, cache, limits, GPUs and labels."""
+    volumes = {} if use_job_image else _mirror_mounts()
+    if request.python_env and not use_job_image:  # the job's environment, at its own path
+        volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
+    volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
+    # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
+    volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
+    agent = Path(sys.prefix, "bin", "amlemu-agent")
+    if use_job_image:
+        # Open MPI daemons check that the launch agent's path exists on their node.
+        volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
+    env = node_base_env(None if use_job_image else software_bin(request))
+    gpu_access, devices = None, []
+    if request.gpus:
+        gpu_access = "device_requests" if nvidia_runtime else "device_nodes"
+        if gpu_access == "device_nodes":
+            devices = gpudevices.device_nodes(list(request.gpus), gpudevices.gpu_minors())
+            driver_libs = None if use_job_image else gpudevices.driver_lib_dir()
+            if driver_libs:
+                env["LD_LIBRARY_PATH"] = driver_libs
+                if not any(driver_libs == p or driver_libs.startswith(p + "/") for p in volumes):
+                    volumes[driver_libs] = {"bind": driver_libs, "mode": "ro"}
+    return {
+        "backend": "docker",
+        "image": request.image if use_job_image else MIRROR_IMAGE,
+        "image_note": None if use_job_image or not request.image else
+        f"image {request.image} is not in the engine (no registry here): nodes use {MIRROR_IMAGE}",
+        "name": container_name,
+        "hostname": request.name,
+        "network": network,
+        "aliases": [request.name],
+        "labels": {**request.labels, f"{LABEL}.python_env": request.python_env or ""},
+        # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
+        "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
+        "init": use_job_image,
+        "environment": env,
+        # A job image may expect to write anywhere; the mirror's root never changes.
+        "read_only": not use_job_image,
+        "tmpfs": {} if use_job_image else {d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
+        "security_opt": ["no-new-privileges"],
+        "volumes": volumes,
+        # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.
+        "cpu_period": CPU_PERIOD,
+        "cpu_quota": int(request.cpus * CPU_PERIOD),
+        "mem_limit": request.memory_bytes,
+        "shm_size": request.shm_bytes,  # the job's resources.shm_size, as Azure ML's docker run --shm-size
+        "gpus": list(request.gpus),
+        "gpu_access": gpu_access,  # device_requests (NVIDIA runtime) | device_nodes | None
+        "devices": devices,
+    }
