@@ -49,6 +49,10 @@ def logged_in(client: TestClient, key: bytes) -> TestClient:
     assert answer.status_code == 303 and answer.headers["location"] == "/studio/", answer.text
     return client
 
+# The page tests share the module's home (MLflow imported, a store, runs, faults: seconds of CPU to
+# make): on one xdist worker it is made once, not once a worker.
+ONE_HOME = pytest.mark.xdist_group("studio-home")
+
 
 @pytest.fixture(scope="module")
 def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
@@ -118,6 +122,7 @@ def client(home: Home) -> Iterator[TestClient]:
         yield logged_in(test_client, key)
 
 
+@ONE_HOME
 def test_the_overview_shows_computes_their_nodes_jobs_and_faults(client: TestClient) -> None:
     data = client.get("/studio/api/overview").json()
     [c1] = data["computes"]
@@ -131,6 +136,7 @@ def test_the_overview_shows_computes_their_nodes_jobs_and_faults(client: TestCli
     assert data["jobs_total"] == 2
 
 
+@ONE_HOME
 def test_a_job_has_its_status_history_metrics_and_files(client: TestClient) -> None:
     job = client.get("/studio/api/jobs/r1").json()
     assert [e["status"] for e in job["events"]] == [
@@ -148,6 +154,7 @@ def test_a_job_has_its_status_history_metrics_and_files(client: TestClient) -> N
     assert running["metrics"] is None  # a store unreadable this once: the page keeps its charts
 
 
+@ONE_HOME
 def test_an_unknown_job_is_a_404_in_the_api_and_on_the_page(client: TestClient) -> None:
     answer = client.get("/studio/api/jobs/nope")
     assert answer.status_code == 404 and answer.json()["error"]["message"].startswith("job 'nope' not found")
@@ -156,6 +163,7 @@ def test_an_unknown_job_is_a_404_in_the_api_and_on_the_page(client: TestClient) 
     assert client.get("/studio/api/nothing").status_code == 404
 
 
+@ONE_HOME
 def test_a_log_is_read_in_whole_lines_from_its_tail_then_from_an_offset(client: TestClient) -> None:
     first = client.get("/studio/api/jobs/r1/logs/1").json()  # no offset: the last LOG_CHUNK bytes
     assert first["skipped"] == first["size"] - LOG_CHUNK and first["text"].endswith("x\nlast\n")
@@ -169,6 +177,7 @@ def test_a_log_is_read_in_whole_lines_from_its_tail_then_from_an_offset(client: 
     assert bad.status_code == 400 and "offset" in bad.json()["error"]["message"]
 
 
+@ONE_HOME
 def test_files_download_from_the_run_folder_and_never_run_as_a_page(client: TestClient) -> None:
     model = client.get("/studio/files/r1/outputs/model.bin")
     assert model.status_code == 200 and model.content == b"\0weights"
@@ -190,6 +199,7 @@ def test_files_download_from_the_run_folder_and_never_run_as_a_page(client: Test
     "%2e%2e/amlemu.db", "r3/outputs/model.bin",  # not a job
     "r1/system_logs/launch.json", "r1/agent-plan.json", "r1/outputs/mine.key",  # private: the plans, owner-only
 ])
+@ONE_HOME
 def test_no_path_leads_out_of_a_runs_downloads(client: TestClient, path: str) -> None:
     answer = client.get(f"/studio/files/{path}")
     assert answer.status_code == 404, answer.text
@@ -197,6 +207,7 @@ def test_no_path_leads_out_of_a_runs_downloads(client: TestClient, path: str) ->
     assert "root:" not in answer.text and "SQLite" not in answer.text
 
 
+@ONE_HOME
 def test_pages_escape_what_a_job_wrote_and_allow_no_inline_script(client: TestClient) -> None:
     overview = client.get("/studio/")
     assert overview.status_code == 200 and "&lt;b&gt;shout&lt;/b&gt;" in overview.text
@@ -217,6 +228,7 @@ def test_pages_escape_what_a_job_wrote_and_allow_no_inline_script(client: TestCl
     assert client.get("/", follow_redirects=False).headers["location"] == "/studio/"
 
 
+@ONE_HOME
 def test_the_job_page_shows_the_launch_plan_without_secret_values(client: TestClient) -> None:
     page = client.get("/studio/jobs/r1").text
     plan = re.search(r'<details id="plan">.*?</details>', page, re.S).group(0)
