@@ -16,7 +16,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from amlemu import statefile
 from amlemu.actions import Action, execute
@@ -24,136 +24,21 @@ from amlemu.backends import get_backend, nodedisk, resolve_backend
 from amlemu.cluster import allocation as autoscale
 from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
-from amlemu.cluster.store import Cluster, Node, RunRecord, Store
+from amlemu.cluster.store import Cluster, Node, Store
 from amlemu.envs.software import planned_notices
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import gitcode, snapshot
-from amlemu.jobs.jobspec_io import job_from_record, job_to_record
+from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
-from amlemu.runs.metrics import PLOT_NAME, metric_history, metric_stores
+from amlemu.runs.handle import Run
 from amlemu.runs import recovery
 from amlemu.runs.plan import plan_launch
-from amlemu.runs.runlogs import rank_log
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage import urlinputs
 from amlemu.storage.datastores import Datastores
-
-
-class Run:
-    """A handle on one run; every property reads the shared store, so it is always current."""
-
-    def __init__(self, emulator: Emulator, run_id: str) -> None:
-        self._emu, self.id = emulator, run_id
-
-    def __repr__(self) -> str:
-        return f"Run({self.id!r}, status={self.status.value})"
-
-    @property
-    def record(self) -> RunRecord:
-        return self._emu.store.run(self.id)
-
-    @property
-    def status(self) -> RunStatus:
-        return self.record.status
-
-    @property
-    def job(self) -> JobSpec:
-        return job_from_record(self.record.job)
-
-    @property
-    def dir(self) -> Path:
-        return self._emu.home.run_dir(self.id)
-
-    @property
-    def outputs(self) -> Path:
-        return self.dir / "outputs"
-
-    @property
-    def plot_path(self) -> Path | None:
-        """The PNG of the metric curves, written by the supervisor as the run ends (None: no plot)."""
-        path = self.dir / PLOT_NAME
-        return path if path.exists() else None
-
-    def events(self) -> list[tuple[float, RunStatus, str]]:
-        return self._emu.store.events(self.id)
-
-    def log_path(self, process: int = 0) -> Path:
-        return rank_log(self.dir, process)
-
-    def logs(self, process: int = 0) -> str:
-        path = self.log_path(process)
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def wait(self, timeout: float | None = None, show_output: bool = False, out: TextIO | None = None) -> RunStatus:
-        """Block until the run ends; with show_output, stream rank 0's log and print a summary."""
-        out = out or sys.stdout
-        deadline = None if timeout is None else time.monotonic() + timeout
-        offset = 0
-        while True:
-            self._emu.reconcile()
-            status = self.status
-            if show_output:
-                text = self.logs(0)
-                out.write(text[offset:])
-                out.flush()
-                offset = len(text)
-            if status.is_terminal:
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                raise TimeoutError(f"run {self.id} still {status.value} after {timeout} s")
-            time.sleep(0.1)
-        if show_output:
-            out.write(self.summary() + "\n")
-        return status
-
-    def summary(self) -> str:
-        record = self.record
-        events = self.events()
-        took = events[-1][0] - events[0][0] if events else 0.0
-        lines = ["", "Execution Summary", "=================", f"RunId: {self.id}",
-                 f"Status: {record.status.value} (in {took:.1f} s)"]
-        if record.error:
-            lines.append(f"Error: {record.error}")
-        lines.append(f"Outputs: {self.outputs}")
-        lines.append(f"Logs: {self.log_path(0).parent}")
-        return "\n".join(lines)
-
-    def metrics(self) -> dict[str, Any]:
-        """The metrics the job logged with MLflow: the last value of each, as run.get_metrics() gives."""
-        return {name: values[-1][1] for name, values in self.metric_history().items()}
-
-    def metric_stores(self) -> list[Path]:
-        return metric_stores(self.dir, active=not self.status.is_terminal)
-
-    def metric_history(self) -> dict[str, list[tuple[int, float]]]:
-        """(step, value) of every metric the job logged, across its attempts and nodes."""
-        return metric_history(self.dir, active=not self.status.is_terminal)
-
-    def download(self, dest: str | Path) -> Path:
-        """Copy outputs, logs, the run's own logs and its metrics plot to `dest` (as `az ml job
-        download` does)."""
-        if Path(dest).exists() and not Path(dest).is_dir():
-            raise ConfigError("--download-path", f"{dest} is a file", "give a folder (it is created if missing)")
-        dest = Path(dest) / self.id
-        if dest.exists() and not dest.is_dir():
-            raise ConfigError("--download-path", f"{dest} is a file", "move it away or download elsewhere")
-        for sub in ("outputs", "logs", "user_logs", "azureml-logs", "system_logs"):
-            if (self.dir / sub).exists():
-                shutil.copytree(self.dir / sub, dest / sub, dirs_exist_ok=True)
-        if self.plot_path is not None:
-            dest.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(self.plot_path, dest / PLOT_NAME)
-        return dest
-
-    def cancel(self) -> RunStatus:
-        status = self.status
-        if status.is_terminal:
-            return status
-        self._emu.store.set_status(self.id, RunStatus.CANCEL_REQUESTED, "cancel requested")
-        return RunStatus.CANCEL_REQUESTED
 
 
 class Emulator:
@@ -305,7 +190,7 @@ class Emulator:
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)
-        return Run(self, run_id)
+        return Run(self.store, self.home, run_id, self.reconcile)
 
     def _supervisor_env(self) -> dict[str, str]:
         """The submitter's environment less every variable holding a datastore secret: the
@@ -319,10 +204,10 @@ class Emulator:
 
     def run(self, run_id: str) -> Run:
         self.store.run(run_id)
-        return Run(self, run_id)
+        return Run(self.store, self.home, run_id, self.reconcile)
 
     def runs(self, experiment: str | None = None) -> list[Run]:
-        return [Run(self, r.id) for r in self.store.runs(experiment=experiment)]
+        return [Run(self.store, self.home, r.id, self.reconcile) for r in self.store.runs(experiment=experiment)]
 
     # --- housekeeping ------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
