@@ -150,11 +150,11 @@ CANCEL = "import sys, time\n" + V1_CLUSTER_AND_MPI_JOB + '''
 run = Experiment(ws, "cancel-me").submit(mpi_job("sleep.py"))
 deadline = time.time() + 240
 while run.get_status() != "Running" and time.time() < deadline:
-    time.sleep(1)
+    time.sleep(0.2)
 print("before:", run.get_status(), flush=True)
 run.cancel()
 while run.get_status() not in ("Canceled", "Failed", "Completed") and time.time() < deadline:
-    time.sleep(1)
+    time.sleep(0.2)
 print("after:", run.get_status())
 '''
 
