@@ -150,6 +150,12 @@ def emu(tmp_path: Path, backend: str, _homes: set[str], request: pytest.FixtureR
             post_mortem(emulator, tmp_path / "post-mortem")
     finally:
         emulator.cleanup()
+    assert_nothing_left(emulator, backend)
+
+
+def assert_nothing_left(emulator: Emulator, backend: str) -> None:
+    """After its cleanup, nothing an emulator's home made remains: containers, networks, mounted
+    node disks, network namespaces, processes."""
     if backend == "docker":
         import docker  # noqa: PLC0415
 

@@ -10,20 +10,21 @@ import subprocess
 import sys
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 from click.testing import CliRunner
-from conftest import STARTUP, release, wait_until
+from conftest import STARTUP, JobFactory, assert_nothing_left, release, wait_until
 
 from amlemu.api import Emulator, Run
 from amlemu.cli import cli
 from amlemu.runs.homestore import template_path
 from amlemu.runs.metrics import PLOT_NAME, SEED_TAG, empty_store, merge_store, plot_metrics, plot_run, seed_store
 from amlemu.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
-from amlemu.specs import RunStatus
+from amlemu.specs import ClusterSpec, RunStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 PROCESS = pytest.mark.parametrize("backend", ["process"], indirect=True)
@@ -121,14 +122,34 @@ def test_a_failure_to_plot_is_logged_not_raised(tmp_path: Path) -> None:
 
 
 # --- runs keep their plot --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def logged(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterator[tuple[Emulator, Run]]:
+    """A completed run of LOGS on a process cluster, which the tests marked LOGGED only read: one
+    job for them all, on one xdist worker. Process nodes: the plot is drawn on the host from the
+    run's merged store, the same on both backends (a docker node's MLflow store reaching the run:
+    test_cluster's single-node job)."""
+    root = tmp_path_factory.mktemp("logged")
+    emu = Emulator(home=root / "home", backend="process")
+    _homes.add(emu.home.id)
+    try:
+        emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=1, idle_seconds_before_scaledown=0))
+        run = emu.submit(JobFactory(root / "jobs")(LOGS, distribution="none"))
+        assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+        # Drawn before the status is set: whoever sees the run ended finds its plot, without waiting.
+        assert (run.dir / PLOT_NAME).is_file(), "the run was seen ended before its plot was drawn"
+        yield emu, run
+    finally:
+        emu.cleanup()
+    assert_nothing_left(emu, "process")
+
+
+LOGGED = pytest.mark.xdist_group("metrics-logged")
+
+
 @pytest.mark.slow
-@PROCESS  # drawn on the host from the run's merged store: the same on both backends (a docker
-# node's MLflow store reaching the run: test_cluster's single-node job)
-def test_a_run_keeps_a_plot_and_job_show_lists_it(emu: Emulator, cluster, make_job, tmp_path: Path) -> None:
-    cluster()
-    run = emu.submit(make_job(LOGS, distribution="none"))
-    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
-    # Drawn before the status is set: whoever sees the run ended finds its plot, without waiting.
+@LOGGED
+def test_a_run_keeps_a_plot_and_job_show_lists_it(logged: tuple[Emulator, Run], tmp_path: Path) -> None:
+    emu, run = logged
     plot = run.dir / PLOT_NAME
     assert run.plot_path == plot and plot.read_bytes()[:8] == PNG_SIGNATURE
     assert f"metrics plotted: {plot}" in (run.dir / "system_logs" / "lifecycle.txt").read_text()
@@ -293,12 +314,10 @@ def _gone(proc: psutil.Process) -> bool:
 
 
 @pytest.mark.slow
-@PROCESS
-def test_amlemu_ui_mlflow_serves_the_runs_and_stops_its_server_on_ctrl_c(emu: Emulator, cluster, make_job,
+@LOGGED
+def test_amlemu_ui_mlflow_serves_the_runs_and_stops_its_server_on_ctrl_c(logged: tuple[Emulator, Run],
                                                                         tmp_path: Path) -> None:
-    cluster()
-    run = emu.submit(make_job(LOGS, distribution="none"))
-    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    emu, run = logged
     port = _free_port()
     out = tmp_path / "ui.out"
     with open(out, "w") as sink:
