@@ -23,10 +23,15 @@ import pytest
 from amlemu.api import Emulator
 from amlemu.backends import BACKENDS, backend_class, netns
 from amlemu.home import default_cache
+from amlemu.lazydeps import defer_rfc3987_syntax
 from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
 from amlemu.storage.azurite import SHARED_ENV, Azurite
 from pytest_amlemu import mnist
+
+# Before a test module imports azure-ai-ml (or anything that imports jsonschema): every xdist worker
+# collects every module, and jsonschema's eager import of rfc3987_syntax costs over a second of CPU.
+defer_rfc3987_syntax()
 
 REPO = Path(__file__).resolve().parents[1]
 TRAINER_DIR = REPO / "trainer"
