@@ -29,10 +29,15 @@ demo: setup
 # it already does on another path; `make test-full` runs everything.
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25
+# amlemu's bytecode, written first: where PYTHONDONTWRITEBYTECODE is set (as on the sandboxes that run
+# it), each of the suite's processes (CLI calls, jobs' supervisors, services) compiled it from source.
+PRECOMPILE := $(PY) -m compileall -q emulator fixtures
 test: setup
+	$(PRECOMPILE)
 	$(PYTEST) -m "not full"
 
 test-full: setup
+	$(PRECOMPILE)
 	$(PYTEST)
 
 # On a machine with NVIDIA GPUs: installs the CUDA stack (setup, Horovod with NCCL) and checks the
