@@ -14,8 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import requests
-from conftest import BLOCK, V1_CLUSTER_AND_MPI_JOB, release, served, service_cli, wait_until
+from conftest import BLOCK, FULL, V1_CLUSTER_AND_MPI_JOB, release, served, service_cli, wait_until
 
 from amlemu import servicekeys
 from amlemu.api import Emulator
@@ -91,6 +92,9 @@ def _run_tokens_in(root: Path) -> list[str]:
     return found
 
 
+# Docker nodes in test-full: their link to the service is checked in make test by test_mlflow_live's
+# and test_job_reach's docker cases; the v1 protocol itself is the same on both (~60 s each on CI).
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)], indirect=True)
 def test_a_v1_jobs_ranks_log_to_the_online_run_on_both_backends(backend: str, tmp_path: Path, _homes: set[str]) -> None:
     home, project, user, src = (tmp_path / n for n in ("home", "project", "user", "src"))
     for folder in (home, project, user, src):
