@@ -21,7 +21,7 @@ from typing import Any
 from amlemu import statefile
 from amlemu.actions import Action, execute
 from amlemu.backends import get_backend, nodedisk, resolve_backend
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, Store

@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from amlemu.backends.docker import DockerBackend
-from amlemu.cluster.allocation import node_request
+from amlemu.cluster.autoscale import node_request
 from amlemu.home import Home
 from amlemu.skus import GIB
 from amlemu.specs import ClusterSpec

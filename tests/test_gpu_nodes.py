@@ -10,7 +10,7 @@ import pytest
 from amlemu.api import Emulator
 from amlemu.backends import docker as docker_backend
 from amlemu.backends import get_backend, gpudevices
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.specs import ClusterSpec
 
 SMI = "0, 00000000:3B:00.0\n1, 00000000:86:00.0\n"

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.cli import output as formats
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.store import Store
 from amlemu.envs import hostdists
 from amlemu.envs.resolve import from_conda, requirement

@@ -17,7 +17,7 @@ from conftest import REPO, TRAINING
 
 from amlemu.api import Emulator
 from amlemu.backends import get_backend
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster import gpus
 from amlemu.home import Home
 from amlemu.specs import ClusterSpec

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.store import WORKSPACE_DEFAULTS, Node, Store
 from amlemu.errors import NotFoundError, StateError
 from amlemu.runs.contract import Rank

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from amlemu.actions import Action, execute
 from amlemu.backends import BACKENDS, NodeBackend, NodeRequest, backend_class, get_backend
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.store import Node, Store
 from amlemu.errors import BackendError, ConfigError, NotFoundError, StateError
 from amlemu.home import Home

@@ -20,7 +20,7 @@ import psutil
 from amlemu import servicefile
 from amlemu.actions import Action
 from amlemu.backends import BACKENDS, backend_class, get_backend, nodedisk
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
 from amlemu.home import PLAN_VARIABLE, Home

@@ -11,7 +11,7 @@ import signal
 import time
 
 from amlemu.backends import get_backend
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.store import RunRecord, Store
 from amlemu.cluster.teardown import ours
 from amlemu.errors import AmlEmuError

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from amlemu import statefile
 from amlemu.backends import NodeRequest, get_backend, nodedisk, nodefs
-from amlemu.cluster import allocation as autoscale
+from amlemu.cluster import autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
 from amlemu.envs.software import missing_import, software_for
