@@ -10,7 +10,17 @@ from rich.table import Table
 
 from amlemu import safeyaml
 from amlemu.actions import Action
-from amlemu.cli.common import _emu, console, data, dry_run_option, emit, handle_errors, model, output_option, show_plan
+from amlemu.cli.common import (
+    console,
+    data,
+    dry_run_option,
+    emit,
+    emulator_of,
+    handle_errors,
+    model,
+    output_option,
+    show_plan,
+)
 from amlemu.errors import ConfigError
 from amlemu.storage.assets import DATA_TYPES, MODEL_TYPES, asset_from_dict
 
@@ -19,7 +29,7 @@ ARM_KIND = {"data": "data", "model": "models"}
 
 def _shown(ctx: click.Context, spec: dict[str, Any]) -> dict[str, Any]:
     """az ml's fields (id, name, version, type, path, ...) with amlemu's own: where it came from, archived."""
-    ws = _emu(ctx).workspace()
+    ws = emulator_of(ctx).workspace()
     arm = (f"/subscriptions/{ws['subscription_id']}/resourceGroups/{ws['resource_group']}/providers/"
            f"Microsoft.MachineLearningServices/workspaces/{ws['workspace_name']}")
     return {"id": f"{arm}/{ARM_KIND[spec['kind']]}/{spec['name']}/versions/{spec['version']}",
@@ -50,7 +60,7 @@ def _create(ctx: click.Context, kind: str, file: Path | None, flags: dict[str, A
     fields = {**loaded, **given}
     base = file.parent if file and "path" not in given else Path.cwd()
     spec = asset_from_dict(kind, fields, base_dir=base)
-    assets = _emu(ctx).assets
+    assets = emulator_of(ctx).assets
     if dry_run:
         planned = assets.plan(spec)
         show_plan([Action("register", f"{kind} asset", spec["name"],
@@ -63,7 +73,7 @@ def _create(ctx: click.Context, kind: str, file: Path | None, flags: dict[str, A
 
 def _list(ctx: click.Context, kind: str, name: str | None, archived_only: bool, include_archived: bool,
           output: str) -> None:
-    rows = _emu(ctx).assets.list(kind, name, archived=archived_only or include_archived)
+    rows = emulator_of(ctx).assets.list(kind, name, archived=archived_only or include_archived)
     if archived_only:
         rows = [r for r in rows if r.get("archived")]
     emit([_shown(ctx, r) for r in rows], output, _table)
@@ -72,7 +82,7 @@ def _list(ctx: click.Context, kind: str, name: str | None, archived_only: bool, 
 def _show(ctx: click.Context, kind: str, name: str, version: str | None, label: str | None, output: str) -> None:
     if version and label:
         raise click.UsageError("give --version or --label, not both")
-    emit(_shown(ctx, _emu(ctx).assets.get(kind, name, version, label)), output, _human)
+    emit(_shown(ctx, emulator_of(ctx).assets.get(kind, name, version, label)), output, _human)
 
 
 def _common(kind: str, types: tuple[str, ...]):  # type: ignore[no-untyped-def]
@@ -183,7 +193,7 @@ def model_show(ctx: click.Context, name: str, version: str | None, label: str | 
 def data_archive(ctx: click.Context, name: str, version: str | None, label: str | None, dry_run: bool,
                  output: str) -> None:
     """Hide a version (or all) from list and @latest; a job naming the version still reads it."""
-    assets = _emu(ctx).assets
+    assets = emulator_of(ctx).assets
     if label:
         version = assets.get("data", name, None, label)["version"]
     if dry_run:

@@ -157,7 +157,7 @@ def cli(ctx: click.Context, home: Path | None) -> None:
     ctx.obj = EmulatorFactory(home, ctx.get_parameter_source("home"))
 
 
-def _emu(ctx: click.Context, backend: str | None = None) -> Emulator:
+def emulator_of(ctx: click.Context, backend: str | None = None) -> Emulator:
     return ctx.obj(backend=backend)
 
 
@@ -166,10 +166,10 @@ target_option = click.option("--target", "target_name", type=click.Choice(list(T
                                   "[tool.amlemu] target in pyproject.toml, else emulator)")
 
 
-def _target(ctx: click.Context, explicit: str | None, backend: str | None = None) -> Target:
+def target_of(ctx: click.Context, explicit: str | None, backend: str | None = None) -> Target:
     """The command's target, given the workspace the command line named (-g/-w/--subscription)."""
     name, _ = resolve_target(explicit, os.environ, Path.cwd())
-    return target_class(name).for_cli(lambda: _emu(ctx, backend), workspace_options(ctx))
+    return target_class(name).for_cli(lambda: emulator_of(ctx, backend), workspace_options(ctx))
 
 
 def target_flag(explicit: str | None) -> str:

@@ -12,7 +12,6 @@ from amlemu import safeyaml
 from amlemu.actions import execute
 from amlemu.backends import BACKENDS
 from amlemu.cli.common import (
-    _target,
     apply_overrides,
     compute,
     compute_from_dict,
@@ -26,6 +25,7 @@ from amlemu.cli.common import (
     output_option,
     report,
     show_plan,
+    target_of,
     target_option,
     yes_option,
 )
@@ -70,7 +70,7 @@ def compute_create(ctx: click.Context, file: Path | None, overrides: tuple[str, 
     if "name" not in data and not file:
         raise ConfigError("--name", "missing", "give --name or -f compute.yml")
     spec = compute_from_dict(data)
-    target = _target(ctx, target_name, backend)
+    target = target_of(ctx, target_name, backend)
     plan = target.plan_compute(spec)
     if plan.data.get("notice"):
         err_console.print(f"notice: {plan.data['notice']}", highlight=False)
@@ -101,7 +101,7 @@ def compute_list(ctx: click.Context, max_results: int | None, target_name: str |
             table.add_row(d["name"], d["vm_size"], d["vm_priority"], f"{_count(d['busy'])}/{_count(d['idle'])}",
                           _count(d["min_nodes"]), _count(d["max_nodes"]), d["backend"])
         console.print(table)
-    emit(_target(ctx, target_name).list_computes()[:max_results], output, human)
+    emit(target_of(ctx, target_name).list_computes()[:max_results], output, human)
 
 
 @compute.command("show", workspace="target")
@@ -111,7 +111,7 @@ def compute_list(ctx: click.Context, max_results: int | None, target_name: str |
 @click.pass_context
 @handle_errors
 def compute_show(ctx: click.Context, name: str, target_name: str | None, output: str) -> None:
-    _show_compute(_target(ctx, target_name).show_compute(name), output)
+    _show_compute(target_of(ctx, target_name).show_compute(name), output)
 
 
 def _show_compute(data: dict[str, Any], output: str) -> None:
@@ -135,7 +135,7 @@ def _show_compute(data: dict[str, Any], output: str) -> None:
 def compute_delete(ctx: click.Context, name: str, yes: bool, dry_run: bool, target_name: str | None,
                    output: str) -> None:
     """Remove the compute: its nodes, network, records and folders (asks first, unless --yes)."""
-    target = _target(ctx, target_name)
+    target = target_of(ctx, target_name)
     plan = target.plan_delete_compute(name)
     if dry_run:
         show_plan(plan, output)

@@ -9,12 +9,12 @@ import click
 from rich.table import Table
 
 from amlemu.cli.common import (
-    _emu,
     console,
     data,
     datastore,
     dry_run_option,
     emit,
+    emulator_of,
     handle_errors,
     name_argument,
     output_option,
@@ -33,7 +33,7 @@ from amlemu.storage.datastores import DatastoreSpec, credential_from_env, parse_
 @click.pass_context
 @handle_errors
 def datastore_list(ctx: click.Context, output: str) -> None:
-    rows = [asdict(d) for d in _emu(ctx).datastores.list()]
+    rows = [asdict(d) for d in emulator_of(ctx).datastores.list()]
 
     def human(data: list[dict[str, Any]]) -> None:
         table = Table("name", "type", "where", "credential")
@@ -51,7 +51,7 @@ def datastore_list(ctx: click.Context, output: str) -> None:
 @handle_errors
 def datastore_show(ctx: click.Context, name: str, output: str) -> None:
     """The datastore's record (JSON unless -o says otherwise, as it always was)."""
-    emit(asdict(_emu(ctx).datastores.get(name)), output,
+    emit(asdict(emulator_of(ctx).datastores.get(name)), output,
          lambda d: [console.print(f"{k}: {v}", highlight=False, markup=False) for k, v in d.items()])
 
 
@@ -77,7 +77,7 @@ def datastore_create(ctx: click.Context, name: str, kind: str, folder: Path | No
         "identity" if identity else "none"
     spec = DatastoreSpec(name, kind, container=container_name, account=account_name,
                          folder=str(folder.resolve()) if folder else "", credential=credential, endpoint=endpoint)
-    datastores = _emu(ctx).datastores
+    datastores = emulator_of(ctx).datastores
     secret = credential_from_env(account_key_env or sas_token_env)
     if dry_run:
         show_plan(datastores.plan_create(spec, secret), output)
@@ -96,11 +96,11 @@ def datastore_create(ctx: click.Context, name: str, kind: str, folder: Path | No
 def data_upload(ctx: click.Context, local: Path, uri: str, dry_run: bool, output: str) -> None:
     """Copy a file or folder up; files already there with the same size are skipped."""
     if dry_run:
-        show_plan(_emu(ctx).datastores.plan_upload(local, uri), output)
+        show_plan(emulator_of(ctx).datastores.plan_upload(local, uri), output)
         return
     bar, update = progress_bar(f"upload {local.name}")
     with bar:
-        size = _emu(ctx).datastores.upload(local, uri, update)
+        size = emulator_of(ctx).datastores.upload(local, uri, update)
     report([uri], output, lambda _: console.print(f"{uri}: {size / 2**20:.1f} MiB in place", highlight=False))
 
 
@@ -113,11 +113,11 @@ def data_upload(ctx: click.Context, local: Path, uri: str, dry_run: bool, output
 @handle_errors
 def data_download(ctx: click.Context, uri: str, local: Path, dry_run: bool, output: str) -> None:
     if dry_run:
-        show_plan(_emu(ctx).datastores.plan_download(uri, local), output)
+        show_plan(emulator_of(ctx).datastores.plan_download(uri, local), output)
         return
     bar, update = progress_bar(f"download {uri.rsplit('/', 1)[-1]}")
     with bar:
-        size = _emu(ctx).datastores.download(uri, local, update)
+        size = emulator_of(ctx).datastores.download(uri, local, update)
     report([str(local)], output, lambda _: console.print(f"downloaded {size / 2**20:.1f} MiB to {local}",
                                                          highlight=False))
 
@@ -128,7 +128,7 @@ def data_download(ctx: click.Context, uri: str, local: Path, dry_run: bool, outp
 @click.pass_context
 @handle_errors
 def data_ls(ctx: click.Context, uri: str, output: str) -> None:
-    rows = [{"path": p, "size": size} for p, size in _emu(ctx).datastores.ls(uri)]
+    rows = [{"path": p, "size": size} for p, size in emulator_of(ctx).datastores.ls(uri)]
     name, path = parse_uri(uri)
     if not rows and path:  # a datastore's empty root is a listing; a missing path is an error
         raise NotFoundError("path", uri, f"list what is there with `amlemu data ls azureml://datastores/{name}/paths/`")

@@ -10,10 +10,10 @@ from rich.table import Table
 
 from amlemu.actions import Action, execute
 from amlemu.cli.common import (
-    _emu,
     console,
     dry_run_option,
     emit,
+    emulator_of,
     environment,
     err_console,
     escaped,
@@ -53,7 +53,7 @@ def _human(d: dict[str, Any]) -> None:
 def environment_create(ctx: click.Context, file: Path, name: str | None, version: str | None, dry_run: bool,
                        output: str) -> None:
     spec = load_environment(file, name, version)
-    store = _emu(ctx).store
+    store = emulator_of(ctx).store
     plan = [Action("register", "environment", spec["name"], {"version": spec["version"] or "next",
                                                                "image": spec["image"], "build_path": spec["build_path"]},
                    run=lambda: store.add_environment(spec))]
@@ -70,7 +70,7 @@ def environment_create(ctx: click.Context, file: Path, name: str | None, version
 @handle_errors
 def environment_list(ctx: click.Context, output: str) -> None:
     rows = []
-    for spec in _emu(ctx).store.environments():
+    for spec in emulator_of(ctx).store.environments():
         try:  # a record stored before names were checked must not hide every other one
             check_asset_name(spec.get("name"), "name")
             check_asset_name(spec.get("version"), "version", "version")
@@ -95,7 +95,7 @@ def environment_list(ctx: click.Context, output: str) -> None:
 @click.pass_context
 @handle_errors
 def environment_show(ctx: click.Context, name: str, version: str | None, output: str) -> None:
-    spec = _emu(ctx).store.environment(name, version)
+    spec = emulator_of(ctx).store.environment(name, version)
     if spec is None:
         raise NotFoundError("environment", name + (f" version {version}" if version else ""),
                             "register it with `amlemu environment create -f env.yml`")

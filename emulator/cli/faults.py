@@ -9,10 +9,10 @@ import click
 
 from amlemu.actions import Action, execute
 from amlemu.cli.common import (
-    _emu,
     compute,
     console,
     dry_run_option,
+    emulator_of,
     fault,
     handle_errors,
     name_argument,
@@ -40,7 +40,7 @@ def _carry_out(plan: list[Action], dry_run: bool, output: str, say: Callable[[li
 @handle_errors
 def compute_preempt(ctx: click.Context, name: str, node: str | None, dry_run: bool, output: str) -> None:
     """Take low-priority nodes away now: their runs restart on fresh nodes."""
-    _carry_out(_emu(ctx).faults.plan_preempt(name, node), dry_run, output,
+    _carry_out(emulator_of(ctx).faults.plan_preempt(name, node), dry_run, output,
                lambda plan: f"preempted {', '.join(a.name for a in plan) or 'nothing (no node is up)'}")
 
 
@@ -57,7 +57,7 @@ def compute_preempt(ctx: click.Context, name: str, node: str | None, dry_run: bo
 def compute_preemption_policy(ctx: click.Context, name: str, rate_per_node_hour: float, seed: int,
                               max_preemptions: int, dry_run: bool, output: str) -> None:
     """Preempt a low-priority compute's busy nodes at random, reproducibly."""
-    _carry_out(_emu(ctx).faults.plan_set_preemption_policy(name, rate_per_node_hour, seed, max_preemptions),
+    _carry_out(emulator_of(ctx).faults.plan_set_preemption_policy(name, rate_per_node_hour, seed, max_preemptions),
                dry_run, output, lambda _: f"compute {name}: {rate_per_node_hour:g} preemption(s) per node-hour, "
                                           f"seed {seed}, at most {max_preemptions} restart(s) per run")
 
@@ -71,7 +71,7 @@ def compute_preemption_policy(ctx: click.Context, name: str, rate_per_node_hour:
 @handle_errors
 def fault_kill_node(ctx: click.Context, compute_name: str, node: str, dry_run: bool, output: str) -> None:
     """SIGKILL the node (its run fails: gang semantics)."""
-    _carry_out(_emu(ctx).faults.plan_kill_node(compute_name, node), dry_run, output,
+    _carry_out(emulator_of(ctx).faults.plan_kill_node(compute_name, node), dry_run, output,
                lambda plan: f"killed {plan[0].name}")
 
 
@@ -84,7 +84,7 @@ def fault_kill_node(ctx: click.Context, compute_name: str, node: str, dry_run: b
 @handle_errors
 def fault_partition(ctx: click.Context, compute_name: str, node: str, dry_run: bool, output: str) -> None:
     """Cut the node off from the cluster network (docker nodes)."""
-    _carry_out(_emu(ctx).faults.plan_partition(compute_name, node), dry_run, output,
+    _carry_out(emulator_of(ctx).faults.plan_partition(compute_name, node), dry_run, output,
                lambda plan: f"cut off {plan[0].name}")
 
 
@@ -98,7 +98,7 @@ def fault_partition(ctx: click.Context, compute_name: str, node: str, dry_run: b
 @handle_errors
 def fault_slow(ctx: click.Context, compute_name: str, node: str, cpus: float, dry_run: bool, output: str) -> None:
     """Throttle the node's CPU (docker nodes)."""
-    _carry_out(_emu(ctx).faults.plan_slow(compute_name, node, cpus), dry_run, output,
+    _carry_out(emulator_of(ctx).faults.plan_slow(compute_name, node, cpus), dry_run, output,
                lambda plan: f"slowed {plan[0].name} to {cpus:g} CPU(s)")
 
 
@@ -112,5 +112,5 @@ def fault_slow(ctx: click.Context, compute_name: str, node: str, cpus: float, dr
 @handle_errors
 def fault_data_error(ctx: click.Context, compute_name: str, node: str, uri: str, dry_run: bool, output: str) -> None:
     """Make reads of one cached datastore file fail on the node."""
-    _carry_out(_emu(ctx).faults.plan_fail_data_read(compute_name, node, uri), dry_run, output,
+    _carry_out(emulator_of(ctx).faults.plan_fail_data_read(compute_name, node, uri), dry_run, output,
                lambda _: f"reads of {uri} now fail on node {node}")

@@ -12,7 +12,6 @@ from rich.table import Table
 
 from amlemu.actions import execute
 from amlemu.cli.common import (
-    _target,
     console,
     dry_run_option,
     emit,
@@ -25,6 +24,7 @@ from amlemu.cli.common import (
     report,
     show_plan,
     target_flag,
+    target_of,
     target_option,
 )
 
@@ -46,7 +46,7 @@ MAX_RESULTS = 50  # az ml job list's default
 @handle_errors
 def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tuple[str, ...], stream: bool,
                dry_run: bool, target_name: str | None, output: str) -> None:
-    target = _target(ctx, target_name)
+    target = target_of(ctx, target_name)
     plan = target.plan_job(file, [*overrides, *([f"name={name}"] if name else [])])
     if dry_run:
         emit(plan.data, output, _print_json)
@@ -100,7 +100,7 @@ def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_r
         for d in data:
             table.add_row(d["name"], d.get("experiment_name"), _compute(d), d.get("status"))
         console.print(table)
-    jobs = _target(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1)
+    jobs = target_of(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1)
     if not all_results and len(jobs) > max_results:  # one more than asked: there are more
         jobs = jobs[1:]
         err_console.print(f"notice: the {max_results} most recent jobs; --max-results N or --all-results for more",
@@ -136,7 +136,7 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
                 shown = " ".join(str(v) for v in (service.get("status") or "not started", service.get("endpoint"),
                                                   service.get("error_message")) if v)
                 console.print(f"service {key} ({service.get('type')}): {shown}", highlight=False, markup=False)
-    emit(_target(ctx, target_name).show(name), output, human)
+    emit(target_of(ctx, target_name).show(name), output, human)
 
 
 @job.command("stream", workspace="target")
@@ -146,7 +146,7 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
 @handle_errors
 def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
     """Print the job's log until it ends; exit 0 when it completed, 1 otherwise."""
-    target = _target(ctx, target_name)
+    target = target_of(ctx, target_name)
     status = target.stream(name)
     _print_metrics(target.metrics(name))
     sys.exit(0 if status == "Completed" else 1)
@@ -161,7 +161,7 @@ def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
 @handle_errors
 def job_cancel(ctx: click.Context, name: str, dry_run: bool, target_name: str | None, output: str) -> None:
     """Cancel the job (no --yes: az ml job cancel does not ask either)."""
-    target = _target(ctx, target_name)
+    target = target_of(ctx, target_name)
     plan = target.plan_cancel(name)
     if dry_run:
         show_plan(plan, output)
@@ -185,7 +185,7 @@ def job_download(ctx: click.Context, name: str, download_path: Path, output_name
                  dry_run: bool, target_name: str | None, output: str) -> None:
     """Copy the job's logs and default output (outputs/, logs/) to <download-path>/<name>; named
     outputs go to <download-path>/<name>/named-outputs/<output>."""
-    target = _target(ctx, target_name)
+    target = target_of(ctx, target_name)
     plan = target.plan_download(name, download_path, output_name, everything)
     if dry_run:
         show_plan(plan, output)

@@ -7,11 +7,11 @@ import click
 
 from amlemu.actions import Action
 from amlemu.cli.common import (
-    _emu,
     console,
     data,
     dry_run_option,
     emit,
+    emulator_of,
     handle_errors,
     is_human,
     output_option,
@@ -38,7 +38,7 @@ def data_sync(ctx: click.Context, uris: tuple[str, ...], job_file: Path | None, 
     wanted = list(uris) + (job_data_uris(job_file) if job_file else [])
     if not wanted:
         raise ConfigError("URI", "nothing to sync", "give azureml://datastores/<ds>/paths/<path> or -f job.yml")
-    emu, target = _emu(ctx), AzureMLTarget(options=workspace_options(ctx))
+    emu, target = emulator_of(ctx), AzureMLTarget(options=workspace_options(ctx))
     if dry_run:
         plan: list[Action] = []
         for uri in wanted:

@@ -22,7 +22,7 @@ from pathlib import Path
 import click
 import psutil
 
-from amlemu.cli.common import _emu, cli, console, err_console, handle_errors
+from amlemu.cli.common import cli, console, emulator_of, err_console, handle_errors
 from amlemu.errors import AmlEmuError, ConfigError
 from amlemu.servicefile import bind, is_loopback, read_state
 from amlemu.uistore import build_ui_store, ui_store_path
@@ -132,7 +132,7 @@ def ui(ctx: click.Context, port: int, host: str, allow_remote: bool, mlflow_ui: 
         raise ConfigError("--host", f"{host} is not a loopback address",
                           "use 127.0.0.1, or add --allow-remote to serve the page to other machines")
     bind(host, port).close()  # free now: the server binds it next
-    emu = _emu(ctx)
+    emu = emulator_of(ctx)
     emu.reconcile()
     if mlflow_ui:
         _mlflow_ui(emu, url_of(host, port), host, port)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from amlemu.cli.common import _emu, console, emit, escaped, handle_errors, is_human, job, output_option
+from amlemu.cli.common import console, emit, emulator_of, escaped, handle_errors, is_human, job, output_option
 from amlemu.validate import validate_file
 
 
@@ -20,7 +20,7 @@ from amlemu.validate import validate_file
 @handle_errors
 def job_validate(ctx: click.Context, file: Path, name: str | None, overrides: tuple[str, ...], output: str) -> None:
     """Check the job against Azure ML's rules and this workspace; exit 1 on any error."""
-    findings = validate_file(file, [*overrides, *([f"name={name}"] if name else [])], _emu(ctx))
+    findings = validate_file(file, [*overrides, *([f"name={name}"] if name else [])], emulator_of(ctx))
     if not is_human(output):
         emit([asdict(f) for f in findings], output)
     else:

@@ -12,10 +12,10 @@ import click
 from amlemu import servicefile, servicekeys
 from amlemu.actions import execute
 from amlemu.cli.common import (
-    _emu,
     console,
     dry_run_option,
     emit,
+    emulator_of,
     handle_errors,
     output_option,
     report,
@@ -33,7 +33,7 @@ from amlemu.cli.common import (
 def workspace_show(ctx: click.Context, output: str) -> None:
     """The emulated workspace (-n/-w, -g, --subscription: exit 3 unless they name it, as az's show),
     and its Azure ML service (`amlemu serve`): its URL, or "not running"."""
-    emu = _emu(ctx)
+    emu = emulator_of(ctx)
     running = servicefile.read_state(emu.home.root)
     data = {**emu.workspace(), "home": str(emu.home.root),
             "service": f"{running.url} (pid {running.pid})" if running else "not running"}
@@ -75,7 +75,7 @@ def _service_health(root: Path, running: servicefile.ServiceState) -> str:
 def workspace_set(ctx: click.Context, dry_run: bool, output: str, **values: str | None) -> None:
     """Change the emulated workspace's placeholders (what config.json and the jobs' AZUREML_ARM_*
     variables say); -w and --subscription, as everywhere, name the workspace as it is now."""
-    store = _emu(ctx).store
+    store = emulator_of(ctx).store
     plan = store.plan_set_workspace(**{k: v for k, v in values.items() if v})
     if dry_run:
         show_plan(plan, output)
@@ -92,7 +92,7 @@ def workspace_set(ctx: click.Context, dry_run: bool, output: str, **values: str 
 @handle_errors
 def workspace_config(ctx: click.Context, path: Path, dry_run: bool, output: str) -> None:
     """Write config.json for Workspace.from_config() / MLClient.from_config()."""
-    plan = _emu(ctx).plan_write_config(path)
+    plan = emulator_of(ctx).plan_write_config(path)
     if dry_run:
         show_plan(plan, output)
         return
