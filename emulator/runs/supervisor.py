@@ -183,9 +183,9 @@ class Supervisor:
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
-        proc = Gang(plan, env, self.logs)
-        services = servicerun.start(self, plan, env, proc)  # beside the job, stopped with it
-        self.store.update_run(self.run_id, launch_pid=proc.pgid)
+        gang = Gang(plan, env, self.logs)
+        services = servicerun.start(self, plan, env, gang)  # beside the job, stopped with it
+        self.store.update_run(self.run_id, launch_pid=gang.pgid)
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
         refresher.start()
@@ -197,10 +197,10 @@ class Supervisor:
                       due=policy_schedule(self.store, self.cluster.spec.name, self.run_id,
                                           [r.name for r in self.requests]),
                       limit=self.job.max_run_duration_seconds)
-        outcome = watch.until_done(proc.poll)
-        if outcome is not Outcome.EXITED or proc.poll():  # a failed process: the others go, as mpirun stops its ranks
-            self.stop(proc)
-        exit_code = proc.wait()
+        outcome = watch.until_done(gang.poll)
+        if outcome is not Outcome.EXITED or gang.poll():  # a failed process: the others go, as mpirun stops its ranks
+            self.stop(gang)
+        exit_code = gang.wait()
         services.stop()
         stop_refresh.set()
         refresher.join(timeout=30)
@@ -208,10 +208,10 @@ class Supervisor:
         if outcome is Outcome.EXITED and self.preempted():  # the kill ended the job before a poll saw the fault
             outcome = Outcome.PREEMPTED
         if outcome is Outcome.PREEMPTED and not self.canceled():
-            self.stop(proc)
+            self.stop(gang)
             return self.restart()
         lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
-        self.gang_failure = proc.failure
+        self.gang_failure = gang.failure
         self.finalize(outcome, exit_code, lost)
         return False
 
@@ -247,9 +247,9 @@ class Supervisor:
                  f"{limit} on fresh nodes", preemptions=count)
         return True
 
-    def stop(self, proc: Gang) -> None:
+    def stop(self, gang: Gang) -> None:
         """End the launch on the host, then every job process left on the nodes."""
-        proc.stop(grace=KILL_GRACE)
+        gang.stop(grace=KILL_GRACE)
         self._each_node(self.backend.stop_processes)
 
     def node_states(self) -> list[bool]:
