@@ -20,12 +20,12 @@ from typing import Any
 
 from amlemu import statefile
 from amlemu.actions import Action, execute
-from amlemu.backends import get_backend, nodedisk, resolve_backend
+from amlemu.backends import get_backend, resolve_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, Store
-from amlemu.envs.software import planned_notices
+from amlemu.envs.software import plan_software, planned_notices
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import gitcode, snapshot
@@ -34,7 +34,7 @@ from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.handle import Run
 from amlemu.runs import recovery
-from amlemu.runs.plan import plan_launch
+from amlemu.runs.jobplan import job_launch, node_requests
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage import urlinputs
@@ -142,8 +142,8 @@ class Emulator:
     def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
         """Dry run, creating nothing: the launch plan the supervisor will execute (runs.plan), on
-        the cluster's first nodes with placeholder addresses (allocation decides both), and what
-        the backend would create for each node."""
+        the cluster's first nodes with placeholder addresses (allocation decides both), what the
+        backend would create for each node, and the software they run (built already or not)."""
         job = self._job(job, overrides)
         cluster = self._check_fits(job)
         self._check_datastores(job)
@@ -151,17 +151,13 @@ class Emulator:
         self._check_name(job)
         run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
-        requests = [autoscale.node_request(self.home, cluster.spec, i, job.image, shm_bytes=job.shm_bytes)
-                    for i in range(job.instance_count)]
-        node_plans = [backend.plan_node(r) for r in requests]
-        note, disk_note = node_plans[0].get("image_note"), nodedisk.size(requests[0].disk_bytes)[1]
-        notices = planned_notices(job.environment, job.environment_def, self.store.environment)
-        plan = plan_launch(job, run_id, cluster.spec.name, cluster.backend, requests,
-                           [f"<address of {r.name}>" for r in requests], self.workspace(),
-                           base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
-                           as_root=os.geteuid() == 0, notices=(*notices, *job.notices, *(n for n in (note, disk_note) if n)),
-                           launch_prefix=backend.launch_prefix(cluster.spec.name))
-        return {**plan.to_dict(), "nodes": node_plans, **pools.describe(self.store, cluster)}
+        software = plan_software(job.environment, job.environment_def, self.store.environment, default_cache(),
+                                 has_image=backend.has_image)  # what will run, built or not: nothing is built
+        requests = node_requests(self.home, cluster.spec, range(job.instance_count), job, software)
+        plan = job_launch(job, run_id, backend, requests, [f"<address of {r.name}>" for r in requests],
+                          self.workspace(), software)
+        return {**plan.to_dict(), "nodes": [backend.plan_node(r) for r in requests], "software": software.to_dict(),
+                **pools.describe(self.store, cluster)}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1

@@ -59,3 +59,49 @@ def test_a_dry_run_creates_nothing(emu: Emulator, cluster, make_job) -> None:
     assert [n["shm_size"] for n in emu.plan_job(job)["nodes"]] == [64 << 20] * 2
     assert sorted(str(p.relative_to(emu.home.root)) for p in emu.home.root.rglob("*")) == before
     assert (emu.store.datastores(), emu.store.runs(), emu.store.nodes("c1")) == rows
+
+
+def _launched(run) -> dict:  # type: ignore[no-untyped-def]
+    return json.loads((run.dir / "system_logs" / "launch.json").read_text())
+
+
+def test_a_job_with_an_environment_launches_as_its_dry_run_showed(emu: Emulator, cluster, make_job, tmp_path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dry run names the environment's folder in the cache before it is built (its content
+    hash), and the nodes run from it: the same PATH, node plans and notices."""
+    monkeypatch.setenv("AMLEMU_ENV_CACHE", str(tmp_path / "envs"))
+    monkeypatch.setenv("AMLEMU_OFFLINE", "1")  # packaging is this venv's: linked, nothing downloaded
+    cluster(max_nodes=1)
+    job = make_job("import packaging, sys\nprint('prefix', sys.prefix, flush=True)\n", distribution="none")
+    (job.parent / "conda.yml").write_text("dependencies:\n  - python=3.11\n  - pip:\n    - packaging\n")
+    job.write_text(job.read_text() + "environment:\n  image: amlemu-tests/absent:1\n  conda_file: conda.yml\n")
+    before = emu.plan_job(job)
+    prefix = before["software"]["prefix"]
+    assert prefix and prefix.startswith(str(tmp_path / "envs")) and before["software"]["built"] is False
+    assert "built as the run is prepared" in before["software"]["runs"]
+    run = emu.submit(job)
+    assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
+    assert f"prefix {prefix}" in run.logs()
+    dry, launched = emu.plan_job(job, run_id=run.id), _launched(run)
+    assert dry["software"] == {**before["software"], "built": True, "runs": dry["software"]["runs"]}
+    node = run.record.nodes[0]
+    assert {k: launched[k] for k in KEYS} == _bound(dry, [node], [launched["node_slots"][0]["address"]])
+    path = launched["node_base_env"][node].get("PATH") or dry["nodes"][0]["environment"]["PATH"]  # docker: the container's
+    assert path.startswith(f"{prefix}/bin:")
+
+
+def test_a_job_naming_an_image_launches_as_its_dry_run_showed(emu: Emulator, cluster, make_job) -> None:
+    """An image built from a context whose base image no engine here has: both say the nodes run
+    this machine's software and why."""
+    cluster(max_nodes=1)
+    job = make_job(PRINT, distribution="none")
+    (job.parent / "context").mkdir()
+    (job.parent / "context" / "Dockerfile").write_text("FROM amlemu-tests/absent:1\n")
+    job.write_text(job.read_text() + "environment:\n  build:\n    path: context\n")
+    before = emu.plan_job(job)
+    assert before["software"]["prefix"] is None and before["software"]["image"] is None
+    assert "no engine here has its base image amlemu-tests/absent:1" in " ".join(before["notices"])
+    run = emu.submit(job)
+    assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
+    dry, launched = emu.plan_job(job, run_id=run.id), _launched(run)
+    assert {k: launched[k] for k in KEYS} == _bound(dry, run.record.nodes, [launched["node_slots"][0]["address"]])

@@ -181,11 +181,20 @@ def find_python(version: str | None, log: Path) -> str:
     return done.stdout.strip()
 
 
+def env_root(cache: Path) -> Path:
+    return Path(os.environ.get("AMLEMU_ENV_CACHE") or cache / "envs")  # tests keep theirs apart
+
+
+def env_prefix(env: ResolvedEnvironment, cache: Path, source: PackageSource) -> Path:
+    """Where the environment is (or will be) built: its content hash under the cache."""
+    return env_root(cache) / env.key(source.key())
+
+
 def build(env: ResolvedEnvironment, cache: Path, source: PackageSource, *,
           horovod_links: tuple[str, ...] = ()) -> BuiltEnvironment:
     """The environment's folder, built now or found in the cache."""
     key = env.key(source.key())
-    root = Path(os.environ.get("AMLEMU_ENV_CACHE") or cache / "envs")  # tests keep theirs apart
+    root = env_root(cache)
     root.mkdir(parents=True, exist_ok=True)
     prefix, log = root / key, root / f"{key}.log"
     with open(root / f"{key}.lock", "w") as lock:

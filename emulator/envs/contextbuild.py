@@ -93,14 +93,20 @@ def plan(env: ResolvedEnvironment, has_image: Callable[[str], bool]) -> tuple[Pa
     return dockerfile, None
 
 
+def context_tag(env: ResolvedEnvironment, dockerfile: Path) -> str:
+    """The tag the context's image is (or will be) built under: its content hash."""
+    folder = Path(env.build_path or "")
+    return f"{REPOSITORY}:{context_hash(folder, str(dockerfile.relative_to(folder.resolve())))}"
+
+
 def build_context(env: ResolvedEnvironment, dockerfile: Path, cache: Path, log: Callable[[str], None]
                   ) -> tuple[str, bool]:
     """(the image's tag, whether it was already built)."""
     import docker  # noqa: PLC0415 - only where the docker backend runs the job's image
 
     folder = Path(env.build_path or "")
-    key = context_hash(folder, str(dockerfile.relative_to(folder.resolve())))
-    tag = f"{REPOSITORY}:{key}"
+    tag = context_tag(env, dockerfile)
+    key = tag.split(":")[1]
     root = Path(os.environ.get("AMLEMU_ENV_CACHE") or cache / "envs")
     root.mkdir(parents=True, exist_ok=True)
     client = docker.from_env(timeout=600)

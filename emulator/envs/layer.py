@@ -25,6 +25,13 @@ def layer_tag(env: ResolvedEnvironment, source: PackageSource, base_id: str) -> 
     return f"{REPOSITORY}:{hashlib.sha256(f'{base_id}/{env.key(source.key())}'.encode()).hexdigest()[:24]}"
 
 
+def planned_tag(env: ResolvedEnvironment, source: PackageSource) -> str:
+    """The layered image's tag, without building it (the engine has the job's image)."""
+    import docker  # noqa: PLC0415 - only where the docker backend runs the job's image
+
+    return layer_tag(env, source, docker.from_env(timeout=600).images.get(env.image).id)
+
+
 def build_layer(env: ResolvedEnvironment, cache: Path, source: PackageSource, log: Path | None = None
                 ) -> tuple[str, bool]:
     """(the layered image's tag, whether it was already built)."""

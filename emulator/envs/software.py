@@ -1,5 +1,6 @@
 """What a job's nodes run: its environment built (or found in the cache), or this machine's
-software with the reason why not. Called as a run is prepared (Azure ML builds its image then)."""
+software with the reason why not. Planned without building (`plan_software`: the dry run and the
+supervisor), built as a run is prepared (`realize`; Azure ML builds its image then)."""
 from __future__ import annotations
 
 import os
@@ -12,10 +13,9 @@ from typing import Any
 from packaging.specifiers import InvalidSpecifier, SpecifierSet
 from packaging.utils import canonicalize_name
 
-from amlemu.envs import contextbuild, curated, hostdists
+from amlemu.envs import contextbuild, curated, hostdists, layer
 from amlemu.envs.pipsources import truthy
-from amlemu.envs.build import HOST_PYTHON, OFFLINE, BuiltEnvironment, PackageSource, build
-from amlemu.envs.layer import build_layer
+from amlemu.envs.build import HOST_PYTHON, OFFLINE, RECORD, BuiltEnvironment, PackageSource, build, env_prefix
 from amlemu.envs.resolve import Lookup, ResolvedEnvironment, resolve
 
 
@@ -94,19 +94,66 @@ def planned_notices(reference: str | None, definition: dict[str, Any] | None, re
     return plan(reference, definition, registered)[1]
 
 
-def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
-                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
-                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
+@dataclass(frozen=True)
+class SoftwarePlan:
+    """What a job's nodes will run, decided without building anything: the environment's folder in
+    the cache (named by its content hash), the image's tag, or this machine's software (both None).
+    The dry run shows it; the supervisor realizes it (`realize`) into the same paths and tags."""
+
+    environment: ResolvedEnvironment
+    notices: tuple[str, ...]
+    prefix: str | None = None
+    image: str | None = None
+    built: bool = True  # already in the cache or the engine (or nothing to build)
+    source: PackageSource | None = None  # read only when there is something to build
+    dockerfile: Path | None = None  # a build context's, when the engine builds it
+
+    def to_dict(self) -> dict[str, Any]:
+        runs = (f"environment {self.environment.label} at {self.prefix}" if self.prefix else
+                f"image {self.image}" if self.image else "this machine's software")
+        state = "" if not (self.prefix or self.image) else (
+            " (built: in the cache)" if self.built else " (built as the run is prepared, then cached)")
+        return {"environment": self.environment.label, "prefix": self.prefix, "image": self.image,
+                "built": self.built, "runs": runs + state}
+
+
+def plan_software(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
+                  source: PackageSource | None = None, has_image: Callable[[str], bool] = lambda _: False
+                  ) -> SoftwarePlan:
+    """What will run, and whether it is built already; nothing is built (a dry run's and the supervisor's)."""
     env, notices = plan(reference, definition, registered, source)
-    if env.kind == "build":
-        return _context_image(env, notices, cache, log, has_image)
+    if env.kind == "build":  # a build context: the image the engine builds from it, or this machine's software
+        dockerfile, why_not = contextbuild.plan(env, has_image)
+        if dockerfile is None:
+            return SoftwarePlan(env, (*notices[:-1], str(why_not)))
+        tag = contextbuild.context_tag(env, dockerfile)
+        return SoftwarePlan(env, notices, image=tag, built=has_image(tag), dockerfile=dockerfile)
     if not env.build:
-        return Software(env, None, notices)
+        return SoftwarePlan(env, notices)
     source = source or PackageSource.from_env()  # pip's configuration is read only for a build
+    if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
+        tag = layer.planned_tag(env, source)
+        return SoftwarePlan(env, notices, image=tag, built=has_image(tag), source=source)
+    prefix = env_prefix(env, cache, source)
+    return SoftwarePlan(env, notices, prefix=str(prefix), built=(prefix / RECORD).is_file(), source=source)
+
+
+def realize(planned: SoftwarePlan, cache: Path, log: Callable[[str], None] = lambda _: None) -> Software:
+    """The planned software, built now where it is not yet (as the run is prepared): the same
+    prefix or tag the plan named."""
+    env, notices, source = planned.environment, planned.notices, planned.source
+    if planned.dockerfile is not None:
+        tag, reused = contextbuild.build_context(env, planned.dockerfile, cache, log)
+        log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'} from its build context)")
+        return Software(env, None, notices, image=tag)
+    if env.kind == "build" and notices:  # a build context not built here: the reason why
+        log(f"notice: {notices[-1]}")
+    if source is None:
+        return Software(env, None, notices)
     log(f"environment {env.label}: preparing (Python {env.python or HOST_PYTHON}; {', '.join(env.requirements) or 'no packages'}; "
         f"package source: {source.describe()})")
-    if env.image and has_image(env.image):  # the docker backend runs the image: the packages go on top of it
-        tag, reused = build_layer(env, cache, source)
+    if planned.image:
+        tag, reused = layer.build_layer(env, cache, source)
         log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'}: {env.image} with its packages "
             f"layered on by docker build)")
         return Software(env, None, notices, image=tag)
@@ -117,16 +164,11 @@ def software_for(reference: str | None, definition: dict[str, Any] | None, regis
     return Software(env, str(built.prefix), notices, built)
 
 
-def _context_image(env: ResolvedEnvironment, notices: tuple[str, ...], cache: Path, log: Callable[[str], None],
-                   has_image: Callable[[str], bool]) -> Software:
-    """A build context: the image the engine builds from it, or this machine's software and why."""
-    dockerfile, why_not = contextbuild.plan(env, has_image)
-    if dockerfile is None:
-        log(f"notice: {why_not}")
-        return Software(env, None, (*notices[:-1], str(why_not)))
-    tag, reused = contextbuild.build_context(env, dockerfile, cache, log)
-    log(f"environment {env.label}: image {tag} ({'reused' if reused else 'built'} from its build context)")
-    return Software(env, None, notices, image=tag)
+def software_for(reference: str | None, definition: dict[str, Any] | None, registered: Lookup, cache: Path,
+                 source: PackageSource | None = None, log: Callable[[str], None] = lambda _: None,
+                 has_image: Callable[[str], bool] = lambda _: False) -> Software:
+    """The job's software, planned and built (or found in the cache)."""
+    return realize(plan_software(reference, definition, registered, cache, source, has_image), cache, log)
 
 
 def without_runtime(env: ResolvedEnvironment, source: PackageSource | None) -> tuple[ResolvedEnvironment, list[str]]:

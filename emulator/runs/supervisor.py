@@ -16,11 +16,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from amlemu import statefile
-from amlemu.backends import NodeRequest, get_backend, nodedisk, nodefs
+from amlemu.backends import NodeRequest, get_backend, nodefs
 from amlemu.cluster import autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
-from amlemu.envs.software import missing_import, software_for
+from amlemu.envs.software import missing_import, plan_software, realize
 from amlemu.errors import AmlEmuError
 from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
@@ -29,7 +29,8 @@ from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import LIVE_DIR, plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
-from amlemu.runs.plan import LaunchPlan, agent_plan, plan_launch
+from amlemu.runs.jobplan import job_launch, node_requests
+from amlemu.runs.plan import LaunchPlan, agent_plan
 from amlemu.runs.runlogs import RunLogs, failure_reason
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
@@ -105,29 +106,23 @@ class Supervisor:
             time.sleep(POLL)
 
     def prepare(self, allocation: autoscale.Allocation) -> LaunchPlan | None:
-        spec, self.software = self.cluster.spec, software_for(  # the job's environment, built or from the cache
+        spec, self.software = self.cluster.spec, realize(plan_software(  # as the dry run planned it, built now
             self.job.environment, self.job.environment_def, self.store.environment, default_cache(),
-            log=self.logs.platform, has_image=self.backend.has_image)
-        self.requests = [autoscale.node_request(self.home, spec, n.idx, self.software.image or self.job.image,
-                         shm_bytes=self.job.shm_bytes, python_env=self.software.prefix) for n in allocation.nodes]
+            has_image=self.backend.has_image), default_cache(), self.logs.platform)
+        self.requests = node_requests(self.home, spec, [n.idx for n in allocation.nodes], self.job, self.software)
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
             self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size, environment "
                                "or hosts entry differ)")
             self.backend.remove_node(request)
             new.append(request)
-        note = self.backend.plan_node(self.requests[0]).get("image_note")  # the same for every node
-        disk_note = nodedisk.size(self.requests[0].disk_bytes)[1]
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
             autoscale.create_nodes(self.store, self.backend, new)
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
-        self.plan = plan_launch(
-            self.job, self.run_id, spec.name, self.backend.name, self.requests,
-            [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
-            base_env=[self.backend.node_env(r) for r in self.requests], mpi_options=self.backend.mpi_options,
-            as_root=os.geteuid() == 0, notices=(*self.software.notices, *self.job.notices, *(n for n in (note, disk_note) if n)),
-            launch_prefix=self.backend.launch_prefix(spec.name))
+        self.plan = job_launch(self.job, self.run_id, self.backend, self.requests,
+                               [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
+                               self.software)
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
         self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
