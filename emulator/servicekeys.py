@@ -4,7 +4,8 @@ its CA, which signs server certificates.
 Low in the layers on purpose: the service (emulator/service/auth.py, tls.py) issues and checks
 with them, and a run's supervisor (emulator/runs/servicelink.py), which may not import the
 service, mints the run's own token (AZUREML_RUN_TOKEN) and the certificate of the link its docker
-nodes reach the service through. Nothing here writes a key: the service makes them (owner-only).
+nodes reach the service through; the studio page (emulator/studio/) signs its logins with the same
+key. The secrets file is made on first use, owner-only (`load_or_create`); the CA by the service.
 
 Tokens are JWTs (HS256 under the home's key): azureml-core decodes them, unverified, for the
 tenant and expiry. A run token carries RUN_CLAIM (its run's id) and is good for that run's own
@@ -27,6 +28,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from amlemu.statefile import write_text
 
 ISSUER = "amlemu"
 TENANT = "00000000-0000-0000-0000-000000000000"
@@ -78,6 +81,18 @@ def run_token(key: bytes, run_id: str, seconds: int) -> tuple[str, int]:
     """AZUREML_RUN_TOKEN: good for `run_id`'s own routes only, while the run is active (the
     service also refuses it once the run has ended) and at most `seconds`."""
     return encode(key, seconds, audience="run", **{RUN_CLAIM: run_id})
+
+
+def load_or_create(path: Path) -> tuple[str, bytes]:
+    """The home's secrets (its identity header and signing key) from `path`, made once (owner-only
+    from the start): stable across restarts."""
+    try:
+        saved = json.loads(path.read_text())
+        return saved["identity_header"], bytes.fromhex(saved["key"])
+    except (OSError, ValueError, KeyError, TypeError):
+        header, key = secrets.token_hex(16), secrets.token_bytes(32)
+        write_text(path, json.dumps({"identity_header": header, "key": key.hex()}), owner_only=True)
+        return header, key
 
 
 def home_key(service_dir: Path) -> bytes | None:

@@ -23,7 +23,7 @@ from amlemu.api import Emulator, Run
 from amlemu.cli import cli
 from amlemu.runs.homestore import template_path
 from amlemu.runs.metrics import PLOT_NAME, SEED_TAG, empty_store, merge_store, plot_metrics, plot_run, seed_store
-from amlemu.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
+from amlemu.studio.uistore import UI_RUN_TAG, UI_STATUS_TAG, build_ui_store
 from amlemu.specs import ClusterSpec, RunStatus
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

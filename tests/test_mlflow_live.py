@@ -16,7 +16,7 @@ from amlemu.api import Emulator
 from amlemu.runs.homestore import store_path
 from amlemu.service.auth import Auth
 from amlemu.specs import ClusterSpec, RunStatus
-from amlemu.uistore import build_ui_store, ui_store_path
+from amlemu.studio.uistore import build_ui_store, ui_store_path
 
 JOB = """
 import os, time

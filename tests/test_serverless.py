@@ -24,7 +24,7 @@ from amlemu.jobs.convert import job_yaml_dict
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.service import emujobs
-from amlemu.service.studio_data import StudioData
+from amlemu.studio.data import StudioData
 from amlemu.specs import ClusterSpec, Priority
 
 

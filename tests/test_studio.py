@@ -27,9 +27,9 @@ from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
 from amlemu.runs.homestore import template_path
 from amlemu.runs.metrics import PLOT_NAME, empty_store
-from amlemu.service.studio import standalone_app
-from amlemu.service.studio_data import LOG_CHUNK, MAX_POINTS
-from amlemu.service.studiogate import home_key, login_url, mint_login
+from amlemu.studio.app import standalone_app
+from amlemu.studio.data import LOG_CHUNK, MAX_POINTS
+from amlemu.studio.gate import home_key, login_url, mint_login
 from amlemu.specs import ClusterSpec, Priority, RunStatus
 
 JOB = {"command": "python train.py", "instance_count": 1, "display_name": "<b>shout</b>",

@@ -34,8 +34,8 @@ from amlemu.service.auth import Auth
 from amlemu.service.emustate import EmulatorState
 from amlemu.service.routes import Context, build_app
 from amlemu.service.server import public_names
-from amlemu.service.studio import standalone_app
-from amlemu.service.studiogate import LOOPBACK_NAMES, LOGIN_PARAM, Sessions, home_key, login_url, mint_login
+from amlemu.studio.app import standalone_app
+from amlemu.studio.gate import LOOPBACK_NAMES, LOGIN_PARAM, Sessions, home_key, login_url, mint_login
 
 BASE = "http://127.0.0.1:5000"
 

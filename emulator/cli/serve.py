@@ -58,8 +58,8 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
     from amlemu.service.mlflowmount import MlflowMount  # noqa: PLC0415
     from amlemu.service.routes import Context  # noqa: PLC0415
     from amlemu.service.server import serve_forever  # noqa: PLC0415
-    from amlemu.service.studio import studio_mount  # noqa: PLC0415
-    from amlemu.service.studiogate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
+    from amlemu.studio.app import studio_mount  # noqa: PLC0415
+    from amlemu.studio.gate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
     from amlemu.service.tls import machine_names  # noqa: PLC0415
 
     host = "0.0.0.0" if allow_remote else "127.0.0.1"  # noqa: S104 - only with --allow-remote

@@ -25,7 +25,7 @@ import psutil
 from amlemu.cli.common import cli, console, emulator_of, err_console, handle_errors
 from amlemu.errors import AmlEmuError, ConfigError
 from amlemu.servicefile import bind, is_loopback, read_state
-from amlemu.uistore import build_ui_store, ui_store_path
+from amlemu.studio.uistore import build_ui_store, ui_store_path
 
 READY_TIMEOUT = 60.0
 STOP_GRACE = 10.0
@@ -141,7 +141,7 @@ def ui(ctx: click.Context, port: int, host: str, allow_remote: bool, mlflow_ui: 
 
 
 def _service_link(ctx: click.Context) -> None:
-    from amlemu.service.studiogate import home_key, login_url  # noqa: PLC0415
+    from amlemu.studio.gate import home_key, login_url  # noqa: PLC0415
 
     root = ctx.obj.home().root
     state = read_state(root)
@@ -154,8 +154,8 @@ def _service_link(ctx: click.Context) -> None:
 def _studio(emu, host: str, port: int, *, open_browser: bool, remote: bool) -> None:  # type: ignore[no-untyped-def]
     import uvicorn  # noqa: PLC0415 - the server loads only for this command
 
-    from amlemu.service.studio import standalone_app  # noqa: PLC0415
-    from amlemu.service.studiogate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
+    from amlemu.studio.app import standalone_app  # noqa: PLC0415
+    from amlemu.studio.gate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
     from amlemu.service.tls import machine_names  # noqa: PLC0415
 
     # Host names the page answers to (DNS rebinding): loopback's; with --allow-remote this machine's too.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import secrets
 import time
 from collections.abc import Mapping
@@ -19,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from amlemu import servicekeys
-from amlemu.statefile import write_text
 
 TOKEN_SECONDS = 3600
 URL_SECONDS = 4 * 3600  # a signed URL with an expiry (a run's log files): as long as a SAS the SDK reads
@@ -41,13 +39,7 @@ class Auth:
     @classmethod
     def load_or_create(cls, path: Path) -> Auth:
         """The home's secrets (made once, owner-only): stable across restarts."""
-        try:
-            saved = json.loads(path.read_text())
-            return cls(saved["identity_header"], bytes.fromhex(saved["key"]))
-        except (OSError, ValueError, KeyError):
-            auth = cls.fresh()
-            write_text(path, json.dumps({"identity_header": auth.identity_header, "key": auth.key.hex()}), owner_only=True)
-            return auth
+        return cls(*servicekeys.load_or_create(path))
 
     def _mac(self, text: str) -> str:
         return hmac.new(self.key, text.encode(), hashlib.sha256).hexdigest()

@@ -15,7 +15,7 @@ from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.names import JOB_NAME_RE
 from amlemu.runs import runhistory
 from amlemu.runs.contract import bindings
-from amlemu.service import runfiles
+from amlemu.runs import runfiles
 from amlemu.service.state import bad_request, not_found
 
 ARTIFACT_STORE, ARTIFACT_CONTAINER = "workspaceartifactstore", "azureml"

@@ -25,7 +25,8 @@ from amlemu.jobs import resource
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
 from amlemu.runs.runlogs import log_files
-from amlemu.service import emublobs, emujobs, runfiles
+from amlemu.runs import runfiles
+from amlemu.service import emublobs, emujobs
 from amlemu.service.emuv1 import EmulatorV1
 from amlemu.service.routes import ACCOUNT
 from amlemu.service.state import (

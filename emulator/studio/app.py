@@ -27,9 +27,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from amlemu.errors import NotFoundError
 from amlemu.home import Home
-from amlemu.service import studio_html as pages
-from amlemu.service.studio_data import StudioData
-from amlemu.service.studiogate import LOOPBACK_NAMES, StudioGate
+from amlemu.studio import pages
+from amlemu.studio.data import StudioData
+from amlemu.studio.gate import LOOPBACK_NAMES, StudioGate
 
 # The page's own script and style sheet, beside this module (package data), served from memory.
 ASSETS = {"studio.js": "text/javascript; charset=utf-8", "studio.css": "text/css; charset=utf-8"}

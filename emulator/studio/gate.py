@@ -29,8 +29,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from amlemu import servicefile
-from amlemu.service.auth import Auth
+from amlemu import servicefile, servicekeys
 
 LINK_SECONDS = 12 * 3600  # a link printed when `amlemu serve` starts is still good later that day
 SESSION_SECONDS = 7 * 24 * 3600
@@ -42,7 +41,7 @@ HOW = "open the login link `amlemu serve` or `amlemu ui` printed, or get a new o
 
 def home_key(home_root: Path) -> bytes:
     """The home's signing key (made on first use, owner-only): only its owner can read it."""
-    return Auth.load_or_create(servicefile.service_dir(home_root) / "secrets.json").key
+    return servicekeys.load_or_create(servicefile.service_dir(home_root) / "secrets.json")[1]
 
 
 def _mac(key: bytes, text: str) -> str:

@@ -22,7 +22,7 @@ from amlemu.errors import NotFoundError
 from amlemu.home import Home
 from amlemu.runs.metrics import metric_history
 from amlemu.runs.runlogs import LOG_FOLDERS, rank_log_name
-from amlemu.service.runfiles import list_files, open_in_run, shown_plan
+from amlemu.runs.runfiles import list_files, open_in_run, shown_plan
 
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
 MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
