@@ -169,7 +169,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=20)
     parser.add_argument("--requests", type=int, default=50, help="per client")
     args = parser.parse_args()
-    from amlemu.service import tls  # noqa: PLC0415
+    from amlemu.service.server import tls  # noqa: PLC0415
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

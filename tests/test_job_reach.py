@@ -97,9 +97,9 @@ def test_a_request_on_the_link_port_is_refused_the_studio_and_identity_routes(tm
     from starlette.routing import Mount, Route  # noqa: PLC0415
     from starlette.testclient import TestClient  # noqa: PLC0415
 
-    from amlemu.service.auth import Auth  # noqa: PLC0415
-    from amlemu.service.calls import Context  # noqa: PLC0415
-    from amlemu.service.linkguard import link_guard  # noqa: PLC0415
+    from amlemu.service.protocol.auth import Auth  # noqa: PLC0415
+    from amlemu.service.protocol.calls import Context  # noqa: PLC0415
+    from amlemu.service.protocol.linkguard import link_guard  # noqa: PLC0415
 
     async def ok(_request):  # type: ignore[no-untyped-def]
         return PlainTextResponse("ok")

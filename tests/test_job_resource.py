@@ -22,9 +22,9 @@ from amlemu.cli import cli
 from amlemu.jobs import resource
 from amlemu.jobs.sdkjobs import to_job
 from amlemu.names import default_experiment_name
-from amlemu.service.auth import Auth
-from amlemu.service.emustate import EmulatorState
-from amlemu.service.routes import Context
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.state.emulator import EmulatorState
+from amlemu.service.protocol.routes import Context
 from amlemu.service.server import env_vars, run_in_thread
 from amlemu.specs import ClusterSpec, RunStatus
 

@@ -14,7 +14,7 @@ from conftest import release, served, service_cli, wait_until
 from amlemu import servicefile
 from amlemu.api import Emulator
 from amlemu.runs.homestore import store_path
-from amlemu.service.auth import Auth
+from amlemu.service.protocol.auth import Auth
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.studio.uistore import build_ui_store, ui_store_path
 

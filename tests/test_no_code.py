@@ -17,7 +17,7 @@ from amlemu.jobs.convert import job_yaml_dict
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import take_snapshot
-from amlemu.service import emujobs
+from amlemu.service.state import jobrest
 from amlemu.validate import check_job
 
 # Prints what the working folder holds between two markers: for a job without code, only the
@@ -58,11 +58,11 @@ def test_the_rest_body_of_a_command_without_code_has_no_code_and_a_bad_code_id_i
     node = command(command=COMMAND, compute="c1", environment="azureml:AzureML-sklearn-1.5@latest")
     assert sdk2.job_from_v2(node).code is None  # the Python API takes it as the CLI does
     body = sdk2.rest_body(node)
-    data = emujobs.to_yaml("j1", body, lambda name, version: Path("/never"), lambda env: env)
+    data = jobrest.to_yaml("j1", body, lambda name, version: Path("/never"), lambda env: env)
     assert "code" not in data and data["command"] == COMMAND
     body["properties"]["codeId"] = "not-an-asset"
     with pytest.raises(ServiceError, match="codeId|code:"):
-        emujobs.to_yaml("j1", body, lambda name, version: Path("/never"), lambda env: env)
+        jobrest.to_yaml("j1", body, lambda name, version: Path("/never"), lambda env: env)
 
 
 def test_a_job_without_code_runs_in_an_empty_folder_through_job_create(emu: Emulator, cluster,

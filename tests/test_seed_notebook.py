@@ -114,7 +114,7 @@ def test_run_historys_metric_query_reads_back_as_the_sdk_merges_it() -> None:
     from azureml._restclient.metrics_client import MetricsClient  # noqa: PLC0415
     from azureml._restclient.models.run_metric_dto import RunMetricDto  # noqa: PLC0415
 
-    from amlemu.service.v1widget import run_metric_dtos  # noqa: PLC0415
+    from amlemu.service.protocol.v1widget import run_metric_dtos  # noqa: PLC0415
 
     def sent(value: float, at: str) -> dict:  # a Run.log batch as the metric service keeps it
         return {"name": "acc", "columns": {"acc": "double"}, "properties": {"uxMetricType": "azureml.v1.scalar"},

@@ -23,7 +23,7 @@ from amlemu.jobs import resource
 from amlemu.jobs.convert import job_yaml_dict
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
-from amlemu.service import emujobs
+from amlemu.service.state import jobrest
 from amlemu.studio.data import StudioData
 from amlemu.specs import ClusterSpec, Priority
 
@@ -105,7 +105,7 @@ def test_the_rest_body_of_a_command_without_compute_is_serverless_with_its_size_
                    queue_settings=QueueSettings(job_tier="spot"))
     spec = job_from_dict(sdk2.job_dict(node), base_dir=Path("."))  # the Python API's path
     assert (spec.compute, spec.instance_type, spec.job_tier) == ("serverless", "Standard_D2_v2", "spot")
-    data = emujobs.to_yaml("j1", sdk2.rest_body(node), lambda n, v: Path("/never"), lambda env: env)
+    data = jobrest.to_yaml("j1", sdk2.rest_body(node), lambda n, v: Path("/never"), lambda env: env)
     spec = job_from_dict(data, base_dir=Path("."))  # the service's path
     assert (spec.compute, spec.instance_type, spec.job_tier) == ("serverless", "Standard_D2_v2", "spot")
     props = resource.command_properties("j1", job_to_record(spec), workspace_id="/ws", compute=None,

@@ -21,10 +21,12 @@ from amlemu import servicekeys
 from amlemu import servicefile
 from amlemu.api import Emulator
 from amlemu.cli.serve import render_env
-from amlemu.service import emublobs, emujobs, tls
-from amlemu.service.auth import Auth
-from amlemu.service.emustate import EmulatorState
-from amlemu.service.routes import Context
+from amlemu.service.state import runblobs
+from amlemu.service.state import jobrest
+from amlemu.service.server import tls
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.state.emulator import EmulatorState
+from amlemu.service.protocol.routes import Context
 from amlemu.service.server import env_vars, run_in_thread
 from amlemu.service.state import DiskBlobs, ServiceError
 from pytest_amlemu.amlservice import FakeAzureML
@@ -237,7 +239,7 @@ def test_the_job_body_becomes_the_emulators_yaml() -> None:
         "inputs": {"n": {"jobInputType": "literal", "value": "3"},
                    "d": {"jobInputType": "uri_folder", "uri": "azureml://datastores/ds/paths/p", "mode": "Download"}},
         "outputs": {"m": {"jobOutputType": "uri_folder", "mode": "Upload"}}}}
-    data = emujobs.to_yaml("j1", body, lambda name, version: Path(f"/snap/{name}/{version}"),
+    data = jobrest.to_yaml("j1", body, lambda name, version: Path(f"/snap/{name}/{version}"),
                            lambda env: "azureml:AzureML-sklearn-1.5")
     assert data == {"type": "command", "name": "j1", "command": "python t.py --n ${{inputs.n}}", "code": "/snap/c1/1",
                     "compute": "cpu", "experiment_name": "e", "environment_variables": {"A": "1"},
@@ -248,7 +250,7 @@ def test_the_job_body_becomes_the_emulators_yaml() -> None:
                     "distribution": {"type": "pytorch", "process_count_per_instance": 2},
                     "resources": {"instance_count": 2}, "limits": {"timeout": 5400}}
     with pytest.raises(ServiceError, match="limits.timeout: 'soon' is not an ISO 8601 duration"):
-        emujobs.seconds("soon", "limits.timeout")
+        jobrest.seconds("soon", "limits.timeout")
 
 
 def test_the_double_is_the_service_protocol(tmp_path: Path) -> None:
@@ -400,4 +402,4 @@ def test_the_artifact_listing_names_runs_only(tmp_path: Path) -> None:
     (emu.home.root / "outputs").mkdir()  # what a `..` run name would reach: the home itself
     (emu.home.root / "outputs" / "secret.txt").write_text("not a run's")
     for prefix in ("ExperimentRun/dcid.../", "ExperimentRun/dcid...", "ExperimentRun/dcid../"):  # run `..`, `.`
-        assert emublobs.list_blobs(emu, emublobs.ARTIFACT_CONTAINER, prefix) == []
+        assert runblobs.list_blobs(emu, runblobs.ARTIFACT_CONTAINER, prefix) == []

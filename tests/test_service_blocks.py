@@ -11,11 +11,11 @@ import pytest
 import requests
 
 from amlemu.api import Emulator
-from amlemu.service.auth import Auth
-from amlemu.service import blocks as blocks_module
-from amlemu.service.blocks import ENTRY_BYTES, EXPIRY, Blocks, block_list_ids
-from amlemu.service.emustate import EmulatorState
-from amlemu.service.routes import Context
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.protocol import blocks as blocks_module
+from amlemu.service.protocol.blocks import ENTRY_BYTES, EXPIRY, Blocks, block_list_ids
+from amlemu.service.state.emulator import EmulatorState
+from amlemu.service.protocol.routes import Context
 from amlemu.service.server import run_in_thread
 from amlemu.service.state import ServiceError
 

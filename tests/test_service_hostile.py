@@ -18,11 +18,11 @@ import pytest
 import requests
 
 from amlemu.api import Emulator
-from amlemu.service import bodies
-from amlemu.service.auth import Auth
-from amlemu.service.emustate import EmulatorState
+from amlemu.service.protocol import bodies
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.state.emulator import EmulatorState
 from amlemu.service.mlflowmount import MlflowMount
-from amlemu.service.routes import Context
+from amlemu.service.protocol.routes import Context
 from amlemu.service.server import LogHandler, file_logger, run_in_thread
 
 WS = ("/subscriptions/00000000-0000-0000-0000-000000000000/resourceGroups/amlemu-rg/providers"

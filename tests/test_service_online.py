@@ -21,9 +21,9 @@ from conftest import BLOCK, FULL, V1_CLUSTER_AND_MPI_JOB, release, served, servi
 from amlemu import servicekeys
 from amlemu.api import Emulator
 from amlemu.home import Home
-from amlemu.service.auth import Auth
-from amlemu.service.calls import Context
-from amlemu.service.emustate import EmulatorState
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.protocol.calls import Context
+from amlemu.service.state.emulator import EmulatorState
 from amlemu.service.server import run_in_thread
 from amlemu.specs import ClusterSpec, RunStatus
 

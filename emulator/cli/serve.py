@@ -54,13 +54,13 @@ def serve(ctx: click.Context, port: int, allow_remote: bool, stop: bool) -> None
         else:
             console.print(f"stopped the service at {state.url if state else '?'}", highlight=False)
         return
-    from amlemu.service.emustate import EmulatorState  # noqa: PLC0415 - the service loads only here
+    from amlemu.service.state.emulator import EmulatorState  # noqa: PLC0415 - the service loads only here
     from amlemu.service.mlflowmount import MlflowMount  # noqa: PLC0415
-    from amlemu.service.routes import Context  # noqa: PLC0415
+    from amlemu.service.protocol.routes import Context  # noqa: PLC0415
     from amlemu.service.server import serve_forever  # noqa: PLC0415
     from amlemu.studio.app import studio_mount  # noqa: PLC0415
     from amlemu.studio.gate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
-    from amlemu.service.tls import machine_names  # noqa: PLC0415
+    from amlemu.service.server.tls import machine_names  # noqa: PLC0415
 
     host = "0.0.0.0" if allow_remote else "127.0.0.1"  # noqa: S104 - only with --allow-remote
     # The studio answers to loopback's names, and with --allow-remote to this machine's (its certificate's).

@@ -156,7 +156,7 @@ def _studio(emu, host: str, port: int, *, open_browser: bool, remote: bool) -> N
 
     from amlemu.studio.app import standalone_app  # noqa: PLC0415
     from amlemu.studio.gate import LOOPBACK_NAMES, home_key, login_url  # noqa: PLC0415
-    from amlemu.service.tls import machine_names  # noqa: PLC0415
+    from amlemu.service.server.tls import machine_names  # noqa: PLC0415
 
     # Host names the page answers to (DNS rebinding): loopback's; with --allow-remote this machine's too.
     names = machine_names() if remote else []

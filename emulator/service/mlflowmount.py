@@ -36,8 +36,8 @@ from starlette.responses import Response
 from starlette.routing import Mount
 
 from amlemu.runs.homestore import MOUNT, artifact_root, ensure_store
-from amlemu.service import bodies
-from amlemu.service.calls import Context, Reply, arm_error
+from amlemu.service.protocol import bodies
+from amlemu.service.protocol.calls import Context, Reply, arm_error
 from amlemu.service.state import ServiceError
 from amlemu.servicekeys import RUN_CLAIM
 
@@ -160,8 +160,7 @@ class MlflowMount:
         run = claims.get(RUN_CLAIM)
         if run is None:
             return None
-        active = getattr(self.ctx.state, "run_active", None)
-        if active is None or not active(run):
+        if not self.ctx.state.run_active(run):
             return Reply(401, ServiceError(401, "ExpiredAuthenticationToken", f"the token of run {run} expired "
                                            "with the run").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
         return str(run)

@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from amlemu.errors import ConfigError, NotFoundError
-from amlemu.service import bodies
-from amlemu.service.calls import SECRET_HEADERS, Call, Context, Reply, arm_error, authorize
+from amlemu.service.protocol import bodies
+from amlemu.service.protocol.calls import SECRET_HEADERS, Call, Context, Reply, arm_error, authorize
 from amlemu.service.state import ServiceError, from_config_error, not_found
 
 

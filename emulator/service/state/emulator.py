@@ -26,10 +26,11 @@ from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
 from amlemu.runs.runlogs import log_files
 from amlemu.runs import runfiles
-from amlemu.service import emublobs, emujobs
-from amlemu.service.emuv1 import EmulatorV1
-from amlemu.service.routes import ACCOUNT
+from amlemu.service.state import runblobs
+from amlemu.service.state import jobrest
+from amlemu.service.state.v1 import EmulatorV1
 from amlemu.service.state import (
+    ACCOUNT,
     DiskBlobs,
     Registry,
     RunView,
@@ -69,7 +70,7 @@ def cluster_from_rest(name: str, body: Any) -> ClusterSpec:
                            min_nodes=whole_number(scale.get("minNodeCount"), "scaleSettings.minNodeCount", 0),
                            max_nodes=whole_number(scale.get("maxNodeCount"), "scaleSettings.maxNodeCount", 4),
                            idle_seconds_before_scaledown=120 if idle is None else
-                           emujobs.seconds(idle, "scaleSettings.nodeIdleTimeBeforeScaleDown"))
+                           jobrest.seconds(idle, "scaleSettings.nodeIdleTimeBeforeScaleDown"))
         return check_quota(spec, max_instances_quota(os.environ))  # a create and a resize alike
     except ConfigError as exc:
         raise bad_request(exc.field, str(exc)) from None
@@ -111,6 +112,10 @@ class EmulatorState:
         if emu is None:
             emu = self._local.emu = Emulator(self.home.root, backend=self.backend)
         return emu
+
+    @property
+    def assets(self) -> Any:
+        return self.emu.assets
 
     # --- long-running operations -------------------------------------------------------------
     def _start(self, fn: Callable[[], Any], compute: str | None = None) -> str:
@@ -159,7 +164,7 @@ class EmulatorState:
         definition (its image and conda file: the nodes get those packages, as on Azure ML)."""
         if env_id.startswith("azureml://registries/"):
             return env_id  # a registry's environment: resolved, or refused naming the known ones, as the CLI does
-        ref = emujobs.environment_ref(env_id)
+        ref = jobrest.environment_ref(env_id)
         if ref is None:
             return env_id  # an image reference
         name, version = ref
@@ -185,7 +190,7 @@ class EmulatorState:
         return self.jobs_dir / f"{name}.json"
 
     def put_job(self, name: str, body: Any) -> dict[str, Any]:
-        emujobs.job_type(body)
+        jobrest.job_type(body)
         if self.emu.store.run_exists(name):
             saved = self._body_path(name)
             if saved.exists() and json.loads(saved.read_text()).get("properties", {}).get("command") == \
@@ -194,10 +199,10 @@ class EmulatorState:
             raise bad_request("name", f"name: a job named '{name}' already exists in this workspace; "
                               "pick another name, or leave name out for a generated one")
         try:
-            data = emujobs.to_yaml(name, body, self._code_dir, self._environment)
+            data = jobrest.to_yaml(name, body, self._code_dir, self._environment)
             spec = job_from_dict(data, base_dir=Path(data.get("code") or os.devnull))  # no code: no folder
         except ConfigError as exc:
-            raise emujobs.config_error(exc) from None
+            raise jobrest.config_error(exc) from None
         self.submit_spec(spec, body)
         return self.get_job(name)
 
@@ -213,7 +218,7 @@ class EmulatorState:
             self.emu.submit(spec)
         except ConfigError as exc:
             self._body_path(name).unlink(missing_ok=True)
-            raise emujobs.config_error(exc) from None
+            raise jobrest.config_error(exc) from None
         except AmlEmuError as exc:
             self._body_path(name).unlink(missing_ok=True)
             raise bad_request("job", str(exc)) from None
@@ -228,7 +233,7 @@ class EmulatorState:
         # The one serializer (jobs/resource.py): the body the SDK PUT, else the run record's job.
         return resource.job_properties(name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
                                        compute=skus.rest_compute(record.cluster), experiment=record.experiment,
-                                       status=record.status.value, output_uris=emublobs.run_outputs(self.emu, name))
+                                       status=record.status.value, output_uris=runblobs.run_outputs(self.emu, name))
 
     def job_created(self, name: str) -> float:
         """When the job was submitted: its resource's systemData.createdAt."""
@@ -273,8 +278,8 @@ class EmulatorState:
         """A file of the run's record (a signed log URL's): never through a link, never a private
         one (the launch plans, an owner-only file: runfiles.open_in_run)."""
         run_dir = self.home.run_dir(name)
-        found = runfiles.open_in_run(run_dir, path, emublobs.RUN_FOLDERS) or \
-            runfiles.open_in_run(run_dir, f"{runhistory.ARTIFACTS}/{path}", emublobs.RUN_FOLDERS)  # an upload's name
+        found = runfiles.open_in_run(run_dir, path, runblobs.RUN_FOLDERS) or \
+            runfiles.open_in_run(run_dir, f"{runhistory.ARTIFACTS}/{path}", runblobs.RUN_FOLDERS)  # an upload's name
         if found is None:
             raise not_found(f"log {path} of job {name}")
         with found:
@@ -368,24 +373,24 @@ class EmulatorState:
         kinds = [(spec.name, spec.kind) for spec in self.emu.datastores.list()]
         return [(name, {
             "datastoreType": "AzureBlob", "accountName": None,
-            "containerName": emublobs.ARTIFACT_CONTAINER if kind == "artifacts" else name,
+            "containerName": runblobs.ARTIFACT_CONTAINER if kind == "artifacts" else name,
             "endpoint": "core.windows.net", "protocol": "https", "credentials": {"credentialsType": "None"},
             "isDefault": name == "workspaceblobstore", "serviceDataAccessAuthIdentity": "None",
             "description": f"amlemu {kind} datastore", "tags": {"amlemu.kind": kind}, "properties": {}})
-            for name, kind in [*kinds, (emublobs.ARTIFACT_STORE, "artifacts")]]
+            for name, kind in [*kinds, (runblobs.ARTIFACT_STORE, "artifacts")]]
 
     def run_outputs(self, name: str) -> dict[str, str]:
         self._props(name)
-        return emublobs.run_outputs(self.emu, name)
+        return runblobs.run_outputs(self.emu, name)
 
     def list_blobs(self, container: str, prefix: str) -> list[tuple[str, int]]:
-        return emublobs.list_blobs(self.emu, container, prefix)
+        return runblobs.list_blobs(self.emu, container, prefix)
 
     def read_blob(self, container: str, blob: str) -> bytes:
-        return emublobs.read_blob(self.emu, container, blob)
+        return runblobs.read_blob(self.emu, container, blob)
 
     def write_blob(self, container: str, blob: str, data: bytes) -> None:
-        emublobs.write_blob(self.emu, container, blob, data)
+        runblobs.write_blob(self.emu, container, blob, data)
 
     def datastore_secrets(self, name: str) -> dict[str, Any]:
         if name not in {n for n, _ in self.list_datastores()}:

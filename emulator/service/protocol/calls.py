@@ -7,8 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from amlemu.service.auth import Auth
-from amlemu.service.blocks import Blocks
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.protocol.blocks import Blocks
 from amlemu.service.state import ServiceError, State, bad_request
 from amlemu.servicekeys import RUN_CLAIM
 
@@ -118,8 +118,7 @@ def authorize(call: Call, scope: bool | str) -> Reply | None:
     if scope != "run" or run_of(call.params) != run:
         return arm_error(403, "AuthorizationFailed", f"the token of run {run} does not have authorization to "
                          f"perform {call.method} on {call.path}: a run's token opens its own run only")
-    active = getattr(call.st, "run_active", None)
-    if active is None or not active(run):
+    if not call.st.run_active(run):
         return Reply(401, ServiceError(401, "ExpiredAuthenticationToken", f"the token of run {run} expired with "
                                        "the run").body(), {"WWW-Authenticate": 'Bearer error="invalid_token"'})
     return None

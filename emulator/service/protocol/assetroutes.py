@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.errors import ConfigError, NotFoundError, StateError
-from amlemu.service.calls import Call, Reply
+from amlemu.service.protocol.calls import Call, Reply
 from amlemu.service.state import ARM_TYPE, ServiceError, bad_request, not_found, system_data
 from amlemu.storage.assets import asset_from_dict, short_ref
 
@@ -25,10 +25,9 @@ _LIST_VIEW = {"activeonly": (False, False), "archivedonly": (True, True), "all":
 
 
 def _assets(call: Call) -> Any:
-    emu = getattr(call.st, "emu", None)
-    if emu is None:  # a state with no emulator home behind it (the test double) keeps no assets
+    if call.st.assets is None:  # a state with no emulator home behind it (the test double) keeps no assets
         raise not_found("the asset registry")
-    return emu.assets
+    return call.st.assets
 
 
 def _name(call: Call) -> str:

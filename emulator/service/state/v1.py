@@ -21,8 +21,8 @@ from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.convert import job_from_run_config
 from amlemu.names import JOB_NAME_RE, check_experiment_name
 from amlemu.runs import runhistory
+from amlemu.servicekeys import TENANT
 from amlemu.runs.contract import experiment_guid
-from amlemu.service.auth import TENANT
 from amlemu.service.state import bad_request, not_found
 
 MAX_ZIP_BYTES = 300 * 1024 * 1024  # Azure ML's snapshot limit

@@ -11,8 +11,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from amlemu.runs import runhistory
-from amlemu.service.calls import Call, Reply
-from amlemu.service.v1online import H, _run_dir, _v1
+from amlemu.service.protocol.calls import Call, Reply
+from amlemu.service.protocol.v1online import H, _run_dir, _v1
 
 RUN_ID_RE = re.compile(r"RunId eq ([\w.:-]+)")
 AFTER_RE = re.compile(r"CreatedUtc gt (\S+)")  # the SDK's DATE_TIME_FORMAT: 2026-12-01T22:55:44.354753Z

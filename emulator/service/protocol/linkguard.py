@@ -14,7 +14,7 @@ from typing import Any
 
 from starlette.responses import Response
 
-from amlemu.service.calls import Context
+from amlemu.service.protocol.calls import Context
 from amlemu.service.state import ServiceError
 
 JOB_REFUSED = ("/studio", "/msi")  # and everything under them

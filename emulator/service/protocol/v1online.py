@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.runs import runhistory
-from amlemu.service.calls import Call, Reply
+from amlemu.service.protocol.calls import Call, Reply
 from amlemu.service.state import ServiceError, bad_request
 
 WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
@@ -30,7 +30,7 @@ MAX_METRICS_BODY = 64 * 1024 * 1024
 
 
 def _v1(call: Call) -> Any:
-    found = getattr(call.st, "v1", None)
+    found = call.st.v1
     if found is None:
         raise ServiceError(501, "NotImplemented", "SDK v1 runs are not served by this service", target="v1")
     return found
@@ -149,8 +149,7 @@ def upload(call: Call) -> Reply:
             return Reply(404, b"", {**ms, "x-ms-error-code": "BlobNotFound"})
         return Reply(200, target.read_bytes(), {**ms, "x-ms-blob-type": "BlockBlob",
                                                  "Content-Type": "application/octet-stream"})
-    active = getattr(call.st, "run_active", None)
-    if active is None or not active(run_id):
+    if not call.st.run_active(run_id):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
     try:  # the path is checked before a piece of it is staged
         runhistory.artifact_path(run_dir, path)

@@ -22,12 +22,18 @@ from starlette.applications import Starlette
 from starlette.routing import Route
 
 from amlemu.jobs import resource
-from amlemu.service import assetroutes, bodies, datablobs, endpoint, health, linkguard, v1online, v1routes
-from amlemu.service.calls import Call, Context, Reply, arm_error
-from amlemu.service.state import ARM_TYPE, not_found, system_data
+from amlemu.service.protocol import assetroutes
+from amlemu.service.protocol import bodies
+from amlemu.service.protocol import datablobs
+from amlemu.service.protocol import endpoint
+from amlemu.service.protocol import health
+from amlemu.service.protocol import linkguard
+from amlemu.service.protocol import v1online
+from amlemu.service.protocol import v1routes
+from amlemu.service.protocol.calls import Call, Context, Reply, arm_error
+from amlemu.service.state import ACCOUNT, ARM_TYPE, not_found, system_data
 
 CLOUD_NAME = "AmlEmuCloud"  # anything but the built-in names, or the SDK ignores the metadata URL
-ACCOUNT = "amlemustore"  # the blob account the SAS URLs name, as the first path segment
 WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
       "/workspaces/{ws}")
 # azure-core's ARM poller treats Retry-After "0" as absent and then waits its default 30 s, so the

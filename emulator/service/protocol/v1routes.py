@@ -14,10 +14,11 @@ from email.parser import BytesParser
 from email.policy import HTTP
 from typing import Any
 
-from amlemu.service import v1online, v1widget
-from amlemu.service.auth import TENANT
-from amlemu.service.calls import Call, Reply
-from amlemu.service.datablobs import account_name
+from amlemu.service.protocol import v1online
+from amlemu.service.protocol import v1widget
+from amlemu.service.protocol.auth import TENANT
+from amlemu.service.protocol.calls import Call, Reply
+from amlemu.service.protocol.datablobs import account_name
 from amlemu.service.state import ServiceError, bad_request
 
 WS = ("/subscriptions/{sub}/resourceGroups/{rg}/providers/Microsoft.MachineLearningServices"
@@ -28,7 +29,7 @@ EMPTY_TREE: dict[str, Any] = {}  # a workspace whose latest snapshot holds nothi
 
 
 def _v1(call: Call) -> Any:
-    found = getattr(call.st, "v1", None)
+    found = call.st.v1
     if found is None:
         raise ServiceError(501, "NotImplemented", "SDK v1 runs are not served by this service", target="v1")
     return found

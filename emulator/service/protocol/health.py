@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from amlemu.service.bodies import printable
-from amlemu.service.calls import Call, Reply
+from amlemu.service.protocol.bodies import printable
+from amlemu.service.protocol.calls import Call, Reply
 
 ROUTE = "/amlemu/health"
 

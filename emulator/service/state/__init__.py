@@ -1,7 +1,7 @@
 """What the service's routes ask of a workspace: the small interface between the protocol
-(emulator/service/routes.py: paths, REST shapes, auth) and whatever holds the workspace.
+(emulator/service/protocol/: paths, REST shapes, auth) and whatever holds the workspace.
 
-Two implementations: `amlemu.service.emustate.EmulatorState` (the real emulator on a home) and
+Two implementations: `amlemu.service.state.emulator.EmulatorState` (the real emulator on a home) and
 the test double's ladder state (pytest_amlemu.amlservice). Both share the registry of code and
 environment versions and a blob store (this module), which are protocol bookkeeping rather than
 emulation. A state raises ServiceError (Azure's error JSON) for anything a client did wrong.
@@ -21,6 +21,7 @@ from amlemu.errors import ConfigError
 from amlemu.names import check_asset_name, check_image_reference
 
 ARM_TYPE = "Microsoft.MachineLearningServices/workspaces"
+ACCOUNT = "amlemustore"  # the blob account the service's SAS URLs name, as the first path segment
 
 
 @dataclass(frozen=True)
@@ -297,3 +298,37 @@ class State(Protocol):
     def list_datastores(self) -> list[tuple[str, dict[str, Any]]]: ...
 
     def datastore_secrets(self, name: str) -> dict[str, Any]: ...
+
+    # Capabilities a state may lack (the tests' double has none of them): the routes then answer
+    # 404 or 501 saying what is not served, or refuse a run's token as expired.
+    v1: Any | None  # SDK v1 runs: experiments, startrun, run history (state/v1.py's EmulatorV1)
+    assets: Any | None  # data and model assets (amlemu.storage.assets.Assets)
+
+    def run_active(self, name: str) -> bool: ...  # a run's token opens its routes while the run is active
+
+    def run_outputs(self, name: str) -> dict[str, str]: ...  # jobs.download: the run's output assets
+
+    def list_blobs(self, container: str, prefix: str) -> list[tuple[str, int]]: ...
+
+    def read_blob(self, container: str, blob: str) -> bytes: ...
+
+    def write_blob(self, container: str, blob: str, data: bytes) -> None: ...
+
+
+class WithoutDownloads:
+    """State's download methods for a state that does not serve jobs.download (the tests' double)."""
+
+    def _refuse(self) -> ServiceError:
+        return ServiceError(501, "NotImplemented", "jobs.download is not served by this service", target="download")
+
+    def run_outputs(self, name: str) -> dict[str, str]:
+        raise self._refuse()
+
+    def list_blobs(self, container: str, prefix: str) -> list[tuple[str, int]]:
+        raise self._refuse()
+
+    def read_blob(self, container: str, blob: str) -> bytes:
+        raise self._refuse()
+
+    def write_blob(self, container: str, blob: str, data: bytes) -> None:
+        raise self._refuse()

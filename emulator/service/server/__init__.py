@@ -21,10 +21,10 @@ import uvicorn
 
 from amlemu import servicefile
 from amlemu.errors import AmlEmuError, ConfigError
-from amlemu.service import tls
-from amlemu.service.auth import Auth
-from amlemu.service.bodies import printable
-from amlemu.service.routes import CLOUD_NAME, Context, build_app
+from amlemu.service.server import tls
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.protocol.bodies import printable
+from amlemu.service.protocol.routes import CLOUD_NAME, Context, build_app
 
 READY_TIMEOUT = 60.0
 DAEMON_UMASK = 0o022
