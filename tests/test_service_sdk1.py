@@ -23,9 +23,9 @@ from conftest import BLOCK, FULL, REPO, V1_CLUSTER_AND_MPI_JOB, Script, release,
 
 from amlemu.api import Emulator
 from amlemu.home import Home
-from amlemu.service.auth import Auth
-from amlemu.service.calls import Context
-from amlemu.service.emustate import EmulatorState
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.protocol.calls import Context
+from amlemu.service.state.emulator import EmulatorState
 from amlemu.service.server import run_in_thread
 
 SCRIPT = REPO / "examples" / "sdk1_submit.py"

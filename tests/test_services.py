@@ -24,7 +24,7 @@ from amlemu.jobs import resource
 from amlemu.jobs.jobspec_io import job_from_record, job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs.contract import NodeSlot, node_workdir
-from amlemu.service import emujobs
+from amlemu.service.state import jobrest
 from amlemu.runs.services import MISSING_EXIT, missing_notice, plan_services, service_command
 from amlemu.specs import ServiceSpec
 
@@ -108,7 +108,7 @@ def test_an_sdk_job_s_services_are_the_yaml_s(tmp_path: Path) -> None:
     services = {"nb": {"jobServiceType": "JupyterLab"}, "v": {"jobServiceType": "VSCode"},
                 "tb": {"jobServiceType": "TensorBoard", "nodes": {"nodesValueType": "All"}, "properties": {"logDir": "tb"}}}
     body = {"properties": {"jobType": "Command", "command": "echo hi", "services": services}}
-    data = emujobs.to_yaml("j1", body, lambda name, version: tmp_path, lambda env_id: "python:3.11")
+    data = jobrest.to_yaml("j1", body, lambda name, version: tmp_path, lambda env_id: "python:3.11")
     assert job_from_dict(data, base_dir=tmp_path).services == (
         ServiceSpec("nb", "jupyter_lab"), ServiceSpec("v", "vs_code"),
         ServiceSpec("tb", "tensor_board", nodes="all", log_dir="tb"))

@@ -29,10 +29,11 @@ from amlemu import servicefile
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.home import Home
-from amlemu.service import emublobs, tls
-from amlemu.service.auth import Auth
-from amlemu.service.emustate import EmulatorState
-from amlemu.service.routes import Context, build_app
+from amlemu.service.state import runblobs
+from amlemu.service.server import tls
+from amlemu.service.protocol.auth import Auth
+from amlemu.service.state.emulator import EmulatorState
+from amlemu.service.protocol.routes import Context, build_app
 from amlemu.service.server import public_names
 from amlemu.studio.app import standalone_app
 from amlemu.studio.gate import LOOPBACK_NAMES, LOGIN_PARAM, Sessions, home_key, login_url, mint_login
@@ -208,7 +209,7 @@ def test_a_log_url_never_serves_a_private_file(service: tuple[TestClient, Auth, 
 
 def test_the_runs_artifact_listing_leaves_its_private_files_out(service: tuple[TestClient, Auth, Emulator]) -> None:
     _, _, emu = service
-    listed = [name for name, _ in emublobs.list_blobs(emu, emublobs.ARTIFACT_CONTAINER, "ExperimentRun/dcid.r1/")]
+    listed = [name for name, _ in runblobs.list_blobs(emu, runblobs.ARTIFACT_CONTAINER, "ExperimentRun/dcid.r1/")]
     assert sorted(listed) == ["ExperimentRun/dcid.r1/notes.txt", "ExperimentRun/dcid.r1/outputs/model.txt",
                               "ExperimentRun/dcid.r1/user_logs/std_log.txt"]
 
