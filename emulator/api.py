@@ -34,7 +34,7 @@ from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.handle import Run
 from amlemu.runs import recovery
-from amlemu.runs.jobplan import job_launch, node_requests
+from amlemu.runs.jobplan import job_launch, node_plans, node_requests
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage import urlinputs
@@ -156,7 +156,7 @@ class Emulator:
         requests = node_requests(self.home, cluster.spec, range(job.instance_count), job, software)
         plan = job_launch(job, run_id, backend, requests, [f"<address of {r.name}>" for r in requests],
                           self.workspace(), software)
-        return {**plan.to_dict(), "nodes": [backend.plan_node(r) for r in requests], "software": software.to_dict(),
+        return {**plan.to_dict(), "nodes": node_plans(backend, requests, software), "software": software.to_dict(),
                 **pools.describe(self.store, cluster)}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:

@@ -84,17 +84,22 @@ def test_where_the_engine_has_the_image_the_packages_are_a_docker_layer_on_it(tm
     import docker
 
     from amlemu.envs.layer import SITE
-    from amlemu.envs.software import software_for
+    from amlemu.envs.software import plan_software, software_for
 
     client = docker.from_env()
     base = import_base_image(client)
     made: list[str] = [base]
     try:
         definition = {"image": base, "conda_file": {"dependencies": ["python=3.11", {"pip": ["amlemupin==2.0"]}]}}
+        engine = lambda i: bool(client.images.list(i))  # noqa: E731 - the docker backend's has_image
+        planned = plan_software(None, definition, lambda n, v: None, tmp_path, has_image=engine)  # the dry run's
+        assert planned.image and not planned.built and not client.images.list(planned.image)  # nothing built
         first = software_for(None, definition, lambda n, v: None, tmp_path, has_image=lambda i: bool(client.images.list(i)))
         made.append(first.image)
         again = software_for(None, definition, lambda n, v: None, tmp_path, has_image=lambda i: True)
         assert first.prefix is None and first.image.startswith("amlemu/env:") and again.image == first.image
+        assert first.image == planned.image and plan_software(None, definition, lambda n, v: None, tmp_path,
+                                                              has_image=engine).built
         layered = client.images.get(first.image)
         assert layered.attrs["RootFS"]["Layers"][0] == client.images.get(base).attrs["RootFS"]["Layers"][0]
         assert f"PYTHONPATH={SITE}" in layered.attrs["Config"]["Env"]

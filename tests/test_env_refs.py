@@ -14,7 +14,7 @@ from conftest import import_base_image
 
 from amlemu.envs import contextbuild, curated
 from amlemu.envs.resolve import EnvRef, parse_ref, resolve
-from amlemu.envs.software import Software, missing_import, planned_notices, software_for
+from amlemu.envs.software import Software, missing_import, plan_software, planned_notices, software_for
 from amlemu.errors import ConfigError
 from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
@@ -117,7 +117,10 @@ def test_a_build_context_is_built_by_the_engine_when_it_has_the_base_image_else_
     made = [base]
     try:
         engine = lambda image: bool(client.images.list(image))  # noqa: E731 - the docker backend's has_image
+        planned = plan_software(None, definition, NOBODY, tmp_path, has_image=engine)  # the dry run's: nothing built
+        assert planned.image and not planned.built and not client.images.list(planned.image)
         first = software_for(None, definition, NOBODY, tmp_path, has_image=engine)
+        assert first.image == planned.image and plan_software(None, definition, NOBODY, tmp_path, has_image=engine).built
         made.append(str(first.image))
         assert first.image and first.image.startswith("amlemu/build:") and first.prefix is None
         built = client.images.get(first.image)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import import_base_image
+
 from amlemu.api import Emulator
 from amlemu.specs import RunStatus
 
@@ -83,10 +85,11 @@ def test_a_job_with_an_environment_launches_as_its_dry_run_showed(emu: Emulator,
     assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
     assert f"prefix {prefix}" in run.logs()
     dry, launched = emu.plan_job(job, run_id=run.id), _launched(run)
-    assert dry["software"] == {**before["software"], "built": True, "runs": dry["software"]["runs"]}
+    assert (dry["software"]["prefix"], dry["software"]["built"]) == (prefix, True)  # the same folder, now built
+    assert "(built: in the cache)" in dry["software"]["runs"]
     node = run.record.nodes[0]
     assert {k: launched[k] for k in KEYS} == _bound(dry, [node], [launched["node_slots"][0]["address"]])
-    path = launched["node_base_env"][node].get("PATH") or dry["nodes"][0]["environment"]["PATH"]  # docker: the container's
+    path = launched["node_base_env"][node].get("PATH") or dry["nodes"][0]["environment"]["PATH"]  # docker: container's
     assert path.startswith(f"{prefix}/bin:")
 
 
@@ -105,3 +108,26 @@ def test_a_job_naming_an_image_launches_as_its_dry_run_showed(emu: Emulator, clu
     assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
     dry, launched = emu.plan_job(job, run_id=run.id), _launched(run)
     assert {k: launched[k] for k in KEYS} == _bound(dry, run.record.nodes, [launched["node_slots"][0]["address"]])
+
+
+@pytest.mark.parametrize("backend", ["docker"], indirect=True)
+def test_where_the_engine_has_the_image_the_dry_run_names_the_layered_image(emu: Emulator, cluster, make_job,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The job's image with its environment's packages layered on: the dry run names the tag the
+    run will build and its nodes run it (nothing is built by the dry run)."""
+    import docker
+
+    monkeypatch.setenv("AMLEMU_OFFLINE", "1")
+    client = docker.from_env()
+    base = import_base_image(client)
+    try:
+        cluster(max_nodes=1)
+        job = make_job(PRINT, distribution="none")
+        (job.parent / "conda.yml").write_text("dependencies:\n  - python=3.11\n  - pip:\n    - packaging\n")
+        job.write_text(job.read_text() + f"environment:\n  image: {base}\n  conda_file: conda.yml\n")
+        plan = emu.plan_job(job)
+        tag = plan["software"]["image"]
+        assert tag.startswith("amlemu/env:") and plan["software"]["built"] is False and not client.images.list(tag)
+        assert [n["image"] for n in plan["nodes"]] == [tag] and plan["nodes"][0]["image_note"] is None
+    finally:
+        client.images.remove(base, force=True)

@@ -135,8 +135,9 @@ class NodeBackend(abc.ABC):
         """Called by the agent just before it becomes the argv (same pid after exec)."""
 
     @abc.abstractmethod
-    def plan_node(self, request: NodeRequest) -> dict[str, Any]:
-        """Dry run: exactly what create_node would create, as data."""
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
+        """Dry run: exactly what create_node would create, as data. `built_image`: an image the run
+        builds before its nodes are made (the job's software plan), planned as the engine has it."""
 
     @abc.abstractmethod
     def create_node(self, request: NodeRequest) -> str:

@@ -94,8 +94,8 @@ class DockerBackend(NodeBackend):
             return False
 
     # --- the dry run -------------------------------------------------------------------------
-    def plan_node(self, request: NodeRequest) -> dict[str, Any]:
-        use_job_image = bool(request.image) and self.has_image(request.image)
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
+        use_job_image = bool(request.image) and (request.image == built_image or self.has_image(request.image))
         return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
                               self.container_name(request), self.network_name(request.cluster))
 

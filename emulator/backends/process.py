@@ -115,7 +115,7 @@ class ProcessBackend(NodeBackend):
         return ("the nodes share this machine's network (a cluster network namespace needs root): a job "
                 "reaches this machine's loopback services; use docker nodes for untrusted code")
 
-    def plan_node(self, request: NodeRequest) -> dict[str, Any]:
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
         return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
                 "node_dir": str(request.node_dir), "labels": request.labels,
                 "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from typing import Any
 
 from amlemu.backends import NodeBackend, NodeRequest, nodedisk
 from amlemu.cluster import autoscale
@@ -23,11 +24,18 @@ def node_requests(home: Home, spec: ClusterSpec, indices: Iterable[int], job: Jo
                                    python_env=software.prefix) for i in indices]
 
 
+def node_plans(backend: NodeBackend, requests: list[NodeRequest], software: SoftwarePlan | Software
+               ) -> list[dict[str, Any]]:
+    """What the backend makes of each node; an image the run builds first (a layer, a build context)
+    is planned as there, as it will be when the nodes are made."""
+    return [backend.plan_node(r, built_image=software.image) for r in requests]
+
+
 def job_launch(job: JobSpec, run_id: str, backend: NodeBackend, requests: list[NodeRequest], addresses: list[str],
                workspace: dict[str, str], software: SoftwarePlan | Software) -> LaunchPlan:
     """The launch plan of `job` on these nodes (in rank order, with the addresses they are reached at)."""
     compute = requests[0].cluster
-    note = backend.plan_node(requests[0]).get("image_note")  # the same for every node
+    note = node_plans(backend, requests[:1], software)[0].get("image_note")  # the same for every node
     disk_note = nodedisk.size(requests[0].disk_bytes)[1]
     return plan_launch(job, run_id, compute, backend.name, requests, addresses, workspace,
                        base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,
