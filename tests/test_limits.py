@@ -20,7 +20,7 @@ from amlemu.envs import hostdists
 from amlemu.envs.resolve import from_conda, requirement
 from amlemu.errors import ConfigError
 from amlemu.names import check_image_reference
-from amlemu.service.state.emulator import cluster_from_rest
+from amlemu.service.state.computerest import cluster_from_rest
 from amlemu.service.state.v1 import _check_experiment
 from amlemu.service.state import Registry, ServiceError, Workspace
 from amlemu.specs import AZURE_MAX_INSTANCES, ClusterSpec, RunStatus, check_quota, max_instances_quota
