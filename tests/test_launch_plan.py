@@ -80,20 +80,20 @@ def test_a_job_with_an_environment_launches_as_its_dry_run_showed(emu: Emulator,
     before = emu.plan_job(job)
     prefix = before["software"]["prefix"]
     assert prefix and prefix.startswith(str(tmp_path / "envs")) and before["software"]["built"] is False
-    assert "built as the run is prepared" in before["software"]["runs"]
+    assert "to be built as the run is prepared" in before["software"]["runs"]
     run = emu.submit(job)
     assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
     assert f"prefix {prefix}" in run.logs()
     dry, launched = emu.plan_job(job, run_id=run.id), _launched(run)
     assert (dry["software"]["prefix"], dry["software"]["built"]) == (prefix, True)  # the same folder, now built
-    assert "(built: in the cache)" in dry["software"]["runs"]
+    assert "(built already)" in dry["software"]["runs"]
     node = run.record.nodes[0]
     assert {k: launched[k] for k in KEYS} == _bound(dry, [node], [launched["node_slots"][0]["address"]])
     path = launched["node_base_env"][node].get("PATH") or dry["nodes"][0]["environment"]["PATH"]  # docker: container's
     assert path.startswith(f"{prefix}/bin:")
 
 
-def test_a_job_naming_an_image_launches_as_its_dry_run_showed(emu: Emulator, cluster, make_job) -> None:
+def test_a_job_whose_image_is_not_built_here_launches_as_its_dry_run_showed(emu: Emulator, cluster, make_job) -> None:
     """An image built from a context whose base image no engine here has: both say the nodes run
     this machine's software and why."""
     cluster(max_nodes=1)

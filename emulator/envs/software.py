@@ -112,7 +112,7 @@ class SoftwarePlan:
         runs = (f"environment {self.environment.label} at {self.prefix}" if self.prefix else
                 f"image {self.image}" if self.image else "this machine's software")
         state = "" if not (self.prefix or self.image) else (
-            " (built: in the cache)" if self.built else " (built as the run is prepared, then cached)")
+            " (built already)" if self.built else " (to be built as the run is prepared, then cached)")
         return {"environment": self.environment.label, "prefix": self.prefix, "image": self.image,
                 "built": self.built, "runs": runs + state}
 
