@@ -26,7 +26,7 @@ from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, Store
 from amlemu.envs.software import plan_software, planned_notices
-from amlemu.errors import ConfigError, NotFoundError
+from amlemu.errors import ConfigError, NotFoundError, name_taken
 from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import gitcode, snapshot
 from amlemu.jobs.jobspec_io import job_to_record
@@ -136,8 +136,7 @@ class Emulator:
     def _check_name(self, job: JobSpec) -> None:
         """As az ml does: the YAML's name is the job's name, and a taken name is refused."""
         if job.name and (self.store.run_exists(job.name) or self.home.run_dir(job.name).exists()):
-            raise ConfigError("name", f"a job named '{job.name}' already exists in this workspace",
-                              "pick another name, or leave name out for a generated one")
+            raise name_taken(job.name)
 
     def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:

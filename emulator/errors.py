@@ -23,8 +23,14 @@ class NotFoundError(AmlEmuError):
         super().__init__(message or f"{kind} '{name}' not found" + (f"; {hint}" if hint else ""))
 
 
-class CapacityError(AmlEmuError):
-    """A job that can never fit its cluster (more nodes than max_nodes)."""
+class CapacityError(ConfigError):
+    """A job that can never fit its cluster (more nodes than its max_instances)."""
+
+
+def name_taken(name: str, field: str = "name") -> ConfigError:
+    """A job name the workspace has: one wording wherever it is refused (validate, submit, the service)."""
+    return ConfigError(field, f"a job named '{name}' already exists in this workspace",
+                       "pick another name, or leave name out for a generated one")
 
 
 class StateError(AmlEmuError):

@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING
 
 from amlemu import safeyaml
 from amlemu.envs.resolve import resolve
-from amlemu.errors import AmlEmuError, ConfigError
+from amlemu.cluster import pools
+from amlemu.errors import AmlEmuError, CapacityError, ConfigError, name_taken
 from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
@@ -94,15 +95,16 @@ def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
         return [Finding("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",
                         "create it with `amlemu compute create` or fix the name")]
     if job.name and emu.store.run_exists(job.name):
-        findings.append(Finding("name", f"a job named '{job.name}' already exists in this workspace",
-                                "pick another name, or leave name out for a generated one"))
+        taken = name_taken(job.name)
+        findings.append(Finding(taken.field, taken.problem, taken.fix or ""))
     try:  # a registered environment must exist in the workspace, as Azure ML checks at submit
         resolve(job.environment, job.environment_def, emu.store.environment)
     except ConfigError as exc:
         findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
-    if job.instance_count > cluster.spec.max_nodes:
-        findings.append(Finding("resources.instance_count", f"{job.instance_count} nodes, compute {job.compute} "
-                                f"has at most {cluster.spec.max_nodes}", "lower instance_count or raise max_instances"))
+    try:
+        pools.check_fits(cluster, job)
+    except CapacityError as exc:
+        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
     try:  # data and model assets and jobs' outputs, resolved to their datastore URIs as submit does
         job = emu.assets.bind(job)
     except ConfigError as exc:

@@ -207,7 +207,7 @@ def test_jobs_queue_for_nodes_in_order_and_use_their_snapshot(emu: Emulator, clu
 
 def test_more_nodes_than_max_nodes_is_refused_at_submit(emu: Emulator, cluster, make_job) -> None:
     cluster(max_nodes=2)
-    with pytest.raises(CapacityError, match="resources.instance_count: 3 nodes exceed max_nodes 2 of compute 'c1'"):
+    with pytest.raises(CapacityError, match="resources.instance_count: 3 nodes exceed max_instances 2 of compute 'c1'"):
         emu.submit(make_job(REPORT, nodes=3))
     assert emu.runs() == []
 

@@ -183,7 +183,7 @@ CASES = [
     c("job-file-missing", "job", "create", "-f", "{files}/absent.yml", expect="absent.yml does not exist"),
     c("validate-file-missing", "job", "validate", "-f", "{files}/absent.yml", expect="does not exist", stream="stdout"),
     c("job-unknown-compute", *JOB_F, expect="compute 'nope' not found", files=job(base=JOB.replace("c1", "nope"))),
-    c("job-too-many-nodes", *JOB_F, expect="resources.instance_count: 5 nodes exceed max_nodes 2",
+    c("job-too-many-nodes", *JOB_F, expect="resources.instance_count: 5 nodes exceed max_instances 2",
       files=job("resources: {instance_count: 5}\ndistribution: {type: mpi}\n")),
     c("job-instance-count-negative", *JOB_F, expect="resources.instance_count: must be at least 1",
       files=job("resources: {instance_count: -2}\n")),

@@ -57,8 +57,8 @@ def test_a_good_job_passes(workspace: Emulator, tmp_path: Path) -> None:
     ("environment=", "error: environment: missing; give environment: azureml:<name>@latest or an image"),
     ("environment=myorg/trainer:1", "warning: environment: cannot tell whether myorg/trainer:1 has Open MPI"),
     ("compute=azureml:nope", "error: compute: 'nope' does not exist in the workspace (computes: c1)"),
-    ("resources.instance_count=3", "error: resources.instance_count: 3 nodes, compute c1 has at most 2; "
-                                   "lower instance_count or raise max_instances"),
+    ("resources.instance_count=3", "error: resources.instance_count: 3 nodes exceed max_instances 2 of compute 'c1'; "
+                                   "lower instance_count or raise the compute's max_instances"),
     ("inputs.data.path=azureml://datastores/workspaceblobstore/paths/absent",
      "error: inputs.data.path: nothing at azureml://datastores/workspaceblobstore/paths/absent; upload it"),
     ("inputs.data.path=azureml://datastores/other/paths/x", "error: inputs.data.path: datastore 'other' not found"),

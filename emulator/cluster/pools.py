@@ -65,14 +65,15 @@ def cluster_for(store: Store, job: JobSpec, environ: Mapping[str, str], backend:
 
 
 def check_fits(cluster: Cluster, job: JobSpec) -> Cluster:
+    """A job that asks more nodes than its compute may ever have is refused (validate, submit, the service)."""
     if job.instance_count > cluster.spec.max_nodes:
         if skus.is_pool(cluster.spec.name):
-            raise CapacityError(f"resources.instance_count: {job.instance_count} nodes exceed the emulator's quota of "
-                                f"{cluster.spec.max_nodes} per cluster for {job.compute} compute; lower instance_count "
-                                "or raise the quota with AMLEMU_MAX_INSTANCES")
-        raise CapacityError(f"resources.instance_count: {job.instance_count} nodes exceed max_nodes "
-                            f"{cluster.spec.max_nodes} of compute '{job.compute}'; lower instance_count "
-                            f"or raise the cluster's max_nodes")
+            raise CapacityError("resources.instance_count", f"{job.instance_count} nodes exceed the emulator's quota "
+                                f"of {cluster.spec.max_nodes} per cluster for {job.compute} compute",
+                                "lower instance_count or raise the quota with AMLEMU_MAX_INSTANCES")
+        raise CapacityError("resources.instance_count", f"{job.instance_count} nodes exceed max_instances "
+                            f"{cluster.spec.max_nodes} of compute '{job.compute}'",
+                            "lower instance_count or raise the compute's max_instances")
     return cluster
 
 

@@ -26,7 +26,7 @@ from amlemu.cluster.records import (  # noqa: F401 - the records, importable fro
     cluster_from_json,
     cluster_to_json,
 )
-from amlemu.errors import ConfigError, NotFoundError, StateDbError, StateError
+from amlemu.errors import NotFoundError, StateDbError, StateError, name_taken
 from amlemu.names import check_workspace_field
 from amlemu.specs import ClusterSpec, RunStatus
 
@@ -201,8 +201,7 @@ class Store:
     def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any]) -> RunRecord:
         with self.transaction() as db:
             if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
-                raise ConfigError("name", f"a job named '{run_id}' already exists in this workspace",
-                                  "pick another name, or leave name out for a generated one")
+                raise name_taken(run_id)
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
             now = time.time()
             db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at) "

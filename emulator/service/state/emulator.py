@@ -20,7 +20,7 @@ from typing import Any
 from amlemu import safeyaml, servicefile, skus, statefile, validate
 from amlemu.api import Emulator
 from amlemu.envs import curated
-from amlemu.errors import AmlEmuError, ConfigError, NotFoundError
+from amlemu.errors import AmlEmuError, ConfigError, NotFoundError, name_taken
 from amlemu.jobs import resource
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.runs import runhistory
@@ -161,8 +161,7 @@ class EmulatorState:
             if saved.exists() and json.loads(saved.read_text()).get("properties", {}).get("command") == \
                     body["properties"].get("command"):
                 return self.get_job(name)  # a re-PUT of the same job (the SDK retries): it stands
-            raise bad_request("name", f"name: a job named '{name}' already exists in this workspace; "
-                              "pick another name, or leave name out for a generated one")
+            raise bad_request("name", str(name_taken(name)))
         try:
             data = jobrest.to_yaml(name, body, self._code_dir, self._environment)
             spec = job_from_dict(data, base_dir=Path(data.get("code") or os.devnull))  # no code: no folder
