@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import faulthandler
 import os
-import shutil
 import signal
 import sys
 import threading
@@ -16,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from amlemu import statefile
-from amlemu.backends import NodeRequest, get_backend, nodefs
+from amlemu.backends import NodeRequest, get_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
@@ -24,9 +23,9 @@ from amlemu.envs.software import missing_import, plan_software, realize
 from amlemu.errors import AmlEmuError
 from amlemu.home import PLAN_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, rundisk, servicelink, servicerun, statuswrite, watchdog
+from amlemu.runs import homestore, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
 from amlemu.runs.gang import Gang
-from amlemu.runs.metrics import LIVE_DIR, plot_run
+from amlemu.runs.metrics import plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
 from amlemu.runs.jobplan import job_launch, node_requests
@@ -303,57 +302,22 @@ class Supervisor:
         return None
 
     def quiesce(self) -> None:
-        """Before the host reads a node's disk: no job process is left to change it (a daemon the
-        job started included), and every link or special file the job made there is removed, so
-        that copying and uploading cannot be led out of the run's folder."""
-        shutil.rmtree(self.run_dir / LIVE_DIR, ignore_errors=True)  # the merge replaces it
-
-        def one(request: NodeRequest) -> None:
-            self.backend.stop_processes(request)
-            made = rundisk.secure(request.node_dir, self.run_id)
-            if made:
-                self.logs.platform(f"notice: {request.name}: not collected (links or special files, which "
-                                   f"Azure ML does not upload as such): {', '.join(made[:10])}")
-        self._each_node(one)
+        nodework.quiesce(self.backend, self.requests, self.run_id, self.run_dir, self.logs.platform)
         self.quiesced = True
 
     def _each_node(self, action) -> None:  # type: ignore[no-untyped-def]
-        """Nodes are independent: the platform's steps on them run side by side."""
-        if self.requests:
-            with ThreadPoolExecutor(len(self.requests)) as pool:
-                list(pool.map(action, self.requests))
+        nodework.each_node(self.requests, action)
 
     def collect(self) -> None:
-        """./outputs, ./logs and the MLflow store of every node into the run's record (also after
-        a failure); after quiesce, so only real files and folders are left."""
-        for request in self.requests:
-            rundisk.collect(request.node_dir, request.name, self.run_id, self.run_dir, self.logs.platform)
+        nodework.collect(self.requests, self.run_id, self.run_dir, self.logs.platform)
 
     def cleanup_nodes(self, dead: set[str]) -> None:
-        """Stop the run's processes and empty the nodes' disks (the next run on a node finds
-        nothing of this one); lost or half-made nodes go."""
-        def one(request: NodeRequest) -> None:
-            if not self.quiesced:
-                self.backend.stop_processes(request)
-            nodefs.wipe(request.node_dir)
-            self.backend.reset_node(request)
-        self._each_node(one)
+        nodework.clean(self.home, self.store, self.backend, self.cluster.spec, self.run_id, self.requests, dead,
+                       stop=not self.quiesced, log=self.logs.platform)
         self.quiesced = False
-        for node in autoscale.release(self.store, self.cluster.spec.name, self.run_id, dead):
-            self.logs.platform(f"removing node {node.name}")
-            self.backend.remove_node(autoscale.node_request(self.home, self.cluster.spec, node.idx))
 
     def linger(self) -> None:
-        """Stay while this cluster has idle nodes to scale down; the last supervisor out removes them."""
-        spec = self.cluster.spec
-        while (expiry := autoscale.next_expiry(self.store, spec)) is not None:
-            time.sleep(max(POLL, min(expiry - time.time(), 5.0)))
-            try:
-                self.store.cluster(spec.name)
-            except AmlEmuError:
-                return  # the cluster was deleted meanwhile
-            autoscale.scale_down(self.store, spec, lambda n: self.backend.remove_node(
-                autoscale.node_request(self.home, spec, n.idx)))
+        nodework.linger(self.home, self.store, self.backend, self.cluster.spec)
 
 
 def main(argv: list[str] | None = None) -> int:

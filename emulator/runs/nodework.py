@@ -1,0 +1,79 @@
+"""The platform's work on a run's nodes around its job: stopping what the job left (quiesce),
+collecting outputs and logs, emptying the nodes for the next job or removing lost ones, and
+scaling idle nodes down once the run has ended (the supervisor's linger). Nodes are independent:
+the steps on them run side by side."""
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from amlemu.backends import NodeRequest, nodefs
+from amlemu.backends.base import NodeBackend
+from amlemu.cluster import autoscale
+from amlemu.cluster.store import Store
+from amlemu.errors import AmlEmuError
+from amlemu.home import Home
+from amlemu.runs import rundisk
+from amlemu.runs.metrics import LIVE_DIR
+from amlemu.runs.outcome import POLL
+from amlemu.specs import ClusterSpec
+
+Log = Callable[[str], None]
+
+
+def each_node(requests: list[NodeRequest], action: Callable[[NodeRequest], Any]) -> None:
+    if requests:
+        with ThreadPoolExecutor(len(requests)) as pool:
+            list(pool.map(action, requests))
+
+
+def quiesce(backend: NodeBackend, requests: list[NodeRequest], run_id: str, run_dir: Path, log: Log) -> None:
+    """Before the host reads a node's disk: no job process is left to change it (a daemon the
+    job started included), and every link or special file the job made there is removed, so
+    that copying and uploading cannot be led out of the run's folder."""
+    shutil.rmtree(run_dir / LIVE_DIR, ignore_errors=True)  # the merge replaces it
+
+    def one(request: NodeRequest) -> None:
+        backend.stop_processes(request)
+        made = rundisk.secure(request.node_dir, run_id)
+        if made:
+            log(f"notice: {request.name}: not collected (links or special files, which Azure ML does not "
+                f"upload as such): {', '.join(made[:10])}")
+    each_node(requests, one)
+
+
+def collect(requests: list[NodeRequest], run_id: str, run_dir: Path, log: Log) -> None:
+    """./outputs, ./logs and the MLflow store of every node into the run's record (also after
+    a failure); after quiesce, so only real files and folders are left."""
+    for request in requests:
+        rundisk.collect(request.node_dir, request.name, run_id, run_dir, log)
+
+
+def clean(home: Home, store: Store, backend: NodeBackend, spec: ClusterSpec, run_id: str,
+          requests: list[NodeRequest], dead: set[str], stop: bool, log: Log) -> None:
+    """Stop the run's processes (`stop`: unless quiesce did) and empty the nodes' disks (the next
+    run on a node finds nothing of this one); lost or half-made nodes (`dead`) go."""
+    def one(request: NodeRequest) -> None:
+        if stop:
+            backend.stop_processes(request)
+        nodefs.wipe(request.node_dir)
+        backend.reset_node(request)
+    each_node(requests, one)
+    for node in autoscale.release(store, spec.name, run_id, dead):
+        log(f"removing node {node.name}")
+        backend.remove_node(autoscale.node_request(home, spec, node.idx))
+
+
+def linger(home: Home, store: Store, backend: NodeBackend, spec: ClusterSpec) -> None:
+    """Stay while this cluster has idle nodes to scale down; the last supervisor out removes them."""
+    while (expiry := autoscale.next_expiry(store, spec)) is not None:
+        time.sleep(max(POLL, min(expiry - time.time(), 5.0)))
+        try:
+            store.cluster(spec.name)
+        except AmlEmuError:
+            return  # the cluster was deleted meanwhile
+        autoscale.scale_down(store, spec, lambda n: backend.remove_node(autoscale.node_request(home, spec, n.idx)))
