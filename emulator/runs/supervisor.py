@@ -204,7 +204,10 @@ class Supervisor:
         if outcome is Outcome.PREEMPTED and not self.canceled():
             self.stop(gang)
             return self.restart()
-        lost = [r.name for r, info in zip(self.requests, self.node_states()) if not info]
+        # A node with a kill recorded is lost even if its engine still says running: the fault is
+        # recorded before it is carried out, and a container's state lags its SIGKILL by a moment.
+        killed = {f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since)}
+        lost = [r.name for r, alive in zip(self.requests, self.node_states()) if not alive or r.name in killed]
         self.gang_failure = gang.failure
         self.finalize(outcome, exit_code, lost)
         return False

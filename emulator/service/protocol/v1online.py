@@ -155,7 +155,7 @@ def upload(call: Call) -> Reply:
         runhistory.artifact_path(run_dir, path)
     except runhistory.HistoryError as exc:
         raise bad_request(exc.field, str(exc)) from None
-    data = call.ctx.blocks.upload(f"{UPLOADS}-{run_id}", path, call.query, call.raw, owner=run_id, active=active)
+    data = call.ctx.blocks.upload(f"{UPLOADS}-{run_id}", path, call.query, call.raw, owner=run_id, active=call.st.run_active)
     if data is not None:
         try:
             runhistory.write_artifact(run_dir, path, data)
