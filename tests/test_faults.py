@@ -223,7 +223,10 @@ time.sleep(float(os.environ.get("HOLD", "0.3")))
 """
 
 
+# Docker nodes in test-full (with the 100-job run): make test soaks the process nodes, and each of these
+# faults on docker nodes has its own test above (kill, preemption's restart, partition, cancel).
 @pytest.mark.long
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)], indirect=True)
 @pytest.mark.parametrize("count", [20, pytest.param(100, marks=FULL)])
 def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(emu: Emulator, cluster, make_job,
                                                                                backend: str, count: int) -> None:
