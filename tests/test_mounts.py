@@ -122,12 +122,16 @@ def test_a_running_job_sees_a_changed_blob_once_the_ttl_has_passed(emu: Emulator
     assert "refreshed on c1-node-0 after the TTL" in (run.dir / "system_logs" / "lifecycle.txt").read_text()
 
 
+# Both ranks write, then meet (an MPI barrier), then rank 1 fails: its failure stops rank 0, which
+# must have written by then (a loaded machine once started rank 0 after rank 1 had already failed).
 WRITE_THEN_FAIL = """
 import os, sys
+from mpi4py import MPI
 rank = os.environ["OMPI_COMM_WORLD_RANK"]
 open(os.path.join(sys.argv[1], f"rank-{rank}.txt"), "w").write(f"from rank {rank}")
 os.makedirs(os.path.join(sys.argv[2], "nested"), exist_ok=True)
 open(os.path.join(sys.argv[2], "nested", f"model-{rank}.bin"), "wb").write(b"weights")
+MPI.COMM_WORLD.Barrier()
 sys.exit(3 if rank == "1" else 0)
 """
 
