@@ -12,7 +12,8 @@ import contracts in pyproject.toml hold the arrows: server -> mlflowmount -> pro
 - state/: the workspace behind the routes, no web framework: the State protocol the routes call
   (__init__.py: every capability, the optional ones included; ServiceError; the code and
   environment registry; blob stores), emulator.py (that protocol over the real emulator),
-  jobrest.py (a job's REST body <-> the CLI v2 YAML the emulator reads), v1.py (SDK v1 runs),
+  jobrest.py (a job's REST body <-> the CLI v2 YAML the emulator reads), computerest.py (a
+  compute's), v1.py (SDK v1 runs) and v1history.py (what their jobs' Run objects send),
   runblobs.py (the run files and datastores jobs.download reads).
 - server/: uvicorn, the service's state file, `amlemu env`'s variables (__init__.py) and its CA
   and certificates (tls.py).

@@ -4,7 +4,7 @@ what Run.get_metrics() in the submitting process reads back.
 
 Every route here is scoped "run" (calls.authorize): the run's own token opens the run it names
 and nothing else, and only while that run is active; a workspace token opens any run. What a job
-sends lands in its own run's record only (emulator/runs/runhistory.py): metrics as data, files
+sends lands in its own run's record only (the v1 state's history, state/v1history.py): metrics as data, files
 under checked names, through an upload URL signed for that one run.
 """
 from __future__ import annotations
@@ -12,10 +12,8 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
-from amlemu.runs import runhistory
 from amlemu.service.protocol.calls import Call, Reply
 from amlemu.service.state import ServiceError, bad_request
 
@@ -36,9 +34,9 @@ def _v1(call: Call) -> Any:
     return found
 
 
-def _run_dir(call: Call, run_id: str) -> Path:
-    _v1(call).run_dto(None, run_id)  # the run exists
-    return Path(call.st.home.run_dir(run_id))  # type: ignore[attr-defined]
+def history(call: Call) -> Any:
+    """The v1 state's run history (state/v1history.py): every call names a run that must exist."""
+    return _v1(call).history
 
 
 def _iso(ts: float) -> str:
@@ -55,13 +53,13 @@ def run_by_id(call: Call) -> Reply:
 def patch(call: Call, run_id: str) -> None:
     """A run PATCH (Run.tag, set_tags, add_properties): its tags and properties are kept."""
     body = call.body if isinstance(call.body, dict) else {}
-    runhistory.update_properties(_run_dir(call, run_id), body.get("tags"), body.get("properties"))
+    history(call).update_properties(run_id, body.get("tags"), body.get("properties"))
 
 
 def token(call: Call) -> Reply:
     """The SDK's refresh of AZUREML_RUN_TOKEN (shortly before it expires): a new token of the same run."""
     run_id = call.params["name"]
-    _run_dir(call, run_id)
+    _v1(call).run_dto(None, run_id)  # the run exists
     issued, expires = call.ctx.auth.issue_for_run(run_id, TOKEN_SECONDS)
     return Reply(body={"token": issued, "expiryTimeUtc": _iso(expires)})
 
@@ -72,7 +70,7 @@ def post_metrics(call: Call) -> Reply:
     if not isinstance(values, list) or len(call.raw) > MAX_METRICS_BODY:
         raise bad_request("values", "values: a metric batch is a JSON object with a list of metrics; send it "
                           "with azureml-core's Run.log")
-    runhistory.append_metrics(_run_dir(call, call.params["name"]), [v for v in values if isinstance(v, dict)])
+    history(call).append_metrics(call.params["name"], [v for v in values if isinstance(v, dict)])
     return Reply(body={"errors": []})
 
 
@@ -81,7 +79,7 @@ def _metrics_by_name(call: Call) -> dict[str, dict[str, Any]]:
     values of every batch in the order they came."""
     run_id = call.params["name"]
     merged: dict[str, dict[str, Any]] = {}
-    for metric in runhistory.read_metrics(_run_dir(call, run_id)):
+    for metric in history(call).read_metrics(run_id):
         name = str(metric.get("name", ""))
         found = merged.setdefault(name, {"dataContainerId": f"dcid.{run_id}", "name": name, "columns": {},
                                          "value": [], "continuationToken": None,
@@ -114,17 +112,14 @@ def _upload_uri(call: Call, run_id: str, path: str) -> str:
 def create_artifacts(call: Call) -> Reply:
     """Run.upload_file's first step: the artifacts it will write and, for each, the URL to write to."""
     run_id = call.params["container"].removeprefix("dcid.")
-    run_dir = _run_dir(call, run_id)
+    _v1(call).run_dto(None, run_id)  # the run exists
     paths = call.body.get("paths") if isinstance(call.body, dict) else None
     if call.params["origin"] != "ExperimentRun" or not isinstance(paths, list):
         raise bad_request("paths", "paths: name the run's files to create (ExperimentRun artifacts)")
     artifacts, content = {}, {}
     for item in paths:
         path = str(item.get("path", "")) if isinstance(item, dict) else ""
-        try:
-            runhistory.artifact_path(run_dir, path)
-        except runhistory.HistoryError as exc:
-            raise bad_request(exc.field, str(exc)) from None
+        history(call).check_artifact(run_id, path)
         ids = {"origin": "ExperimentRun", "container": call.params["container"], "path": path}
         artifacts[path] = {"artifactId": f"ExperimentRun/{ids['container']}/{path}", **ids,
                            "etag": uuid.uuid4().hex, "createdTime": _iso(time.time())}
@@ -139,28 +134,18 @@ def upload(call: Call) -> Reply:
     ms = {"x-ms-request-id": str(uuid.uuid4()), "x-ms-version": "2021-08-06", "ETag": '"0x1"'}
     if not call.ctx.auth.check_signature(f"upload/{run_id}", call.query.get("sig")):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
-    run_dir = _run_dir(call, run_id)
     if call.method != "PUT":  # the SDK checks the size it uploaded (a HEAD): the file as kept
-        try:
-            target = runhistory.artifact_path(run_dir, path)
-        except runhistory.HistoryError:
-            target = None
-        if target is None or target.is_symlink() or not target.is_file():
+        target = history(call).artifact(run_id, path)
+        if target is None:
             return Reply(404, b"", {**ms, "x-ms-error-code": "BlobNotFound"})
         return Reply(200, target.read_bytes(), {**ms, "x-ms-blob-type": "BlockBlob",
                                                  "Content-Type": "application/octet-stream"})
     if not call.st.run_active(run_id):
         return Reply(403, b"AuthenticationFailed", {**ms, "x-ms-error-code": "AuthenticationFailed"})
-    try:  # the path is checked before a piece of it is staged
-        runhistory.artifact_path(run_dir, path)
-    except runhistory.HistoryError as exc:
-        raise bad_request(exc.field, str(exc)) from None
+    history(call).check_artifact(run_id, path)  # before a piece of it is staged
     data = call.ctx.blocks.upload(f"{UPLOADS}-{run_id}", path, call.query, call.raw, owner=run_id, active=call.st.run_active)
     if data is not None:
-        try:
-            runhistory.write_artifact(run_dir, path, data)
-        except runhistory.HistoryError as exc:
-            raise bad_request(exc.field, str(exc)) from None
+        history(call).write_artifact(run_id, path, data)
     return Reply(201, b"", ms)
 
 

@@ -10,9 +10,8 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
-from amlemu.runs import runhistory
 from amlemu.service.protocol.calls import Call, Reply
-from amlemu.service.protocol.v1online import H, _run_dir, _v1
+from amlemu.service.protocol.v1online import H, _v1, history
 
 RUN_ID_RE = re.compile(r"RunId eq ([\w.:-]+)")
 AFTER_RE = re.compile(r"CreatedUtc gt (\S+)")  # the SDK's DATE_TIME_FORMAT: 2026-12-01T22:55:44.354753Z
@@ -64,7 +63,7 @@ def metrics_query(call: Call) -> Reply:
     found: list[dict[str, Any]] = []
     for run_id in RUN_ID_RE.findall(text):
         _v1(call).run_dto(call.params["experiment"], run_id)  # a run of this experiment, or 404
-        found += run_metric_dtos(run_id, runhistory.read_metrics(_run_dir(call, run_id)), since)
+        found += run_metric_dtos(run_id, history(call).read_metrics(run_id), since)
     return Reply(body=_page(found))
 
 

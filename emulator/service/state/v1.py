@@ -24,6 +24,7 @@ from amlemu.runs import runhistory
 from amlemu.servicekeys import TENANT
 from amlemu.runs.contract import experiment_guid
 from amlemu.service.state import bad_request, not_found
+from amlemu.service.state.v1history import History
 
 MAX_ZIP_BYTES = 300 * 1024 * 1024  # Azure ML's snapshot limit
 
@@ -44,6 +45,11 @@ class EmulatorV1:
         self.code.mkdir(parents=True, exist_ok=True)
         self._experiments = self.folder / "experiments.json"
         self._lock = threading.Lock()
+        self.history = History(self._history_dir)  # what a job's v1 Run sends: tags, metrics, files
+
+    def _history_dir(self, run_id: str) -> Path:
+        self.run_dto(None, run_id)  # the run exists (else a 404)
+        return Path(self.state.home.run_dir(run_id))
 
     # --- experiments ---------------------------------------------------------------------------
     def _created(self) -> dict[str, float]:
