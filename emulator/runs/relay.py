@@ -38,7 +38,7 @@ class Relay:
             except OSError:  # the service is not (or no longer) listening
                 writer.close()
                 return
-            await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
         async def serve() -> asyncio.base_events.Server:
             server = await asyncio.start_server(relay, LOOPBACK, 0)
@@ -66,7 +66,8 @@ class Relay:
             self.loop.close()
 
 
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Copy until either end closes (a TLS error is an OSError too), then close the writer."""
     try:
         while data := await reader.read(CHUNK):
             writer.write(data)

@@ -21,7 +21,6 @@ only, never to the launch plan, a log or the run's record.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import socket
 import ssl
@@ -35,12 +34,12 @@ from amlemu import servicefile
 from amlemu.backends import NodeBackend, NodeRequest
 from amlemu.backends.base import SERVICE_HOST
 from amlemu.runs.contract import node_job_dir
+from amlemu.runs.relay import pipe
 
 TOKEN_SECONDS = 24 * 3600  # the SDK refreshes it before it ends (the service's token route)
 CERT_DAYS = 7
 BUNDLE = "amlemu-ca-bundle.pem"  # in the run's folder on each node
 LOOPBACK = "127.0.0.1"
-CHUNK = 256 * 1024
 
 
 class ServiceLink:
@@ -71,7 +70,7 @@ class ServiceLink:
         except OSError:
             writer.close()
             return
-        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
 
     def stop(self) -> None:
         async def close() -> None:
@@ -86,18 +85,6 @@ class ServiceLink:
             self._thread.join(timeout=10)
         self.loop.close()
         self.listener.close()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (OSError, ssl.SSLError, asyncio.IncompleteReadError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            writer.close()
 
 
 def _server_context(ca_folder: Path, hosts: list[str]) -> ssl.SSLContext | None:

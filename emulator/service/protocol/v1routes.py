@@ -15,6 +15,7 @@ from email.policy import HTTP
 from typing import Any
 
 from amlemu.service.protocol import v1online
+from amlemu.service.protocol.v1online import _v1
 from amlemu.service.protocol import v1widget
 from amlemu.service.protocol.auth import TENANT
 from amlemu.service.protocol.calls import Call, Reply
@@ -27,12 +28,6 @@ H = "/history/v1.0" + WS
 A = "/artifact/v2.0" + WS + "/artifacts"
 EMPTY_TREE: dict[str, Any] = {}  # a workspace whose latest snapshot holds nothing: the SDK sends every file
 
-
-def _v1(call: Call) -> Any:
-    found = call.st.v1
-    if found is None:
-        raise ServiceError(501, "NotImplemented", "SDK v1 runs are not served by this service", target="v1")
-    return found
 
 
 def subscriptions(call: Call) -> Reply:
