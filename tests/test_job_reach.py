@@ -9,10 +9,12 @@ import json
 import socket
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import served
 
 from amlemu import servicefile
+from amlemu.backends import hostguard
 from amlemu.api import Emulator
 from amlemu.home import default_cache
 from amlemu.specs import RunStatus
@@ -55,13 +57,20 @@ for path in ("/studio/", "/studio/api/overview", f"/studio/api/jobs/{run}", f"/s
 report["own_run"] = get(f"/history/v1.0{ws}/runs/{run}/details", token)
 report["own_run_without_token"] = get(f"/history/v1.0{ws}/runs/{run}/details")
 report["workspace_jobs"] = get(f"{ws}/jobs?api-version=2023-04-01", token)
-for name, port in (arg.split("=") for arg in sys.argv[1:]):
-    for host in ("127.0.0.1", "amlemu-service.blob.internal"):
+hosts = ["127.0.0.1", "amlemu-service.blob.internal", *sys.argv[1].split(",")]
+for name, port in (arg.split("=") for arg in sys.argv[2:]):
+    for host in hosts:
         report["direct"][f"{name} at {host}"] = connect(host, int(port))
 os.makedirs("outputs", exist_ok=True)
 with open("outputs/reach.json", "w") as out:
     json.dump(report, out, indent=1)
 """
+
+
+def host_addresses() -> list[str]:
+    """This machine's IPv4 addresses other than loopback (its interfaces, docker bridges included)."""
+    return sorted({a.address for addrs in psutil.net_if_addrs().values() for a in addrs
+                   if a.family == socket.AF_INET and not a.address.startswith("127.")})
 
 
 def test_a_job_reaches_its_own_runs_link_and_nothing_else_of_this_machine(emu: Emulator, cluster, make_job,
@@ -70,13 +79,16 @@ def test_a_job_reaches_its_own_runs_link_and_nothing_else_of_this_machine(emu: E
     azurite = Azurite(emu.home.root, default_cache()).ensure()
     project = tmp_path / "project"
     project.mkdir()
-    # Another service of this machine on loopback (another home's, a developer's database...).
-    with socket.create_server(("127.0.0.1", 0)) as other, served(emu.home.root, project, emu.default_backend, False):
+    # Other services of this machine: on loopback (another home's), on every interface (a developer's
+    # database), tried at each of this machine's addresses.
+    with socket.create_server(("127.0.0.1", 0)) as other, socket.create_server(("0.0.0.0", 0)) as everywhere, \
+            served(emu.home.root, project, emu.default_backend, False):
         state = servicefile.read_state(emu.home.root)
         assert state is not None and state.link_port
         ports = {"service": state.port, "link-port": state.link_port, "azurite": azurite.port,
-                 "other": other.getsockname()[1]}
-        run = emu.submit(make_job(REACH, args=" ".join(f"{k}={v}" for k, v in ports.items()), distribution="none"))
+                 "other": other.getsockname()[1], "everywhere": everywhere.getsockname()[1]}
+        args = [",".join(host_addresses()), *(f"{k}={v}" for k, v in ports.items())]
+        run = emu.submit(make_job(REACH, args=" ".join(args), distribution="none"))
         run.wait(timeout=300)
         assert run.status == RunStatus.COMPLETED, run.logs(0)[-3000:]
         report = json.loads((run.outputs / "reach.json").read_text())
@@ -88,6 +100,10 @@ def test_a_job_reaches_its_own_runs_link_and_nothing_else_of_this_machine(emu: E
     # Nothing of this machine answers the job directly, at loopback or at the link's address.
     reached = {where: how for where, how in report["direct"].items() if how == "connected"}
     assert reached == {}, report["direct"]
+    # The run's ports closed with it; the cluster's guard stays with the cluster.
+    assert hostguard.rules(hostguard.comment(emu.home.id, run.record.cluster, run.id)) == []
+    if emu.default_backend == "docker" and hostguard.supported("lo") is None:
+        assert hostguard.rules(hostguard.comment(emu.home.id)), "the docker cluster has no host guard"
 
 
 def test_a_request_on_the_link_port_is_refused_the_studio_and_identity_routes(tmp_path: Path) -> None:

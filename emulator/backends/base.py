@@ -165,14 +165,26 @@ class NodeBackend(abc.ABC):
         listens, and SERVICE_HOST resolves to on the node); None: the backend has no such link."""
         return None
 
-    def link_listener(self, request: NodeRequest) -> socket.socket | None:
-        """A socket listening where the node reaches this machine (host_address, a free port): the
-        run's service link. None: the backend has no such link."""
+    def link_listener(self, request: NodeRequest, run_id: str) -> socket.socket | None:
+        """A socket listening where the node reaches this machine (host_address, a free port),
+        opened to the run's nodes: the run's service link. None: the backend has no such link."""
         address = self.host_address(request)
         if address is None:
             return None
         sock = socket.create_server((address, 0))
+        self.open_port(request, run_id, sock.getsockname()[1])
         return sock
+
+    def callback_port(self, request: NodeRequest, run_id: str) -> int | None:
+        """A port of this machine, opened to the run's nodes, for mpirun's daemons to call back to;
+        None: mpirun may take any (the nodes reach every port of it)."""
+        return None
+
+    def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
+        """Let the run's nodes reach `port` at host_address until close_ports; nothing by default."""
+
+    def close_ports(self, request: NodeRequest, run_id: str) -> None:
+        """Close every port open_port opened for the run (its end, or its recovery)."""
 
     def node_port(self, request: NodeRequest, default: int) -> int:
         """A port for a run's service on the node (runs/servicerun.py): `default` where each node has

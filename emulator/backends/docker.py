@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import shutil
+import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 import psutil
 
 from amlemu.actions import Action
-from amlemu.backends import nodedisk, nodefs
+from amlemu.backends import hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, container_plan
@@ -96,8 +97,10 @@ class DockerBackend(NodeBackend):
     # --- the dry run -------------------------------------------------------------------------
     def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
         use_job_image = bool(request.image) and (request.image == built_image or self.has_image(request.image))
-        return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
+        plan = container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
                               self.container_name(request), self.network_name(request.cluster))
+        networks = self._networks(request.cluster)
+        return {**plan, "host_guard": hostguard.note(networks[0].id if networks else None)}
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str) -> None:
@@ -113,9 +116,16 @@ class DockerBackend(NodeBackend):
 
     def _ensure_network(self, name: str, cluster: str) -> None:
         if not self._networks(cluster):
-            self.client.networks.create(name, driver="bridge", check_duplicate=True,
-                                        labels={LABEL: "1", f"{LABEL}.home": self.home.id,
-                                                f"{LABEL}.cluster": cluster})
+            network = self.client.networks.create(name, driver="bridge", check_duplicate=True,
+                                                  labels={LABEL: "1", f"{LABEL}.home": self.home.id,
+                                                          f"{LABEL}.cluster": cluster})
+            self._guard(network.id, cluster)
+
+    def _guard(self, network_id: str, cluster: str) -> None:
+        """This machine closed to the cluster's nodes (backends/hostguard.py), where it can be."""
+        bridge = hostguard.bridge_name(network_id)
+        if hostguard.supported(bridge) is None:
+            hostguard.close(bridge, self.home.id, cluster)
 
     def create_node(self, request: NodeRequest) -> str:
         import docker  # noqa: PLC0415
@@ -126,6 +136,7 @@ class DockerBackend(NodeBackend):
         with self._lock:
             self._ensure_image(plan["image"])
             self._ensure_network(plan["network"], request.cluster)
+            self._guard(self._networks(request.cluster)[0].id, request.cluster)  # a network made before guards
         api = self.client.api
         device_requests = [docker.types.DeviceRequest(device_ids=plan["gpus"], capabilities=[["gpu"]])] \
             if plan["gpu_access"] == "device_requests" else None
@@ -181,6 +192,24 @@ class DockerBackend(NodeBackend):
             self._ensure_network(self.network_name(request.cluster), request.cluster)
         configs = self._networks(request.cluster)[0].attrs.get("IPAM", {}).get("Config") or []
         return next((c["Gateway"] for c in configs if c.get("Gateway")), None)
+
+    def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
+        networks, address = self._networks(request.cluster), self.host_address(request)
+        bridge = hostguard.bridge_name(networks[0].id) if networks else ""
+        if address and hostguard.supported(bridge) is None:
+            hostguard.open_port(bridge, address, port, self.home.id, request.cluster, run_id)
+
+    def close_ports(self, request: NodeRequest, run_id: str) -> None:
+        hostguard.remove(hostguard.comment(self.home.id, request.cluster, run_id))
+
+    def callback_port(self, request: NodeRequest, run_id: str) -> int | None:
+        """A port free on the gateway now (mpirun binds it as it starts), opened to the run's nodes."""
+        if self.host_address(request) is None:
+            return None
+        with socket.create_server(("0.0.0.0", 0)) as probe:  # mpirun listens on every address
+            port = int(probe.getsockname()[1])
+        self.open_port(request, run_id, port)
+        return port
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
@@ -285,6 +314,7 @@ class DockerBackend(NodeBackend):
     def remove_cluster(self, cluster: str) -> None:
         for network in self._networks(cluster):
             until_gone(network.remove)
+        hostguard.remove(hostguard.comment(self.home.id, cluster))
 
     def _networks(self, cluster: str) -> list[Any]:
         """The cluster's network (Docker's name filter matches parts of names: c1 would find c10's)."""
@@ -304,7 +334,8 @@ class DockerBackend(NodeBackend):
         networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home")},
                            run=functools.partial(until_gone, n.remove))
                     for n in self.client.networks.list(filters={"label": label})]
-        return containers + networks
+        guards = hostguard.plan_remove(hostguard.comment(None if all_homes else self.home.id))
+        return containers + networks + guards
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
         return [Action("remove", "container", self.container_name(request), {"node": request.name},

@@ -91,11 +91,11 @@ class ProcessBackend(NodeBackend):
         path = self.network_path(cluster)
         return tuple(netns.enter_argv(path)) if path is not None else ()
 
-    def link_listener(self, request: NodeRequest) -> socket.socket | None:
+    def link_listener(self, request: NodeRequest, run_id: str) -> socket.socket | None:
         """The run's service link on the nodes' own loopback, inside their namespace."""
         path = self.network_path(request.cluster)
         if path is None:
-            return super().link_listener(request)
+            return super().link_listener(request, run_id)
         netns.create(path)  # made with the nodes; again here for nodes made before namespaces were
         return netns.listen_in(path)
 

@@ -75,6 +75,8 @@ def _collect_and_release(home: Home, store: Store, record: RunRecord, log) -> No
         except (AmlEmuError, OSError) as exc:  # a node gone or unreadable: the others are still collected
             log(f"warning: {request.name}: {type(exc).__name__}: {exc}")
     _upload_outputs(home, store, record, requests, log)
+    if requests:
+        backend.close_ports(requests[0], record.id)  # its service link and mpirun's port
     for node in autoscale.release(store, record.cluster, record.id, dead=set(record.nodes)):
         backend.remove_node(autoscale.node_request(home, cluster.spec, node.idx, host_gpus=()))
 

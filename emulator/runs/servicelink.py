@@ -137,7 +137,7 @@ def attach(home_root: Path, run_id: str, backend: NodeBackend, request: NodeRequ
         return None
     relay: ServiceLink | None = None
     try:
-        listener = backend.link_listener(request)
+        listener = backend.link_listener(request, run_id)
         if listener is None:
             return None
         relay = ServiceLink(listener, state.link_port, server,

@@ -89,6 +89,8 @@ class Supervisor:
         finally:
             if self.link:
                 self.link.stop()
+            if self.requests:
+                self.backend.close_ports(self.requests[0], self.run_id)
             self.logs.close()
         self.linger()
 
@@ -174,6 +176,9 @@ class Supervisor:
         # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
         statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
         env = {**os.environ, PLAN_VARIABLE: str(self.run_dir / "agent-plan.json")}
+        port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
+        if port:  # the one port of this machine its nodes' MPI daemons may call back to
+            env["OMPI_MCA_oob_tcp_static_ipv4_ports"] = str(port)
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
