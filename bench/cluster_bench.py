@@ -2,25 +2,33 @@
 measured in one run, printed as ratios. Not a test: goals are targets, the figures are reported.
 
     .venv/bin/python bench/cluster_bench.py [--backend docker|process] [--max-nodes 16]
+        [--repeat 3] [--steps cold,warm,mnist,largest]
 
-1. warm submit -> all ranks running (2 nodes x 1 rank, nodes already up), for a script that
-   imports torch + horovod (ratio to bare `mpirun -np 2`, goal <= 1.2x) and for a trivial script
-   (absolute overhead over bare mpirun, goal <= 0.3 s); bare mpirun gets the emulated ranks' thread
-   settings (the ratio), and none (as a user would run it, reported beside);
-2. cold: cluster from zero nodes to all ranks running (goal <= 3 s on docker);
-3. Horovod MNIST samples/s on the emulator vs the same trainer run bare (goal >= 0.95x): the
-   headline baseline is `mpirun -np 2` with the emulator's own mpirun options and the emulated
-   ranks' thread settings (OMP_NUM_THREADS), so the ratio measures the emulator (containers,
-   launch agent, mounts), not a threading or MPI-polling difference; also reported: that
-   baseline with MPI's TCP transport only (emulated nodes, like real ones, talk over a network,
-   where 2 ranks on one machine use shared memory), bare `horovodrun -np 2` with those thread
-   settings, and as a user would run it (no thread variable);
-4. the largest cluster (up to --max-nodes) that runs a 1-rank-per-node Horovod allreduce here, and
-   the memory an idle node holds.
+Each step prints its figures as it ends (a line, then a JSON line), has a time limit (a step that
+runs over or fails is reported, its runs canceled, and the next step runs), and everything the
+benchmark made is removed whatever happens, a SIGTERM or Ctrl-C included. The load average
+before and after is reported: say it with the figures. Goals: issue 30 (docs/benchmarks.md).
+
+1. cold: the cluster from zero nodes to both ranks running (2 nodes x 1 rank), with the run's
+   timeline (system_logs/timeline.txt: where the time went);
+2. warm submit -> all ranks running (nodes already up), for a trivial script (the overhead over
+   bare `mpirun -np 2` is the figure) and for one that imports torch + horovod (the ratio); bare
+   mpirun gets the emulated ranks' thread settings (the ratio), and none (as a user would run it,
+   reported beside);
+3. Horovod MNIST samples/s on the emulator vs the same trainer run bare: the headline baseline is
+   `mpirun -np 2` with the emulator's own mpirun options and the emulated ranks' thread settings
+   (OMP_NUM_THREADS), so the ratio measures the emulator (containers, launch agent, mounts), not a
+   threading or MPI-polling difference; also reported: that baseline with MPI's TCP transport
+   only (emulated nodes, like real ones, talk over a network, where 2 ranks on one machine use
+   shared memory), bare `horovodrun -np 2` with those thread settings, and as a user would run it;
+4. the largest cluster (up to --max-nodes), one rank per node: with mpi4py's allreduce (the
+   lightest real MPI program: what the emulator costs per node) and with torch + Horovod ranks
+   (where a rank's memory decides), the seconds per size and the memory an idle node holds.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -33,10 +41,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import THREAD_PROBE, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
+from common import THREAD_PROBE, Steps, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
 
 from amlemu.api import Emulator  # noqa: E402
 from amlemu.backends import BACKENDS  # noqa: E402
+from amlemu.runs import timeline  # noqa: E402
 from amlemu.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
 from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
 from pytest_amlemu import mnist  # noqa: E402
@@ -59,6 +68,15 @@ hvd.init()
 total = hvd.allreduce(torch.ones(1000), op=hvd.Sum)
 assert int(total[0]) == hvd.size(), total
 print(f"allreduce over {hvd.size()} ranks ok", flush=True)
+"""
+
+# The lightest real MPI program: what the emulator itself costs per node.
+MPI4PY_ALLREDUCE = """
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+assert comm.allreduce(1) == comm.Get_size()
+if comm.Get_rank() == 0:
+    print(f"allreduce over {comm.Get_size()} ranks ok", flush=True)
 """
 
 
@@ -130,95 +148,119 @@ def emulated(emu: Emulator, job: Path, ranks: int) -> float:
     return ready_time(run.outputs, ranks) - start
 
 
+def cold_step(emu: Emulator, root: Path, trivial: str) -> dict:
+    """2. The cluster has no node yet. Its ranks also tell their thread settings."""
+    start = time.time()
+    cold = emu.submit(write_job(root, "cold", trivial, 2))
+    if cold.wait(timeout=600) is not RunStatus.COMPLETED:
+        raise RuntimeError(f"bench job {cold.id}: {cold.record.error}")
+    return {"cold_zero_to_running_s": round(ready_time(cold.outputs, 2) - start, 3),
+            "emulated_rank_threads": ready_threads(cold.outputs, 2), "timeline": timeline_of(cold.outputs.parent)}
+
+
+def warm_step(emu: Emulator, root: Path, name: str, script: str, threads: dict[str, str], repeat: int) -> dict:
+    """1. Nodes are up (idle) from the cold run."""
+    job = write_job(root, name, script, 2)
+    emu_times = [emulated(emu, job, 2) for _ in range(repeat)]
+    bare_times = [bare_mpirun(script, root, threads) for _ in range(repeat)]
+    user_times = [bare_mpirun(script, root, {}) for _ in range(repeat)]
+    e, b, u = (statistics.median(t) for t in (emu_times, bare_times, user_times))
+    last = emu.runs()[0]
+    return {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3), "ratio": round(e / b, 2),
+            "overhead_s": round(e - b, 3), "bare_mpirun_no_thread_vars_s": round(u, 3),
+            "ratio_vs_no_thread_vars": round(e / u, 2), "timeline": timeline_of(last.outputs.parent)}
+
+
+def mnist_step(emu: Emulator, root: Path, threads: dict[str, str], repeat: int) -> dict:
+    """3. One epoch on the real data, both sides the same trainer, the runs of each round
+    alternated (this machine's speed drifts)."""
+    data = mnist.prepare().root
+    job = REPO / "trainer" / "job.yml"
+    baselines = {  # name -> (launcher, thread settings); the first is the ratio's baseline
+        "bare_mpirun_same_options_same_threads": ("mpirun", threads),
+        "bare_mpirun_same_options_same_threads_tcp_only": ("mpirun-tcp", threads),
+        "bare_horovodrun_same_threads": ("horovodrun", threads),
+        "bare_horovodrun_no_thread_vars": ("horovodrun", {}),
+    }
+    sps: dict[str, list[float]] = {"emulator": [], **{name: [] for name in baselines}}
+    torch_threads: dict[str, int | None] = {}
+    for i in range(repeat):
+        run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
+        if run.wait(timeout=900) is not RunStatus.COMPLETED:
+            raise RuntimeError(f"MNIST run failed: {run.record.error}")
+        summary = json.loads((run.outputs / "summary.json").read_text())
+        sps["emulator"].append(summary["samples_per_second"])
+        torch_threads["emulator"] = summary.get("threads", {}).get("torch")
+        for name, (launcher, env) in baselines.items():
+            summary = bare_mnist(launcher, data, root / f"bare-mnist-{name}-{i}", env)
+            sps[name].append(summary["samples_per_second"])
+            torch_threads[name] = summary.get("threads", {}).get("torch")
+    medians = {name: statistics.median(values) for name, values in sps.items()}
+    first = next(iter(baselines))
+    return {**medians, "ratio": round(medians["emulator"] / medians[first], 3),
+            **{f"ratio_vs_{name[5:]}": round(medians["emulator"] / medians[name], 3) for name in list(baselines)[1:]},
+            "torch_threads_per_rank": torch_threads, "runs": sps}
+
+
+def largest_step(emu: Emulator, root: Path, script: str, max_nodes: int, tag: str) -> dict:
+    """4. The largest cluster: one rank per node, growing until it fails or reaches max_nodes."""
+    sizes = sorted({n for n in (2, 4, 8, 16, 32, 64, 128) if n < max_nodes} | {max_nodes})
+    emu.create_compute(ClusterSpec(f"big-{tag}", "STANDARD_D2_V2", max_nodes=max_nodes, idle_seconds_before_scaledown=3600))
+    done: dict[str, float] = {}
+    for nodes in sizes:
+        start = time.time()
+        run = emu.submit(write_job(root, f"{tag}{nodes}", script, nodes, compute=f"big-{tag}"))
+        if run.wait(timeout=600) is not RunStatus.COMPLETED:
+            return {"seconds_by_nodes": done, "failure": f"{nodes} nodes: {run.record.error}"}
+        done[str(nodes)] = round(time.time() - start, 1)
+        print(f"   {tag}: {nodes} nodes in {done[str(nodes)]} s", flush=True)
+    return {"seconds_by_nodes": done, "idle_node_memory_mib": idle_node_memory(emu)}
+
+
+def idle_node_memory(emu: Emulator) -> float | None:
+    if emu.default_backend != "docker":
+        return None
+    import docker  # noqa: PLC0415
+
+    idle = docker.from_env().containers.list(filters={"label": f"amlemu.home={emu.home.id}"})
+    usage = [c.stats(stream=False)["memory_stats"].get("usage", 0) for c in idle[:4]]
+    return round(statistics.mean(usage) / 2**20, 2) if usage else None
+
+
+def timeline_of(run_dir: Path) -> list[tuple[float, str]]:
+    """The run's start, stage by stage (system_logs/timeline.txt)."""
+    path = timeline.path_of(run_dir)
+    return timeline.parse(path.read_text()) if path.is_file() else []
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--backend", default="docker", choices=list(BACKENDS))
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=16)
+    parser.add_argument("--steps", default="cold,warm,mnist,largest", help="which steps, comma-separated")
     args = parser.parse_args()
-    results: dict[str, object] = {"backend": args.backend, "cpus": os.cpu_count()}
+    wanted = set(args.steps.split(","))
     with bench_home("amlemu-bench-", args.backend) as (root, emu):
-        # Nodes share this machine's cores by max_nodes: the big cluster is a separate one.
+        steps = Steps(emu)
+        steps.results.update(backend=args.backend, cpus=os.cpu_count(), load_average=os.getloadavg())
+        # Nodes share this machine's cores by max_nodes: the big clusters are separate ones.
         emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
-        emu.create_compute(ClusterSpec("big", "STANDARD_D2_V2", max_nodes=args.max_nodes,
-                                       idle_seconds_before_scaledown=3600))
         trivial = READY.format(imports="", probe=THREAD_PROBE)
         heavy = READY.format(imports=TORCH, probe=THREAD_PROBE)
-
-        # 2. cold first: the cluster has no node yet. Its ranks also tell their thread settings.
-        start = time.time()
-        cold = emu.submit(write_job(root, "cold", trivial, 2))
-        if cold.wait(timeout=600) is not RunStatus.COMPLETED:
-            raise RuntimeError(f"bench job {cold.id}: {cold.record.error}")
-        results["cold_zero_to_running_s"] = round(ready_time(cold.outputs, 2) - start, 3)
-        threads = ready_threads(cold.outputs, 2)
-        results["emulated_rank_threads"] = threads
-
-        # 1. warm: nodes are up (idle) from the cold run.
-        for name, script in (("trivial", trivial), ("torch_horovod", heavy)):
-            job = write_job(root, name, script, 2)
-            emu_times = [emulated(emu, job, 2) for _ in range(args.repeat)]
-            bare_times = [bare_mpirun(script, root, threads) for _ in range(args.repeat)]
-            user_times = [bare_mpirun(script, root, {}) for _ in range(args.repeat)]
-            e, b, u = (statistics.median(t) for t in (emu_times, bare_times, user_times))
-            results[f"warm_{name}"] = {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3),
-                                       "ratio": round(e / b, 2), "overhead_s": round(e - b, 3),
-                                       "bare_mpirun_no_thread_vars_s": round(u, 3),
-                                       "ratio_vs_no_thread_vars": round(e / u, 2)}
-
-        # 3. MNIST throughput, one epoch on the real data, both sides the same trainer, the runs of
-        # each round alternated (this machine's speed drifts).
-        data = mnist.prepare().root
-        job = REPO / "trainer" / "job.yml"
-        baselines = {  # name -> (launcher, thread settings); the first is the ratio's baseline
-            "bare_mpirun_same_options_same_threads": ("mpirun", threads),
-            "bare_mpirun_same_options_same_threads_tcp_only": ("mpirun-tcp", threads),
-            "bare_horovodrun_same_threads": ("horovodrun", threads),
-            "bare_horovodrun_no_thread_vars": ("horovodrun", {}),
-        }
-        sps: dict[str, list[float]] = {"emulator": [], **{name: [] for name in baselines}}
-        torch_threads: dict[str, int | None] = {}
-        for i in range(args.repeat):
-            run = emu.submit(job, overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=bench"])
-            if run.wait(timeout=900) is not RunStatus.COMPLETED:
-                raise RuntimeError(f"MNIST run failed: {run.record.error}")
-            summary = json.loads((run.outputs / "summary.json").read_text())
-            sps["emulator"].append(summary["samples_per_second"])
-            torch_threads["emulator"] = summary.get("threads", {}).get("torch")
-            for name, (launcher, env) in baselines.items():
-                summary = bare_mnist(launcher, data, root / f"bare-mnist-{name}-{i}", env)
-                sps[name].append(summary["samples_per_second"])
-                torch_threads[name] = summary.get("threads", {}).get("torch")
-        medians = {name: statistics.median(values) for name, values in sps.items()}
-        first = next(iter(baselines))
-        results["mnist_samples_per_s"] = {
-            **medians,
-            "ratio": round(medians["emulator"] / medians[first], 3),
-            **{f"ratio_vs_{name[5:]}": round(medians["emulator"] / medians[name], 3) for name in list(baselines)[1:]},
-            "torch_threads_per_rank": torch_threads,
-            "runs": sps,
-        }
-
-        # 4. the largest cluster: one Horovod rank per node, growing until it fails or reaches max.
-        largest, took = 0, None
-        for nodes in sorted({2, 4, 8, args.max_nodes}):
-            if nodes > args.max_nodes:
-                continue
-            start = time.time()
-            run = emu.submit(write_job(root, f"allreduce{nodes}", ALLREDUCE, nodes, compute="big"))
-            if run.wait(timeout=600) is not RunStatus.COMPLETED:
-                results["largest_failure"] = f"{nodes} nodes: {run.record.error}"
-                break
-            largest, took = nodes, round(time.time() - start, 1)
-        results["largest_cluster"] = {"nodes": largest, "seconds": took}
-        if args.backend == "docker":
-            import docker  # noqa: PLC0415
-
-            client = docker.from_env()
-            idle = client.containers.list(filters={"label": f"amlemu.home={emu.home.id}"})
-            usage = [c.stats(stream=False)["memory_stats"].get("usage", 0) for c in idle[:4]]
-            results["idle_node_memory_mib"] = round(statistics.mean(usage) / 2**20, 2) if usage else None
-    return report(results)
+        cold = steps.run("cold", 600, lambda: cold_step(emu, root, trivial)) or {}
+        threads = cold.get("emulated_rank_threads", {})
+        if "warm" in wanted:
+            for name, script in (("trivial", trivial), ("torch_horovod", heavy)):
+                steps.run(f"warm_{name}", 900, functools.partial(warm_step, emu, root, name, script, threads,
+                                                                args.repeat))
+        if "mnist" in wanted:
+            steps.run("mnist_samples_per_s", 3600, lambda: mnist_step(emu, root, threads, args.repeat))
+        if "largest" in wanted:
+            steps.run("largest_mpi4py", 1800, lambda: largest_step(emu, root, MPI4PY_ALLREDUCE, args.max_nodes, "mpi"))
+            steps.run("largest_horovod", 1800, lambda: largest_step(emu, root, ALLREDUCE, args.max_nodes, "hvd"))
+        steps.results["load_average_after"] = os.getloadavg()
+    return report(steps.results)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,14 @@ JSON document."""
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import tempfile
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -48,17 +51,71 @@ def same_threads(per_rank: list[dict[str, str]]) -> dict[str, str]:
     return dict(per_rank[0])
 
 
+class Stopped(BaseException):
+    """A termination signal (SIGTERM, SIGHUP) as an exception, so cleanups run (Python's default
+    for them ends the process on the spot: a benchmark killed by a CI timeout left its nodes)."""
+
+
+class StepTimeout(BaseException):  # not an Exception: no library code may swallow it
+    pass
+
+
+def _raise(exc: type[BaseException]) -> Callable[[int, Any], None]:
+    def handler(signum: int, _frame: Any) -> None:
+        raise exc(f"signal {signal.Signals(signum).name}")
+    return handler
+
+
 @contextmanager
 def bench_home(prefix: str, backend: str) -> Iterator[tuple[Path, Emulator]]:
     """(a scratch folder, an emulator whose home is in it); every node, network and process the
-    benchmark made is removed at the end."""
+    benchmark made is removed at the end, also when it is interrupted or terminated."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise(Stopped))
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
         emu = Emulator(home=work / "home", backend=backend)
+        print(json.dumps({"home": str(emu.home.root), "home_id": emu.home.id}), flush=True)
         try:
             yield work, emu
         finally:
             emu.cleanup()
+
+
+class Steps:
+    """A benchmark's steps, each printed as it ends (a line for people, then one JSON line), each
+    with a time limit: a step that fails or runs over is reported, its runs canceled, and the next
+    one runs. `results` holds every step's figures for the final report."""
+
+    def __init__(self, emu: Emulator) -> None:
+        self.emu, self.results = emu, {}
+
+    def run(self, name: str, limit: float, step: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+        start = time.monotonic()
+        signal.signal(signal.SIGALRM, _raise(StepTimeout))
+        signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            figures: dict[str, Any] | None = step()
+            outcome: dict[str, Any] = dict(figures or {})
+        except StepTimeout:
+            figures, outcome = None, {"error": f"timed out after {limit:.0f} s"}
+        except Exception as exc:  # noqa: BLE001 - reported; the next step still runs
+            figures, outcome = None, {"error": f"{type(exc).__name__}: {exc}"}
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        if figures is None:
+            self._cancel_active()
+        outcome["step_seconds"] = round(time.monotonic() - start, 1)
+        self.results[name] = outcome
+        print(f"== {name}: {'FAILED ' + outcome['error'] if 'error' in outcome else 'done'} "
+              f"in {outcome['step_seconds']} s", flush=True)
+        print(json.dumps({"step": name, **outcome}), flush=True)
+        return figures
+
+    def _cancel_active(self) -> None:
+        for run in self.emu.runs():
+            if not run.status.is_terminal:
+                self.emu.cancel(run.id)
 
 
 def report(results: dict[str, object]) -> int:

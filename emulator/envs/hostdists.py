@@ -28,11 +28,17 @@ def host_site() -> Path:
 
 
 def installed(site: Path) -> dict[str, metadata.Distribution]:
+    """The distributions installed at `site`, by canonical name. Named by their metadata folder
+    (`<name>-<version>.dist-info`, the name's dashes written as underscores), so nothing is parsed
+    until a distribution is used: parsing every METADATA cost ~70 ms a submit and a supervisor."""
     found: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions(path=[str(site)]):
-        name = dist.metadata["Name"]
-        if name:
-            found.setdefault(canonicalize_name(name), dist)
+    try:
+        folders = sorted(site.iterdir())
+    except OSError:
+        return found
+    for folder in folders:
+        if folder.suffix in (".dist-info", ".egg-info") and folder.is_dir():
+            found.setdefault(canonicalize_name(folder.name.split("-", 1)[0]), metadata.PathDistribution(folder))
     return found
 
 

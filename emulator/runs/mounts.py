@@ -123,6 +123,26 @@ class RunData:
         with ThreadPoolExecutor(WORKERS) as pool:
             list(pool.map(fetch, files))
 
+    def prepare_nodes(self, requests: list[Any]) -> None:
+        """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
+        if not self.bindings:
+            return
+        with ThreadPoolExecutor(len(requests)) as pool:
+            list(pool.map(lambda r: self.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir)), requests))
+
+    def refresh_while(self, requests: list[Any], stop: threading.Event) -> None:
+        """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
+        within TTL + TTL/2); with the default (the job's lifetime) nothing is refreshed."""
+        ttl = self.policy.ttl if self.mounted else None
+        if ttl is None:
+            return
+        while not stop.wait(max(1.0, ttl / 2)):
+            for request in requests:
+                try:
+                    self.refresh(request.name, NodeCache(request.cache_dir))
+                except AmlEmuError as exc:
+                    self.log(f"warning: {exc}")
+
     def refresh(self, node: str, cache: NodeCache) -> None:
         """While the job runs: entries past the TTL are revalidated, as a mount would on the next open."""
         for b in self.mounted:

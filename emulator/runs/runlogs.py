@@ -3,7 +3,9 @@ submitted with azureml-core), and the one sentence that says why a run failed.""
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 TAG_SPLIT_RE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
@@ -55,6 +57,8 @@ class RunLogs:
         self.mpi_path = self.user / "70_mpi_log.txt" if layout == "v1" else self.system / "mpi_log.txt"
         self._mpi = open(self.mpi_path, "a", buffering=1)
         self._platform = open(self.system / "lifecycle.txt", "a", buffering=1)
+        self.on_first_output: Callable[[], None] | None = None  # called once, at the job's first line
+        self._first_lock = threading.Lock()
 
     def platform(self, line: str) -> None:
         self._platform.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
@@ -66,6 +70,11 @@ class RunLogs:
         that chunk ended its line (then it is mpirun's own)."""
         current, open_chunk = None, False
         for line in stream:
+            if self.on_first_output is not None:
+                with self._first_lock:
+                    first, self.on_first_output = self.on_first_output, None
+                if first is not None:
+                    first()
             if not tagged:
                 self._files[rank].write(line)
                 continue
