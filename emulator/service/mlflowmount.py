@@ -9,10 +9,12 @@ same TLS, the same run links (emulator/runs/servicelink.py) and the same tokens.
 imports in seconds, so it is imported on the first MLflow request, not when the service starts.
 The request body is read before the app sees it, once the token is known good and at most
 bodies.MLFLOW_LIMIT (MLflow's tracking calls are small JSON): the run-token policy below needs
-it, and so no deprecated WSGI bridge is needed.
+it, and so no deprecated WSGI bridge is needed. The app's state is one MlflowServer per mount,
+with `reset()`: its stores are made from arguments, nothing is written to os.environ (MLflow's own
+server variables are left at their defaults), and MLflow sees Host localhost (see _call_wsgi).
 
 Who may do what (a job is untrusted code): a workspace token (the user's, from `amlemu env`'s
-identity) may call every route. A run's token (the job's AZUREML_RUN_TOKEN, sent as
+identity) may call every route but MLflow's server-job and demo routes (SERVER_JOB_ROUTES). A run's token (the job's AZUREML_RUN_TOKEN, sent as
 MLFLOW_TRACKING_TOKEN), while its run is active, may read the tracking routes (experiments, runs,
 metrics: the workspace's own data) and write to its own MLflow run only: every write route names
 its run in `run_id`/`run_uuid`, which must be the token's. Creating or deleting experiments and
@@ -22,7 +24,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import sqlite3
 import threading
 from contextlib import closing
@@ -48,45 +49,94 @@ RUN_WRITES = frozenset({"runs/update", "runs/log-metric", "runs/log-parameter", 
 # Reads (GET, and the searches MLflow sends as POST): the workspace's tracking data.
 READ_AREAS = ("experiments/", "runs/", "metrics/")
 SEARCHES = frozenset({"runs/search", "experiments/search", "metrics/get-history-bulk-interval"})
-_lock = threading.Lock()
-_app: dict[str, Any] = {}  # the imported Flask app and the store it serves
+# Routes that start MLflow's server jobs (scorers, evaluations, issue detection, prompt optimization)
+# or make its demo data: they need `mlflow server`'s own process (its job runner, its tracking URI
+# and workspace in the process's environment), which this mount is not. None of a tracking client's.
+SERVER_JOB_ROUTES = ("/mlflow/jobs/", "/mlflow/prompt-optimization/", "/mlflow/scorer/invoke", "/mlflow/issues/invoke",
+                     "/mlflow/genai/evaluate/invoke", "/mlflow/demo/")
 
 
-def _flask_app(home_root: Path) -> Any:
-    """MLflow's server app over the home's store. MLflow keeps its store in module globals, so one
-    process serves one home at a time: another home (the tests' in-process services) swaps it."""
-    store = ensure_store(home_root)
-    uri = f"sqlite:///{store}"
-    with _lock:
-        if _app.get("uri") != uri:
-            os.environ.update({
-                "_MLFLOW_SERVER_FILE_STORE": uri,
-                "_MLFLOW_SERVER_ARTIFACT_ROOT": artifact_root(home_root).as_uri(),
-                "_MLFLOW_SERVER_SERVE_ARTIFACTS": "false",
-                "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false",
-                # Its host and CORS checks guard a tokenless server against DNS rebinding; this one asks
-                # every request for a bearer token, and its host names are the service's and the links'.
-                "MLFLOW_SERVER_DISABLE_SECURITY_MIDDLEWARE": "true",
-            })
-            from mlflow.server import app, handlers  # noqa: PLC0415 - seconds: on the first request only
-
-            handlers._tracking_store = None  # noqa: SLF001 - made again from the variables above
-            handlers._model_registry_store = None  # noqa: SLF001
-            _app.update(uri=uri, app=app)
-        return _app["app"]
+def server_job_route(path: str) -> bool:
+    """Whether a workspace token's call is one of SERVER_JOB_ROUTES (answered 400 NotSupported)."""
+    return any(route in path for route in SERVER_JOB_ROUTES)
 
 
-def _call_wsgi(app: Any, method: str, path: str, query: str, headers: dict[str, str], body: bytes,
-               host: str) -> tuple[int, list[tuple[str, str]], bytes]:
+class MlflowServer:
+    """MLflow's server app (mlflow.server's Flask app) over one home's store, made on the first
+    request. Nothing is written to os.environ: the stores are made from arguments, and MLflow's
+    server variables keep their defaults (no served artifacts; its job routes are refused above).
+    MLflow keeps its stores in module globals, so one process serves one home at a time: `app()`
+    puts this home's stores back when another server (the tests' in-process services) swapped them."""
+
+    def __init__(self, home_root: Path) -> None:
+        self.home_root = home_root
+        self._lock = threading.Lock()
+        self._app: Any = None
+        self._stores: tuple[Any, Any] | None = None  # (tracking, model registry), once made
+
+    @property
+    def loaded(self) -> bool:
+        return self._app is not None
+
+    def app(self) -> Any:
+        """MLflow's Flask app, serving this home's store."""
+        with self._lock:
+            if self._app is None:
+                from mlflow.server import app  # noqa: PLC0415 - seconds: on the first request only
+                self._app = app
+            if self._stores is None:
+                uri = f"sqlite:///{ensure_store(self.home_root)}"
+                # MLflow's own store classes, made as initialize_backend_stores() would make them but
+                # without its set_tracking_uri()/set_registry_uri(), which write MLFLOW_TRACKING_URI and
+                # MLFLOW_REGISTRY_URI into the process's environment.
+                from mlflow.store.model_registry.sqlalchemy_store import SqlAlchemyStore as Registry  # noqa: PLC0415
+                from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore as Tracking  # noqa: PLC0415
+                self._stores = (Tracking(uri, artifact_root(self.home_root).as_uri()), Registry(uri))
+            self._swap(self._stores)
+            return self._app
+
+    def reset(self) -> None:
+        """Forget this home's stores (MLflow's too, where they are this home's) and close their
+        connections: the next request makes them again from the home, as after its store was
+        removed and made again (MLflow caches one engine per URI: a pooled connection would still
+        hold the removed file)."""
+        with self._lock:
+            if self._stores is not None:
+                self._swap(None)
+                for store in self._stores:
+                    store.engine.dispose()
+            self._stores = None
+
+    def _swap(self, stores: tuple[Any, Any] | None) -> None:
+        """The one place MLflow's private module globals are touched: mlflow.server.handlers keeps the
+        stores its routes use there and has no public setter that leaves os.environ alone."""
+        from mlflow.server import handlers  # noqa: PLC0415 - imported with the app
+        mine = self._stores or (None, None)
+        installed = (handlers._tracking_store, handlers._model_registry_store)  # noqa: SLF001
+        if stores is None:
+            if installed[0] is mine[0]:
+                handlers._tracking_store = handlers._model_registry_store = None  # noqa: SLF001
+        elif installed[0] is not stores[0] or installed[1] is not stores[1]:
+            handlers._tracking_store, handlers._model_registry_store = stores  # noqa: SLF001
+
+
+def _call_wsgi(app: Any, method: str, path: str, query: str, headers: dict[str, str],
+               body: bytes) -> tuple[int, list[tuple[str, str]], bytes]:
+    """One request to MLflow's app. Its security middleware (on when uvicorn is imported before it,
+    decided from the environment at import) refuses Host names other than loopback's and private
+    addresses, and state changes from non-local Origins: it guards a tokenless server against DNS
+    rebinding and cross-site forms. Here every request's bearer token was checked before (a browser
+    never sends one by itself), so MLflow sees Host localhost and no Origin, whatever the service's
+    or the link's host names are, and leaves no process-wide switch to turn it off."""
     environ = {"REQUEST_METHOD": method, "SCRIPT_NAME": "", "PATH_INFO": path, "QUERY_STRING": query,
-               "SERVER_NAME": host.split(":")[0] or "localhost", "SERVER_PORT": "443", "SERVER_PROTOCOL": "HTTP/1.1",
+               "SERVER_NAME": "localhost", "HTTP_HOST": "localhost", "SERVER_PORT": "443", "SERVER_PROTOCOL": "HTTP/1.1",
                "wsgi.version": (1, 0), "wsgi.url_scheme": "https", "wsgi.input": io.BytesIO(body),
                "wsgi.errors": io.StringIO(), "wsgi.multithread": True, "wsgi.multiprocess": False,
                "wsgi.run_once": False, "CONTENT_LENGTH": str(len(body))}
     for name, value in headers.items():
         if name == "content-type":
             environ["CONTENT_TYPE"] = value
-        elif name not in ("content-length", "authorization"):  # the token stops here
+        elif name not in ("content-length", "authorization", "host", "origin"):  # the token stops here
             environ["HTTP_" + name.upper().replace("-", "_")] = value
     started: dict[str, Any] = {}
 
@@ -128,6 +178,7 @@ class MlflowMount:
         self.home_root = home_root
         self.ctx: Context | None = None
         self.slots = bodies.Slots(bodies.MLFLOW_SLOTS)
+        self.server = MlflowServer(home_root)
 
     def bind(self, ctx: Context) -> None:
         self.ctx = ctx
@@ -138,10 +189,9 @@ class MlflowMount:
         search (what failed with a removed working directory while the rest of the service worked)."""
         with closing(sqlite3.connect(f"file:{ensure_store(self.home_root)}?mode=ro", uri=True, timeout=5)) as db:
             db.execute("SELECT COUNT(*) FROM experiments").fetchone()
-        app = _app.get("app")
-        if app is not None:
-            status, _, data = _call_wsgi(app, "POST", "/api/2.0/mlflow/experiments/search", "",
-                                         {"content-type": "application/json"}, b'{"max_results": 1}', "localhost")
+        if self.server.loaded:
+            status, _, data = _call_wsgi(self.server.app(), "POST", "/api/2.0/mlflow/experiments/search", "",
+                                         {"content-type": "application/json"}, b'{"max_results": 1}')
             if status != 200:
                 raise RuntimeError(f"MLflow's server answered {status}: {data[:200].decode(errors='replace')}")
 
@@ -167,6 +217,9 @@ class MlflowMount:
 
     def _refusal(self, request: Request, path: str, body: bytes, run: str | None) -> Reply | None:
         if run is None:
+            if server_job_route(path):
+                return arm_error(400, "NotSupported", f"{MOUNT}{path} is one of MLflow's server-job or demo routes: "
+                                 "they need `mlflow server`'s own process and job runner, which this service is not")
             return None
         why = run_token_refusal(request.method, path, request.url.query, body, run)
         if why is None:
@@ -210,10 +263,10 @@ class MlflowMount:
                                 {**admitted.headers, "Content-Type": "application/json; charset=utf-8"})
         else:
             try:
-                app = await run_in_threadpool(_flask_app, self.home_root)
+                app = await run_in_threadpool(self.server.app)
                 status, headers, data = await run_in_threadpool(
                     _call_wsgi, app, request.method, path, request.url.query,
-                    {k.lower(): v for k, v in request.headers.items()}, admitted, request.headers.get("host", ""))
+                    {k.lower(): v for k, v in request.headers.items()}, admitted)
             except Exception as exc:  # noqa: BLE001 - the client gets a 500, the log its cause
                 self.ctx.log(f"MLflow server failed: {type(exc).__name__}: {exc}")
                 status, headers, data = 500, [("Content-Type", "application/json")], json.dumps(
