@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import THREAD_PROBE, Steps, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
+from common import THREAD_PROBE, Steps, Stopped, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
 
 from amlemu.api import Emulator  # noqa: E402
 from amlemu.backends import BACKENDS  # noqa: E402
@@ -264,4 +264,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Stopped as stop:  # the home is removed by now (bench_home)
+        print(f"stopped by {stop}; everything the benchmark made is removed", flush=True)
+        sys.exit(143)
