@@ -67,7 +67,7 @@ class Emulator:
         return {"compute": {**spec.__dict__, "vm_priority": spec.vm_priority.value}, "backend": chosen,
                 "backend_note": why, "node_limits": {"cpus": limits.cpus, "cpu_share": limits.cpu_share,
                                                       "memory_bytes": limits.memory_bytes},
-                "notice": limits.notice, "nodes_now": [be.plan_node(r) for r in requests]}
+                "notice": limits.notice, "nodes_now": [be.plan_node(r).to_dict() for r in requests]}
 
     def create_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> Cluster:
         spec = to_cluster(spec, name)
@@ -155,8 +155,8 @@ class Emulator:
         requests = node_requests(self.home, cluster.spec, range(job.instance_count), job, software)
         plan = job_launch(job, run_id, backend, requests, [f"<address of {r.name}>" for r in requests],
                           self.workspace(), software)
-        return {**plan.to_dict(), "nodes": node_plans(backend, requests, software), "software": software.to_dict(),
-                **pools.describe(self.store, cluster)}
+        return {**plan.to_dict(), "nodes": [n.to_dict() for n in node_plans(backend, requests, software)],
+                "software": software.to_dict(), **pools.describe(self.store, cluster)}
 
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1

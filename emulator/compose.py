@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from amlemu.backends.docker import DockerBackend
+from amlemu.backends.dockerplan import ContainerPlan
 from amlemu.cluster.autoscale import node_request
 from amlemu.home import Home
 from amlemu.skus import GIB
@@ -63,13 +64,13 @@ def compose_from_plans(plans: list[dict[str, Any]]) -> dict[str, Any]:
             "networks": {"cluster": {"name": network, "driver": "bridge", "labels": labels}}}
 
 
-def portable(plan: dict[str, Any], home: Home) -> dict[str, Any]:
+def portable(plan: ContainerPlan, home: Home) -> dict[str, Any]:
     """A mirror-image node's plan with this machine's paths as variables with defaults. The Python
     and venv mounts are always written (the same file whichever Python made it); the venv may be
     seen at another path in the node than on the host when AMLEMU_VENV is unset."""
     venv, python = str(Path(sys.prefix).resolve()), str(Path(sys.base_prefix).resolve())
     volumes = []
-    for src, spec in plan["volumes"].items():
+    for src, spec in plan.volumes.items():
         if src == venv or (src == python and src != "/usr"):  # a Python in /usr is the /usr mount
             continue
         if src.startswith(str(home.root)):
@@ -77,9 +78,9 @@ def portable(plan: dict[str, Any], home: Home) -> dict[str, Any]:
         volumes.append(f"{src}:{spec['bind']}:{spec['mode']}")
     at = next(i for i, v in enumerate(volumes) if v.startswith(HOME_VAR))
     volumes[at:at] = [f"{PYTHON_VAR}:{PYTHON_VAR}:ro", f"{VENV_HOST_VAR}:{VENV_NODE_VAR}:ro"]
-    env = dict(plan["environment"])
+    env = dict(plan.environment)
     env["PATH"] = env["PATH"].replace(str(Path(sys.prefix, "bin")), f"{VENV_NODE_VAR}/bin", 1)
-    return {**plan, "volumes": volumes, "environment": env}
+    return {**plan.to_dict(), "volumes": volumes, "environment": env}
 
 
 def cluster_compose(nodes: int = 2, name: str = "cluster", vm_size: str = "STANDARD_D2_V2") -> str:

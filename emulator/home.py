@@ -9,9 +9,9 @@ from pathlib import Path
 
 from amlemu.errors import ConfigError
 
-# In a run's launch environment: its launch plan, <home>/runs/<run id>/agent-plan.json (runs/agent.py
-# reads it; cleanup knows a launch by it, as mpirun's argv does not name the run).
-PLAN_VARIABLE = "AMLEMU_AGENT_PLAN"
+# In a run's launch environment: the launch agent's configuration, <home>/runs/<run id>/agent-config.json
+# (runs/agent.py reads it; cleanup knows a launch by it, as mpirun's argv does not name the run).
+AGENT_CONFIG_VARIABLE = "AMLEMU_AGENT_CONFIG"
 
 _ADJECTIVES = ("amiable", "brave", "calm", "eager", "gentle", "happy", "jolly", "keen", "lively", "nice",
                "polite", "quirky", "sharp", "sincere", "tender", "upbeat", "witty", "zen", "bold", "frank")

@@ -22,7 +22,7 @@ from amlemu.backends import get_backend
 from amlemu.cli import cli
 from amlemu.cluster.teardown import ours
 from amlemu.errors import CapacityError
-from amlemu.home import PLAN_VARIABLE
+from amlemu.home import AGENT_CONFIG_VARIABLE
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import load_job
 from amlemu.runs.contract import run_folder_id
@@ -335,11 +335,11 @@ def test_a_dead_supervisors_run_is_recovered_at_once_keeping_its_outputs(emu: Em
     assert shown.exit_code == 0 and json.loads(shown.output)["status"] == "Failed", shown.output
 
 
-def test_cleanup_knows_a_runs_mpirun_by_its_launch_plan(tmp_path: Path) -> None:
+def test_cleanup_knows_a_runs_mpirun_by_its_agent_config(tmp_path: Path) -> None:
     """mpirun's argv names the run's folder by a hash, so a launch left by a dead supervisor is
-    known by the launch plan its environment names; a process reusing the pid has none."""
+    known by the launch agent's configuration its environment names; a process reusing the pid has none."""
     run_id = "brave_apple_0123456789"
-    env = {**os.environ, PLAN_VARIABLE: str(tmp_path / "runs" / run_id / "agent-plan.json")}
+    env = {**os.environ, AGENT_CONFIG_VARIABLE: str(tmp_path / "runs" / run_id / "agent-config.json")}
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env) as launch, \
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as stranger:
         try:

@@ -133,25 +133,26 @@ def test_launch_refuses_the_wrong_node_count() -> None:
         node_processes(_job(DistributionType.PYTORCH), "r", NODES[:1], agent="a")
 
 
-PLAN = {"backend": "docker", "as_root": True, "tools": {"docker": "/usr/bin/docker", "unshare": "/usr/bin/unshare",
-                                                        "sh": "/bin/sh"},
-        "host_env": {"PATH": "/usr/bin:/bin"}, "env_file": "/mnt/azureml/cr/j/r/amlemu-env.sh",
-        "sandbox_root": "/h/process-nodes/.root", "software": ["/usr", "/venv"],
-        "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1"},
-                  "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0",
-                         "shm_bytes": 268435456}}}
+AGENT_CONFIG = {
+    "backend": "docker", "as_root": True,
+    "tools": {"docker": "/usr/bin/docker", "unshare": "/usr/bin/unshare", "sh": "/bin/sh"},
+    "host_env": {"PATH": "/usr/bin:/bin"}, "env_file": "/mnt/azureml/cr/j/r/amlemu-env.sh",
+    "sandbox_root": "/h/process-nodes/.root", "software": ["/usr", "/venv"],
+    "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1"},
+              "n0": {"node_dir": "/h/nodes/c/n0", "cache_dir": "/h/caches/c/n0/data", "state_dir": "/h/p/c/n0",
+                     "shm_bytes": 268435456}}}
 
 
 def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -> None:
-    argv, env = agent_command(PLAN, "c1-node-1", "orted -mca x")
+    argv, env = agent_command(AGENT_CONFIG, "c1-node-1", "orted -mca x")
     assert argv == ["/usr/bin/docker", "exec", "-i", "amlemu-x-c1-node-1", "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
                     "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted -mca x"]
     assert env == {"PATH": "/usr/bin:/bin"}  # the job's variables never reach the host side
 
 
 def test_agent_enters_a_process_node_through_its_sandbox() -> None:
-    plan = {**PLAN, "backend": "process", "as_root": False}
-    argv, env = agent_command(plan, "n0", "orted")
+    config = {**AGENT_CONFIG, "backend": "process", "as_root": False}
+    argv, env = agent_command(config, "n0", "orted")
     assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
                     "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
                     "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
@@ -165,8 +166,8 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
 
 
 def test_agent_refuses_a_backend_outside_the_registry() -> None:
-    with pytest.raises(AgentError, match="unknown backend 'swarm' in the launch plan"):
-        agent_command({**PLAN, "backend": "swarm"}, "n0", "orted")
+    with pytest.raises(AgentError, match="unknown backend 'swarm' in the agent's configuration"):
+        agent_command({**AGENT_CONFIG, "backend": "swarm"}, "n0", "orted")
 
 
 def test_auto_walks_the_registry_by_priority(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -185,9 +186,9 @@ def test_each_registered_backend_is_one_class_with_its_capabilities() -> None:
         cls = backends.backend_class(name)
         assert cls.name == name and not getattr(cls.agent_argv, "__isabstractmethod__", False)
         assert all(isinstance(getattr(cls, cap), bool) for cap in ("can_partition", "can_slow", "enforces_limits"))
-    for name, host in (("docker", "c1-node-1"), ("process", "n0")):  # PLAN's hosts
+    for name, host in (("docker", "c1-node-1"), ("process", "n0")):  # AGENT_CONFIG's hosts
         tools = backends.backend_class(name).agent_tools()  # what its agent runs, found here by absolute path
-        assert agent_command({**PLAN, "backend": name, "tools": tools}, host, "orted")[0][0] in tools.values()
+        assert agent_command({**AGENT_CONFIG, "backend": name, "tools": tools}, host, "orted")[0][0] in tools.values()
         assert all(Path(path).is_absolute() for path in tools.values())
     assert backends.backend_class("process").limits_note() == "CPU and memory limits are not enforced on process nodes"
     assert backends.backend_class("docker").limits_note() is None
@@ -206,7 +207,7 @@ def test_env_file_quotes_every_value_and_refuses_names_a_shell_cannot_set() -> N
 
 def test_agent_refuses_hosts_outside_the_run() -> None:
     with pytest.raises(AgentError, match="host c1-node-9 is not a node of this run"):
-        agent_command(PLAN, "c1-node-9", "orted")
+        agent_command(AGENT_CONFIG, "c1-node-9", "orted")
 
 
 def test_data_bindings_paths_default_outputs_and_v1_references() -> None:

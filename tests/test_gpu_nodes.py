@@ -53,19 +53,19 @@ def test_docker_plan_uses_device_nodes_unless_the_nvidia_toolkit_is_there(
     spec = ClusterSpec("gpu", "Standard_NC6s_v3", max_nodes=2)  # 1 V100 per node
     backend = get_backend("docker", emu.home)
     plans = [backend.plan_node(autoscale.node_request(emu.home, spec, i, host_gpus=("0", "1"))) for i in (0, 1)]
-    assert [p["gpus"] for p in plans] == [["0"], ["1"]]
+    assert [p.gpus for p in plans] == [("0",), ("1",)]
     if toolkit:
-        assert [p["gpu_access"] for p in plans] == ["device_requests"] * 2
-        assert plans[1]["devices"] == [] and "LD_LIBRARY_PATH" not in plans[1]["environment"]
+        assert [p.gpu_access for p in plans] == ["device_requests"] * 2
+        assert plans[1].devices == () and "LD_LIBRARY_PATH" not in plans[1].environment
     else:
-        assert [p["gpu_access"] for p in plans] == ["device_nodes"] * 2
-        assert plans[1]["devices"][0] == "/dev/nvidia1:/dev/nvidia1:rwm"
-        assert not any("nvidia0" in d for d in plans[1]["devices"])  # never the other node's GPU
-        assert plans[1]["environment"]["LD_LIBRARY_PATH"] == "/opt/driver/lib"
-        assert plans[1]["volumes"]["/opt/driver/lib"] == {"bind": "/opt/driver/lib", "mode": "ro"}
+        assert [p.gpu_access for p in plans] == ["device_nodes"] * 2
+        assert plans[1].devices[0] == "/dev/nvidia1:/dev/nvidia1:rwm"
+        assert not any("nvidia0" in d for d in plans[1].devices)  # never the other node's GPU
+        assert plans[1].environment["LD_LIBRARY_PATH"] == "/opt/driver/lib"
+        assert plans[1].volumes["/opt/driver/lib"] == {"bind": "/opt/driver/lib", "mode": "ro"}
     cpu = backend.plan_node(autoscale.node_request(emu.home, ClusterSpec("cpu", "STANDARD_D2_V2"), 0,
                                                    host_gpus=("0", "1")))
-    assert (cpu["gpu_access"], cpu["devices"]) == (None, [])
+    assert (cpu.gpu_access, cpu.devices) == (None, ())
 
 
 def test_process_nodes_number_gpus_as_nvidia_smi_does(tmp_path: Path) -> None:

@@ -159,7 +159,7 @@ def test_each_node_gets_its_own_gpus(tmp_path: Path) -> None:
     spec = ClusterSpec("gpu", "Standard_NC12s_v3", max_nodes=2)  # 2 V100 per node
     requests = [autoscale.node_request(emu.home, spec, i, host_gpus=("0", "1", "2", "3")) for i in (0, 1)]
     assert [r.gpus for r in requests] == [("0", "1"), ("2", "3")]
-    assert get_backend("docker", emu.home).plan_node(requests[1])["gpus"] == ["2", "3"]
+    assert get_backend("docker", emu.home).plan_node(requests[1]).gpus == ("2", "3")
     assert get_backend("process", emu.home).node_env(requests[1])["CUDA_VISIBLE_DEVICES"] == "2,3"
     none = autoscale.node_request(emu.home, ClusterSpec("cpu", "STANDARD_D2_V2"), 0, host_gpus=("0",))
     assert get_backend("process", emu.home).node_env(none)["CUDA_VISIBLE_DEVICES"] == ""

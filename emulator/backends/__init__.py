@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import importlib
 
-from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest
+from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, PlannedNode
 from amlemu.errors import ConfigError
 from amlemu.home import Home
 
-__all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "auto_order", "backend_class", "get_backend",
+__all__ = ["BACKENDS", "NodeBackend", "NodeInfo", "NodeRequest", "PlannedNode", "auto_order", "backend_class", "get_backend",
            "resolve_backend"]
 
 # name -> "module:class", imported lazily (the docker SDK is needed only by the docker backend).

@@ -4,7 +4,7 @@ from __future__ import annotations
 import abc
 import socket
 import sys
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -91,6 +91,19 @@ class NodeInfo:
     detail: dict[str, Any] = field(default_factory=dict)
 
 
+class PlannedNode(abc.ABC):
+    """What a backend's create_node makes of a NodeRequest, as data: its plan_node (the dry run).
+    Each backend's is a frozen, keyword-only dataclass; `to_dict` is the JSON the dry run prints."""
+
+    backend: ClassVar[str]
+    image_note: str | None = None  # why the job's image is not what the node runs (docker only)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The backend's name, then each field in order (tuples as JSON lists)."""
+        fields = asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
+        return {"backend": self.backend, **{k: list(v) if isinstance(v, tuple) else v for k, v in fields.items()}}
+
+
 class NodeBackend(abc.ABC):
     """Everything a kind of node needs, in one class: its registry name, its place in `auto`, what
     it can emulate, how the launch agent runs a command on one of its nodes, and the node's life."""
@@ -125,17 +138,17 @@ class NodeBackend(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
-        """The argv that runs the shell `command` on node `host` of the agent's `plan` (written by
+    def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
+        """The argv that runs the shell `command` on node `host` of the agent's `config` (written by
         the supervisor: tools by absolute path, env_file, sandbox_root, software, and the host's
         `agent_entry`). Only the platform's programs run on the host side, never the job's."""
 
     @classmethod
-    def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
+    def before_agent_exec(cls, config: dict[str, Any], host: str) -> None:
         """Called by the agent just before it becomes the argv (same pid after exec)."""
 
     @abc.abstractmethod
-    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> PlannedNode:
         """Dry run: exactly what create_node would create, as data. `built_image`: an image the run
         builds before its nodes are made (the job's software plan), planned as the engine has it."""
 

@@ -29,7 +29,7 @@ from amlemu.actions import Action
 from amlemu.backends import hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
-from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, container_plan
+from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
 
@@ -73,10 +73,10 @@ class DockerBackend(NodeBackend):
         return {"docker": found} if found else {}
 
     @classmethod
-    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+    def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
         """`docker exec -i` into the node's container, whose shell sources the run's env file."""
-        return [plan["tools"]["docker"], "exec", "-i", plan["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,
-                "amlemu-node", plan["env_file"], command]
+        return [config["tools"]["docker"], "exec", "-i", config["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,
+                "amlemu-node", config["env_file"], command]
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -95,12 +95,12 @@ class DockerBackend(NodeBackend):
             return False
 
     # --- the dry run -------------------------------------------------------------------------
-    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> ContainerPlan:
         use_job_image = bool(request.image) and (request.image == built_image or self.has_image(request.image))
-        plan = container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
-                              self.container_name(request), self.network_name(request.cluster))
         networks = self._networks(request.cluster)
-        return {**plan, "host_guard": hostguard.note(networks[0].id if networks else None)}
+        return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
+                              self.container_name(request), self.network_name(request.cluster),
+                              hostguard.note(networks[0].id if networks else None))
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str) -> None:
@@ -134,31 +134,31 @@ class DockerBackend(NodeBackend):
         nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes)[0])  # before the bind
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
-            self._ensure_image(plan["image"])
-            self._ensure_network(plan["network"], request.cluster)
+            self._ensure_image(plan.image)
+            self._ensure_network(plan.network, request.cluster)
             self._guard(self._networks(request.cluster)[0].id, request.cluster)  # a network made before guards
         api = self.client.api
-        device_requests = [docker.types.DeviceRequest(device_ids=plan["gpus"], capabilities=[["gpu"]])] \
-            if plan["gpu_access"] == "device_requests" else None
+        device_requests = [docker.types.DeviceRequest(device_ids=list(plan.gpus), capabilities=[["gpu"]])] \
+            if plan.gpu_access == "device_requests" else None
         host_config = api.create_host_config(
-            binds=plan["volumes"], cpu_period=plan["cpu_period"], cpu_quota=plan["cpu_quota"], mem_limit=plan["mem_limit"],
-            shm_size=plan["shm_size"], init=plan["init"], device_requests=device_requests,
-            devices=plan["devices"] or None,
-            read_only=plan["read_only"], tmpfs=plan["tmpfs"], security_opt=plan["security_opt"],
+            binds=plan.volumes, cpu_period=plan.cpu_period, cpu_quota=plan.cpu_quota, mem_limit=plan.mem_limit,
+            shm_size=plan.shm_size, init=plan.init, device_requests=device_requests,
+            devices=list(plan.devices) or None,
+            read_only=plan.read_only, tmpfs=plan.tmpfs, security_opt=list(plan.security_opt),
             extra_hosts={SERVICE_HOST: self.host_address(request)})  # the run's service link
         networking = api.create_networking_config(
-            {plan["network"]: api.create_endpoint_config(aliases=plan["aliases"])})
+            {plan.network: api.create_endpoint_config(aliases=list(plan.aliases))})
         try:
             created = api.create_container(
-                plan["image"], command=plan["command"], name=plan["name"], hostname=plan["hostname"],
-                labels=plan["labels"], environment=plan["environment"], host_config=host_config,
+                plan.image, command=list(plan.command), name=plan.name, hostname=plan.hostname,
+                labels=plan.labels, environment=plan.environment, host_config=host_config,
                 networking_config=networking, detach=True)
             api.start(created["Id"])
         except docker.errors.APIError as exc:
             self.remove_node(request)
             raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
         attrs = api.inspect_container(created["Id"])
-        return attrs["NetworkSettings"]["Networks"][plan["network"]]["IPAddress"]
+        return attrs["NetworkSettings"]["Networks"][plan.network]["IPAddress"]
 
     def remove_node(self, request: NodeRequest) -> None:
         import docker  # noqa: PLC0415

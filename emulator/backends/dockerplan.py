@@ -1,13 +1,15 @@
 """A docker node as data: the container the docker backend creates for a node request (pure; the
-backend's `plan_node` and the dry run show exactly this, `create_node` executes it)."""
+backend's `plan_node` returns exactly this, the dry run shows its `to_dict`, `create_node` executes it)."""
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import ClassVar
 
 from amlemu.backends import gpudevices
-from amlemu.backends.base import CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, node_base_env, software_bin, software_paths
+from amlemu.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode, node_base_env, software_bin,
+                                  software_paths)
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 CPU_PERIOD = 100_000  # microseconds
@@ -15,12 +17,44 @@ CPU_PERIOD = 100_000  # microseconds
 SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
 
 
-def _mirror_mounts() -> dict[str, dict[str, str]]:
+Volumes = dict[str, dict[str, str]]  # host path -> {"bind": path in the node, "mode": "ro" | "rw"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerPlan(PlannedNode):
+    """The container of one docker node, field for field as create_node creates it."""
+
+    backend: ClassVar[str] = "docker"
+    image: str
+    image_note: str | None = None  # the job's image is not in the engine: the mirror runs instead
+    name: str
+    hostname: str
+    network: str
+    aliases: tuple[str, ...]
+    labels: dict[str, str]
+    command: tuple[str, ...]
+    init: bool  # the engine's init (tini) as PID 1: a job image's; the mirror's command is tini
+    environment: dict[str, str]
+    read_only: bool  # the root file system (the mirror's never changes)
+    tmpfs: dict[str, str]  # folder -> mount options
+    security_opt: tuple[str, ...]
+    volumes: Volumes
+    cpu_period: int
+    cpu_quota: int
+    mem_limit: int
+    shm_size: int
+    gpus: tuple[str, ...]
+    gpu_access: str | None  # device_requests (NVIDIA runtime) | device_nodes | None
+    devices: tuple[str, ...]  # docker `devices` (host:node:permissions), with device_nodes
+    host_guard: str  # whether this machine is closed to the nodes (backends/hostguard.py)
+
+
+def _mirror_mounts() -> Volumes:
     return {p: {"bind": p, "mode": "ro"} for p in software_paths()}
 
 
 def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bool, container_name: str,
-                   network: str) -> dict[str, Any]:
+                   network: str, host_guard: str) -> ContainerPlan:
     """The container of one node: the job's image when the engine has it (else the host mirror),
     its disk, cache, limits, GPUs and labels."""
     volumes = {} if use_job_image else _mirror_mounts()
@@ -34,7 +68,8 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
         # Open MPI daemons check that the launch agent's path exists on their node.
         volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
     env = node_base_env(None if use_job_image else software_bin(request))
-    gpu_access, devices = None, []
+    gpu_access: str | None = None
+    devices: list[str] = []
     if request.gpus:
         gpu_access = "device_requests" if nvidia_runtime else "device_nodes"
         if gpu_access == "device_nodes":
@@ -44,31 +79,31 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
                 env["LD_LIBRARY_PATH"] = driver_libs
                 if not any(driver_libs == p or driver_libs.startswith(p + "/") for p in volumes):
                     volumes[driver_libs] = {"bind": driver_libs, "mode": "ro"}
-    return {
-        "backend": "docker",
-        "image": request.image if use_job_image else MIRROR_IMAGE,
-        "image_note": None if use_job_image or not request.image else
+    return ContainerPlan(
+        image=request.image if use_job_image else MIRROR_IMAGE,
+        image_note=None if use_job_image or not request.image else
         f"image {request.image} is not in the engine (no registry here): nodes use {MIRROR_IMAGE}",
-        "name": container_name,
-        "hostname": request.name,
-        "network": network,
-        "aliases": [request.name],
-        "labels": {**request.labels, f"{LABEL}.python_env": request.python_env or ""},
+        name=container_name,
+        hostname=request.name,
+        network=network,
+        aliases=(request.name,),
+        labels={**request.labels, f"{LABEL}.python_env": request.python_env or ""},
         # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
-        "command": ["sleep", "infinity"] if use_job_image else ["/usr/bin/tini", "--", "/bin/sleep", "infinity"],
-        "init": use_job_image,
-        "environment": env,
+        command=("sleep", "infinity") if use_job_image else ("/usr/bin/tini", "--", "/bin/sleep", "infinity"),
+        init=use_job_image,
+        environment=env,
         # A job image may expect to write anywhere; the mirror's root never changes.
-        "read_only": not use_job_image,
-        "tmpfs": {} if use_job_image else {d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
-        "security_opt": ["no-new-privileges"],
-        "volumes": volumes,
+        read_only=not use_job_image,
+        tmpfs={} if use_job_image else {d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
+        security_opt=("no-new-privileges",),
+        volumes=volumes,
         # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.
-        "cpu_period": CPU_PERIOD,
-        "cpu_quota": int(request.cpus * CPU_PERIOD),
-        "mem_limit": request.memory_bytes,
-        "shm_size": request.shm_bytes,  # the job's resources.shm_size, as Azure ML's docker run --shm-size
-        "gpus": list(request.gpus),
-        "gpu_access": gpu_access,  # device_requests (NVIDIA runtime) | device_nodes | None
-        "devices": devices,
-    }
+        cpu_period=CPU_PERIOD,
+        cpu_quota=int(request.cpus * CPU_PERIOD),
+        mem_limit=request.memory_bytes,
+        shm_size=request.shm_bytes,  # the job's resources.shm_size, as Azure ML's docker run --shm-size
+        gpus=tuple(request.gpus),
+        gpu_access=gpu_access,
+        devices=tuple(devices),
+        host_guard=host_guard,
+    )

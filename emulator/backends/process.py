@@ -16,8 +16,9 @@ import shutil
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import socket
 
@@ -27,7 +28,7 @@ from amlemu import statefile
 from amlemu.actions import Action
 from amlemu.backends import netns
 from amlemu.backends import nodedisk
-from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, node_base_env, software_bin
+from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, PlannedNode, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
@@ -35,6 +36,30 @@ DEAD_FILE = "dead"  # a killed node: its folder stays until the node is removed
 KILL_WAIT = 30.0  # seconds for a killed node's processes to die (slower on a loaded machine)
 SANDBOX_TOOLS = ("unshare", "chroot", "setpriv", "tini")
 SANDBOX = Path(__file__).with_name("sandbox.sh")  # run by the launch agent (package data)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProcessNodePlan(PlannedNode):
+    """A process node as create_node makes it: a folder, and this record of it (NODE_FILE)."""
+
+    backend: ClassVar[str] = "process"
+    hostname: str
+    address: str
+    node_dir: str
+    labels: dict[str, str]
+    cpus: float
+    memory_bytes: int
+    gpus: tuple[str, ...]
+    shm_size: int
+    notes: str
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ProcessNodePlan:
+        """A node's record read back; one written before a field existed has that field empty."""
+        return cls(hostname=data["hostname"], address=data["address"], labels=data["labels"],
+                   node_dir=data.get("node_dir", ""), cpus=data.get("cpus", 0.0),
+                   memory_bytes=data.get("memory_bytes", 0), gpus=tuple(data.get("gpus", ())),
+                   shm_size=data.get("shm_size", 0), notes=data.get("notes", ""))
 
 
 class ProcessBackend(NodeBackend):
@@ -59,20 +84,20 @@ class ProcessBackend(NodeBackend):
         return {**tools, "sh": "/bin/sh"}
 
     @classmethod
-    def agent_argv(cls, plan: dict[str, Any], host: str, command: str) -> list[str]:
+    def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
         """The node's sandbox in new namespaces, inside its cluster's network namespace; as a user
         without root, in a user namespace too (and the host's network: see netns.py)."""
-        tools, node = plan["tools"], plan["hosts"][host]
+        tools, node = config["tools"], config["hosts"][host]
         network = [tools["nsenter"], f"--net={node['netns']}", "--"] if node.get("netns") else []
         unshare = [*network, tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
-        if not plan.get("as_root", True):
+        if not config.get("as_root", True):
             unshare.append("--map-root-user")
-        return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], plan["sandbox_root"],
-                plan["env_file"], str(node["shm_bytes"]), command, *plan["software"], *node.get("software", [])]
+        return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], config["sandbox_root"],
+                config["env_file"], str(node["shm_bytes"]), command, *config["software"], *node.get("software", [])]
 
     @classmethod
-    def before_agent_exec(cls, plan: dict[str, Any], host: str) -> None:
-        record_agent(plan["hosts"][host]["state_dir"])  # so stop_processes finds the sandbox
+    def before_agent_exec(cls, config: dict[str, Any], host: str) -> None:
+        record_agent(config["hosts"][host]["state_dir"])  # so stop_processes finds the sandbox
 
     def state_dir(self, cluster: str, node: str) -> Path:
         return self.home.root / "process-nodes" / cluster / node
@@ -115,11 +140,11 @@ class ProcessBackend(NodeBackend):
         return ("the nodes share this machine's network (a cluster network namespace needs root): a job "
                 "reaches this machine's loopback services; use docker nodes for untrusted code")
 
-    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> dict[str, Any]:
-        return {"backend": self.name, "hostname": request.name, "address": "127.0.0.1",
-                "node_dir": str(request.node_dir), "labels": request.labels,
-                "cpus": request.cpus, "memory_bytes": request.memory_bytes, "gpus": list(request.gpus),
-                "shm_size": request.shm_bytes, "notes": f"{self.limits_note()}; {self._network_note()}"}
+    def plan_node(self, request: NodeRequest, built_image: str | None = None) -> ProcessNodePlan:
+        return ProcessNodePlan(hostname=request.name, address="127.0.0.1", node_dir=str(request.node_dir),
+                               labels=request.labels, cpus=request.cpus, memory_bytes=request.memory_bytes,
+                               gpus=tuple(request.gpus), shm_size=request.shm_bytes,
+                               notes=f"{self.limits_note()}; {self._network_note()}")
 
     def create_node(self, request: NodeRequest) -> str:
         self._ensure_network(request.cluster)
@@ -127,7 +152,7 @@ class ProcessBackend(NodeBackend):
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         state = self.state_dir(request.cluster, request.name)
         state.mkdir(parents=True, exist_ok=True)
-        statefile.write_json(state / NODE_FILE, self.plan_node(request))
+        statefile.write_json(state / NODE_FILE, self.plan_node(request).to_dict())
         return "127.0.0.1"
 
     def remove_node(self, request: NodeRequest) -> None:
@@ -197,10 +222,10 @@ class ProcessBackend(NodeBackend):
     def list_nodes(self) -> list[NodeInfo]:
         found = []
         for marker in sorted((self.home.root / "process-nodes").glob(f"*/*/{NODE_FILE}")):
-            plan = json.loads(marker.read_text())
-            found.append(NodeInfo(cluster=plan["labels"]["amlemu.cluster"], name=plan["hostname"],
-                                  index=int(plan["labels"]["amlemu.index"]),
-                                  running=not (marker.parent / DEAD_FILE).exists(), address=plan["address"]))
+            plan = ProcessNodePlan.from_dict(json.loads(marker.read_text()))
+            found.append(NodeInfo(cluster=plan.labels["amlemu.cluster"], name=plan.hostname,
+                                  index=int(plan.labels["amlemu.index"]),
+                                  running=not (marker.parent / DEAD_FILE).exists(), address=plan.address))
         return found
 
     def remove_cluster(self, cluster: str) -> None:

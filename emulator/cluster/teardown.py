@@ -23,7 +23,7 @@ from amlemu.backends import BACKENDS, backend_class, get_backend, nodedisk
 from amlemu.cluster import autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
-from amlemu.home import PLAN_VARIABLE, Home
+from amlemu.home import AGENT_CONFIG_VARIABLE, Home
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
@@ -50,8 +50,8 @@ def ours(pid: int, run_id: str) -> bool:
         if any(word.search(part) for part in _cmdline(proc)):
             return True
         # mpirun's argv names the run's folder by a hash, as Azure ML's does; its environment names
-        # the run's launch plan (runs/agent.py), which a process reusing the pid would not have.
-        return bool(word.search(proc.environ().get(PLAN_VARIABLE, "")))
+        # the run's launch agent configuration (runs/agent.py), which a process reusing the pid would not have.
+        return bool(word.search(proc.environ().get(AGENT_CONFIG_VARIABLE, "")))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

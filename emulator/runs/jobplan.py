@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from typing import Any
 
-from amlemu.backends import NodeBackend, NodeRequest, nodedisk
+from amlemu.backends import NodeBackend, NodeRequest, PlannedNode, nodedisk
 from amlemu.cluster import autoscale
 from amlemu.envs.software import Software, SoftwarePlan
 from amlemu.home import Home
@@ -25,7 +24,7 @@ def node_requests(home: Home, spec: ClusterSpec, indices: Iterable[int], job: Jo
 
 
 def node_plans(backend: NodeBackend, requests: list[NodeRequest], software: SoftwarePlan | Software
-               ) -> list[dict[str, Any]]:
+               ) -> list[PlannedNode]:
     """What the backend makes of each node; an image the run builds first (a layer, a build context)
     is planned as there, as it will be when the nodes are made."""
     return [backend.plan_node(r, built_image=software.image) for r in requests]
@@ -35,7 +34,7 @@ def job_launch(job: JobSpec, run_id: str, backend: NodeBackend, requests: list[N
                workspace: dict[str, str], software: SoftwarePlan | Software) -> LaunchPlan:
     """The launch plan of `job` on these nodes (in rank order, with the addresses they are reached at)."""
     compute = requests[0].cluster
-    note = node_plans(backend, requests[:1], software)[0].get("image_note")  # the same for every node
+    note = node_plans(backend, requests[:1], software)[0].image_note  # the same for every node
     disk_note = nodedisk.size(requests[0].disk_bytes)[1]
     return plan_launch(job, run_id, compute, backend.name, requests, addresses, workspace,
                        base_env=[backend.node_env(r) for r in requests], mpi_options=backend.mpi_options,

@@ -121,7 +121,7 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
         notices=(*notices, *cache_notices), services=plan_services(job, run_id, slots, agent=AGENT))
 
 
-def agent_plan(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:
+def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:
     """What the launch agent needs, all fixed by the platform: the tools it runs (absolute paths,
     found on the supervisor's PATH) and the environment it runs them with. Nothing in it comes from
     the job but the name of the env file on the node."""

@@ -4,7 +4,7 @@ its launch plan as the studio shows it.
 A job is untrusted code and wrote most of a run's folder: a file is opened with no link followed
 on the way (`open_in_run`), and never one of the run's private files: the launch plan
 (system_logs/launch.json: the job's environment_variables, which may hold secrets), the launch
-agent's plan (agent-plan.json), or any file kept owner-only (mode 0600: the platform keeps its
+agent's configuration (agent-config.json), or any file kept owner-only (mode 0600: the platform keeps its
 secrets so; `amlemu job download` still copies them for the home's owner). The studio shows the
 launch plan through `shown_plan`, with the values of the job's variables and of anything named
 like a secret masked.
@@ -23,15 +23,15 @@ from amlemu.runs.metrics import PLOT_NAME
 # What of a run's record the page lists and serves: what `amlemu job download` gives.
 DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs", "azureml-logs")
 MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
-LAUNCH_PLAN, AGENT_PLAN = "system_logs/launch.json", "agent-plan.json"
-PRIVATE = frozenset({LAUNCH_PLAN, AGENT_PLAN})
+LAUNCH_PLAN, AGENT_CONFIG = "system_logs/launch.json", "agent-config.json"
+PRIVATE = frozenset({LAUNCH_PLAN, AGENT_CONFIG})
 MASK = "***"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|SAS|SIGNATURE|AUTH|CONNECTION_STRING", re.I)
 MAX_PLAN = 4 * 1024 * 1024  # bytes of launch.json read for the page
 
 
 def private(rel: str, info: os.stat_result) -> bool:
-    """Never served: the platform's plans, and any file no one but its owner may read."""
+    """Never served: the launch plan, the agent's configuration, and any file no one but its owner may read."""
     return rel in PRIVATE or not info.st_mode & 0o077
 
 

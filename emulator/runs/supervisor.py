@@ -21,7 +21,7 @@ from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjec
 from amlemu.cluster.store import Store
 from amlemu.envs.software import missing_import, plan_software, realize
 from amlemu.errors import AmlEmuError
-from amlemu.home import PLAN_VARIABLE, Home, default_cache
+from amlemu.home import AGENT_CONFIG_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
 from amlemu.runs import homestore, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
 from amlemu.runs.gang import Gang
@@ -29,7 +29,7 @@ from amlemu.runs.metrics import plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
 from amlemu.runs.jobplan import job_launch, node_requests
-from amlemu.runs.plan import LaunchPlan, agent_plan
+from amlemu.runs.plan import LaunchPlan, agent_config
 from amlemu.runs.runlogs import RunLogs, failure_reason
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
@@ -136,9 +136,9 @@ class Supervisor:
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
                               self.job.display_name or self.run_id, self.link.files if self.link else None)
         self.prepare_data()
-        plan = agent_plan(self.backend, self.requests, self.run_id,
-                          sandbox_root=self.home.root / "process-nodes" / ".root")
-        statefile.write_json(self.run_dir / "agent-plan.json", plan, owner_only=True)
+        config = agent_config(self.backend, self.requests, self.run_id,
+                              sandbox_root=self.home.root / "process-nodes" / ".root")
+        statefile.write_json(self.run_dir / "agent-config.json", config, owner_only=True)
         if self.canceled():
             self.set(RunStatus.CANCELED, "canceled while preparing")
             self.cleanup_nodes(dead=set())
@@ -175,7 +175,7 @@ class Supervisor:
             return self.restart()
         # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
         statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
-        env = {**os.environ, PLAN_VARIABLE: str(self.run_dir / "agent-plan.json")}
+        env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / "agent-config.json")}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to
             env["OMPI_MCA_oob_tcp_static_ipv4_ports"] = str(port)
