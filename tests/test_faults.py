@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import random
 import re
 from pathlib import Path
@@ -177,8 +178,13 @@ def test_a_slow_node(emu: Emulator, cluster, make_job, backend: str) -> None:
             emu.faults.slow("c1", 0, cpus=0.1)
     else:
         emu.faults.slow("c1", 0, cpus=0.1)
-        host = docker.from_env().containers.get(f"amlemu-{emu.home.id}-c1-node-0").attrs["HostConfig"]
+        client = docker.from_env()
+        host = client.containers.get(f"amlemu-{emu.home.id}-c1-node-0").attrs["HostConfig"]
         assert (host["CpuQuota"], host["CpuPeriod"]) == (10_000, 100_000)
+        # Its weight beside this machine's processes is its own (one CPU's: 2 nodes on 2 cores), not
+        # one shared by every container under the engine's group (dockerplan.CPU_WEIGHT).
+        parent = "/" if client.info()["CgroupDriver"] == "cgroupfs" else ""
+        assert (host["CpuShares"], host["CgroupParent"]) == (round(1024 * min(2, os.cpu_count() / 2)), parent)
         assert "fault: slow c1-node-0: throttled to 0.1 CPU(s)" in _faults_log(run)
     run.cancel()
 

@@ -14,7 +14,8 @@ from amlemu.backends.process import NODE_FILE, ProcessBackend, ProcessNodePlan
 from amlemu.home import Home
 
 DOCKER_KEYS = ["backend", "image", "image_note", "name", "hostname", "network", "aliases", "labels", "command", "init",
-               "environment", "read_only", "tmpfs", "security_opt", "volumes", "cpu_period", "cpu_quota", "mem_limit",
+               "environment", "read_only", "tmpfs", "security_opt", "volumes", "cpu_period", "cpu_quota", "cpu_shares",
+               "cgroup_parent", "mem_limit",
                "shm_size", "gpus", "gpu_access", "devices", "host_guard"]
 PROCESS_KEYS = ["backend", "hostname", "address", "node_dir", "labels", "cpus", "memory_bytes", "gpus", "shm_size",
                 "notes"]
@@ -36,6 +37,18 @@ def test_a_docker_node_plan_is_frozen_data_shown_with_the_dry_runs_keys(tmp_path
     assert shown["aliases"] == ["c1-node-0"] and shown["security_opt"] == ["no-new-privileges"]  # JSON lists
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.image = "other"  # type: ignore[misc]
+
+
+def test_a_docker_node_weighs_on_this_machines_cpus_as_its_share_of_processes_would(tmp_path: Path) -> None:
+    """Not one weight shared by every container of the engine (/docker): a group of its own beside
+    this machine's processes, weighted by the CPUs of its fair share (issue 30: a busy machine gave
+    each emulated rank a third of a core where a bare rank got half)."""
+    home = Home.at(tmp_path / "home")
+    for share, weight in ((1.0, 1024), (2.0, 2048), (0.5, 512)):
+        request = dataclasses.replace(_request(home), cpu_share=share)
+        plan = container_plan(request, use_job_image=False, nvidia_runtime=False, container_name="n", network="w",
+                              host_guard="closed", cgroup_parent="/")
+        assert (plan.cpu_shares, plan.cgroup_parent, plan.cpu_quota) == (weight, "/", 200_000)  # quota: 2 CPUs
 
 
 def test_a_process_nodes_record_is_its_plan_and_an_older_record_still_lists(tmp_path: Path) -> None:

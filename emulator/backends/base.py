@@ -116,6 +116,7 @@ class NodeBackend(abc.ABC):
     can_partition: ClassVar[bool] = False  # cut one node off the others' network
     can_slow: ClassVar[bool] = False  # lower a running node's CPU quota
     enforces_limits: ClassVar[bool] = False  # the size's CPUs and memory are hard limits
+    guards_host: ClassVar[bool] = False  # this machine answers its nodes only on ports open_port opened
 
     def __init__(self, home: Home) -> None:
         self.home = home
@@ -189,9 +190,15 @@ class NodeBackend(abc.ABC):
         return sock
 
     def callback_port(self, request: NodeRequest, run_id: str) -> int | None:
-        """A port of this machine, opened to the run's nodes, for mpirun's daemons to call back to;
-        None: mpirun may take any (the nodes reach every port of it)."""
-        return None
+        """A port of this machine, opened to the run's nodes, for mpirun's daemons to call back to
+        (free now: mpirun binds it as it starts); None: mpirun may take any (the nodes reach every
+        port of it, or none: a namespace of their own)."""
+        if not self.guards_host or self.host_address(request) is None:
+            return None
+        with socket.create_server(("0.0.0.0", 0)) as probe:  # mpirun listens on every address
+            port = int(probe.getsockname()[1])
+        self.open_port(request, run_id, port)
+        return port
 
     def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
         """Let the run's nodes reach `port` at host_address until close_ports; nothing by default."""

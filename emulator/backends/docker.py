@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-import socket
 import threading
 from pathlib import Path
 from typing import Any
@@ -41,11 +40,13 @@ class DockerBackend(NodeBackend):
     name = "docker"
     auto_priority = 10  # the closest to AmlCompute: `auto` takes it when an engine answers
     can_partition = can_slow = enforces_limits = True  # its own bridge network; a CFS quota, a memory limit
+    guards_host = True  # its nodes reach this machine only where a run opened a port (hostguard.py)
 
     def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
         super().__init__(home)
         self._docker = None
         self._lock = threading.Lock()  # nodes are created in parallel; image and network once
+        self._parent: str | None = None  # the nodes' cgroup parent, once asked ("": the engine's)
 
     @property
     def client(self):  # type: ignore[no-untyped-def]
@@ -100,7 +101,14 @@ class DockerBackend(NodeBackend):
         networks = self._networks(request.cluster)
         return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
                               self.container_name(request), self.network_name(request.cluster),
-                              hostguard.note(networks[0].id if networks else None))
+                              hostguard.note(networks[0].id if networks else None), self._cgroup_parent())
+
+    def _cgroup_parent(self) -> str | None:
+        """"/" where the engine names cgroups by path (cgroupfs: see dockerplan.CPU_WEIGHT); under
+        systemd's driver its own slice (system.slice) is kept."""
+        if self._parent is None:  # asked once
+            self._parent = "/" if self.client.info().get("CgroupDriver") == "cgroupfs" else ""
+        return self._parent or None
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str) -> None:
@@ -143,6 +151,7 @@ class DockerBackend(NodeBackend):
         host_config = api.create_host_config(
             binds=plan.volumes, cpu_period=plan.cpu_period, cpu_quota=plan.cpu_quota, mem_limit=plan.mem_limit,
             shm_size=plan.shm_size, init=plan.init, device_requests=device_requests,
+            cpu_shares=plan.cpu_shares, cgroup_parent=plan.cgroup_parent,
             devices=list(plan.devices) or None,
             read_only=plan.read_only, tmpfs=plan.tmpfs, security_opt=list(plan.security_opt),
             extra_hosts={SERVICE_HOST: self.host_address(request)})  # the run's service link
@@ -182,6 +191,7 @@ class DockerBackend(NodeBackend):
             image = request.image if request.image and self.has_image(request.image) else MIRROR_IMAGE
             return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and attrs["Config"]["Image"] == image and \
                 attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") and \
+                attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent() or "") and \
                 any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
@@ -201,15 +211,6 @@ class DockerBackend(NodeBackend):
 
     def close_ports(self, request: NodeRequest, run_id: str) -> None:
         hostguard.remove(hostguard.comment(self.home.id, request.cluster, run_id))
-
-    def callback_port(self, request: NodeRequest, run_id: str) -> int | None:
-        """A port free on the gateway now (mpirun binds it as it starts), opened to the run's nodes."""
-        if self.host_address(request) is None:
-            return None
-        with socket.create_server(("0.0.0.0", 0)) as probe:  # mpirun listens on every address
-            port = int(probe.getsockname()[1])
-        self.open_port(request, run_id, port)
-        return port
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run

@@ -12,7 +12,6 @@ import signal
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from amlemu import statefile
 from amlemu.backends import NodeRequest, get_backend
@@ -31,9 +30,10 @@ from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
 from amlemu.runs.jobplan import job_launch, node_requests
 from amlemu.runs.plan import LaunchPlan, agent_config
 from amlemu.runs.runlogs import RunLogs, failure_reason
+from amlemu.runs.timeline import Timeline
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.storage.datastores import Datastores
-from amlemu.storage.nodecache import NodeCache, policy_from_env
+from amlemu.storage.nodecache import policy_from_env
 
 KILL_GRACE = 2.0
 
@@ -56,6 +56,8 @@ class Supervisor:
         self.faults = FaultInjector(home, self.store)
         self.link: servicelink.RunLink | None = None  # to the home's Azure ML service, while it runs
         self.ending: tuple[RunStatus, str, dict] | None = None  # the final status, once decided
+        self.timeline = Timeline.resume(self.run_dir)  # the submit began it
+        self.logs.on_first_output = lambda: self.mark("first output of the job")
 
     # --- helpers -----------------------------------------------------------------------------
     def status(self) -> RunStatus:
@@ -68,6 +70,10 @@ class Supervisor:
             plot_run(self.run_dir, f"{self.run_id} ({self.job.experiment_name}): {status.value}", self.logs.platform)
         statuswrite.write_status(self.store, self.run_id, status, detail, self.logs.platform, **fields)
         self.logs.platform(f"status {status.value}" + (f": {detail.splitlines()[0]}" if detail else ""))
+
+    def mark(self, stage: str, at: float | None = None) -> None:
+        if self.timeline is not None:
+            self.timeline.mark(stage, at)
 
     def canceled(self) -> bool:
         return self.status() is RunStatus.CANCEL_REQUESTED
@@ -103,6 +109,7 @@ class Supervisor:
                 return None
             allocation = autoscale.try_allocate(self.store, self.cluster.spec, self.run_id, self.job.instance_count)
             if allocation:
+                self.mark(f"nodes allocated ({len(allocation.new)} to create)")
                 return allocation
             time.sleep(POLL)
 
@@ -110,6 +117,7 @@ class Supervisor:
         spec, self.software = self.cluster.spec, realize(plan_software(  # as the dry run planned it, built now
             self.job.environment, self.job.environment_def, self.store.environment, default_cache(),
             has_image=self.backend.has_image), default_cache(), self.logs.platform)
+        self.mark("environment ready")
         self.requests = node_requests(self.home, spec, [n.idx for n in allocation.nodes], self.job, self.software)
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
@@ -120,22 +128,29 @@ class Supervisor:
         if new:
             self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
             autoscale.create_nodes(self.store, self.backend, new)
+            self.mark(f"{len(new)} node(s) created")
         addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
         self.plan = job_launch(self.job, self.run_id, self.backend, self.requests,
                                [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
                                self.software)
         for notice in self.plan.notices:
             self.logs.platform(f"notice: {notice}")
+        self.mark("launch planned")
         self.link = self.link or servicelink.attach(self.home.root, self.run_id, self.backend, self.requests[0],
                                                     self.logs.platform)
+        self.mark("service link open" if self.link else "offline (no service)")
         online = {**self.link.env, **homestore.online_env(  # in the nodes' env files only, not in the plan
             self.home.root, self.run_dir, self.link.env, self.job.experiment_name, self.run_id,
             self.job.display_name or self.run_id, self.logs.platform)} if self.link else {}
+        if self.link:
+            self.mark("MLflow run made")
         rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
                               [{**self.plan.node_environment(n), **online} for n in self.plan.nodes],
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
                               self.job.display_name or self.run_id, self.link.files if self.link else None)
+        self.mark("node folders and env files laid out")
         self.prepare_data()
+        self.mark("inputs ready")
         config = agent_config(self.backend, self.requests, self.run_id,
                               sandbox_root=self.home.root / "process-nodes" / ".root")
         statefile.write_json(self.run_dir / "agent-config.json", config, owner_only=True)
@@ -150,24 +165,7 @@ class Supervisor:
         policy, _ = policy_from_env(self.job.environment_variables, job_start=time.time())  # notices: in the plan
         self.data = RunData(Datastores(self.store, self.home.root, default_cache()), self.job, self.run_id,
                             policy, self.logs.platform)
-        if not self.data.bindings:
-            return
-        with ThreadPoolExecutor(len(self.requests)) as pool:
-            list(pool.map(lambda r: self.data.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir)),
-                          self.requests))
-
-    def refresh_data(self, stop: threading.Event) -> None:
-        """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
-        within TTL + TTL/2); with the default (the job's lifetime) nothing is refreshed."""
-        ttl = self.data.policy.ttl if self.data and self.data.mounted else None
-        if ttl is None:
-            return
-        while not stop.wait(max(1.0, ttl / 2)):
-            for request in self.requests:
-                try:
-                    self.data.refresh(request.name, NodeCache(request.cache_dir))
-                except AmlEmuError as exc:
-                    self.logs.platform(f"warning: {exc}")
+        self.data.prepare_nodes(self.requests)
 
     def execute(self, plan: LaunchPlan) -> bool:
         """Run the plan to its end; True when the run was preempted and must be restarted."""
@@ -183,10 +181,13 @@ class Supervisor:
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
         gang = Gang(plan, env, self.logs)
+        self.mark("launched: " + ("mpirun started" if plan.launcher == "mpirun" else
+                                  f"{len(plan.processes)} process(es) started by their nodes"))
         services = servicerun.start(self, plan, env, gang)  # beside the job, stopped with it
         self.store.update_run(self.run_id, launch_pid=gang.pgid)
         stop_refresh = threading.Event()
-        refresher = threading.Thread(target=self.refresh_data, args=(stop_refresh,), daemon=True)
+        refresher = threading.Thread(target=self.data.refresh_while if self.data else None,
+                                     args=(self.requests, stop_refresh), daemon=True)
         refresher.start()
         mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
                                   args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
@@ -333,7 +334,9 @@ def main(argv: list[str] | None = None) -> int:
     # `kill -USR1 <supervisor_pid>`: every thread's stack into system_logs/supervisor.txt (a stuck run)
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     guard = watchdog.start(home_root, run_id)  # before any thread or connection exists: a clean fork
-    Supervisor(Home.at(home_root), run_id).run()
+    supervisor = Supervisor(Home.at(home_root), run_id)
+    supervisor.mark("supervisor ready (its imports, the run's record)")
+    supervisor.run()
     watchdog.dismiss(guard)  # not reached when this process is killed or crashes: the watchdog then acts
     return 0
 
