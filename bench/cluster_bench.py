@@ -2,12 +2,13 @@
 measured in one run, printed as ratios. Not a test: goals are targets, the figures are reported.
 
     .venv/bin/python bench/cluster_bench.py [--backend docker|process] [--max-nodes 16]
-        [--repeat 3] [--steps cold,warm,mnist,largest]
+        [--repeat 3] [--steps cold,warm,mnist,largest] [--load N]
 
 Each step prints its figures as it ends (a line, then a JSON line), has a time limit (a step that
 runs over or fails is reported, its runs canceled, and the next step runs), and everything the
-benchmark made is removed whatever happens, a SIGTERM or Ctrl-C included. The load average
-before and after is reported: say it with the figures. Goals: issue 30 (docs/benchmarks.md).
+benchmark made is removed whatever happens, a SIGTERM or Ctrl-C included. `--load N` runs N busy
+processes beside it (a busy machine, measured on purpose); the load average before and after is
+reported: say both with the figures. Goals: issue 30 (docs/benchmarks.md).
 
 1. cold: the cluster from zero nodes to both ranks running (2 nodes x 1 rank), with the run's
    timeline (system_logs/timeline.txt: where the time went);
@@ -41,7 +42,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from common import THREAD_PROBE, Steps, Stopped, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
+from common import THREAD_PROBE, Steps, Stopped, background_load, baseline_env, bench_home, report, same_threads  # noqa: E402 - bench/common.py
 
 from amlemu.api import Emulator  # noqa: E402
 from amlemu.backends import BACKENDS  # noqa: E402
@@ -239,11 +240,13 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=16)
     parser.add_argument("--steps", default="cold,warm,mnist,largest", help="which steps, comma-separated")
+    parser.add_argument("--load", type=int, default=0, help="busy processes beside the benchmark (other work)")
     args = parser.parse_args()
     wanted = set(args.steps.split(","))
-    with bench_home("amlemu-bench-", args.backend) as (root, emu):
+    with bench_home("amlemu-bench-", args.backend) as (root, emu), background_load(args.load):
         steps = Steps(emu)
-        steps.results.update(backend=args.backend, cpus=os.cpu_count(), load_average=os.getloadavg())
+        steps.results.update(backend=args.backend, cpus=os.cpu_count(), background_busy_processes=args.load,
+                             load_average=os.getloadavg())
         # Nodes share this machine's cores by max_nodes: the big clusters are separate ones.
         emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
         trivial = READY.format(imports="", probe=THREAD_PROBE)

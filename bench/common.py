@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -80,6 +81,19 @@ def bench_home(prefix: str, backend: str) -> Iterator[tuple[Path, Emulator]]:
             yield work, emu
         finally:
             emu.cleanup()
+
+
+@contextmanager
+def background_load(processes: int) -> Iterator[None]:
+    """`processes` busy loops on this machine for the duration (other work, as on a CI runner or a
+    laptop: the benchmark is measured quiet and loaded, and says which); ended by their pids."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        yield
+    finally:
+        for proc in busy:
+            proc.kill()
+            proc.wait()
 
 
 class Steps:

@@ -180,9 +180,9 @@ class Supervisor:
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
+        self.mark("launching: " + ("mpirun" if plan.launcher == "mpirun" else  # before: the job's output may come at once
+                                   f"{len(plan.processes)} process(es) started by their nodes"))
         gang = Gang(plan, env, self.logs)
-        self.mark("launched: " + ("mpirun started" if plan.launcher == "mpirun" else
-                                  f"{len(plan.processes)} process(es) started by their nodes"))
         services = servicerun.start(self, plan, env, gang)  # beside the job, stopped with it
         self.store.update_run(self.run_id, launch_pid=gang.pgid)
         stop_refresh = threading.Event()

@@ -5,7 +5,7 @@ stage's own duration.
     0.000 s  (+0.000)  submit: the job read, bound and checked
     0.041 s  (+0.041)  submit: code snapshot taken
     ...
-    0.612 s  (+0.088)  launched: mpirun started
+    0.612 s  (+0.088)  launching: mpirun
 
 Why a file of its own, written by each process as it passes a stage (the submitting CLI, the
 supervisor): a slow start is found by reading it, on the emulator as on a CI runner, and the
