@@ -18,26 +18,24 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from amlemu import statefile
+from amlemu import statefile, workspacerules
 from amlemu.actions import Action, execute
 from amlemu.backends import get_backend, resolve_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster import pools, teardown
 from amlemu.cluster.faults import FaultInjector
 from amlemu.cluster.store import Cluster, Node, Store
-from amlemu.envs.software import plan_software, planned_notices
-from amlemu.errors import ConfigError, NotFoundError, name_taken
+from amlemu.envs.software import plan_software
+from amlemu.errors import ConfigError
 from amlemu.home import Home, default_cache, new_run_id
-from amlemu.jobs import gitcode, snapshot
+from amlemu.jobs import gitcode
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
-from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.runs.handle import Run
 from amlemu.runs import recovery
 from amlemu.runs.jobplan import job_launch, node_plans, node_requests
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
-from amlemu.storage import urlinputs
 from amlemu.storage.datastores import Datastores
 
 
@@ -109,34 +107,22 @@ class Emulator:
     def _job(self, job: Any, overrides: list[str] | None = None) -> JobSpec:
         return self.assets.bind(to_job(job, overrides))  # azureml:<asset> inputs: datastore URIs
 
-    def _check_fits(self, job: JobSpec, create: bool = False) -> Cluster:
-        """The job's cluster: a named one, or the platform's serverless or local pool (made at submit)."""
-        def make(spec: ClusterSpec, backend: str) -> Cluster:
-            made = self.store.add_cluster(spec, backend)
-            get_backend(backend, self.home).create_cluster(spec.name)
-            return made
-        return pools.check_fits(self.job_cluster(job, make if create else None), job)
+    def _check(self, job: JobSpec, probe: bool) -> Cluster:
+        """The workspace's rules (amlemu/workspacerules.py), the first error raised as `job validate`
+        words it; the job's cluster (a pool not made yet: what submit makes). `probe`: URL inputs are
+        read (a submit; a dry run reads nothing from the network and creates nothing)."""
+        cluster = workspacerules.check(job, self, probe=probe).raise_first_error().cluster
+        assert cluster is not None  # no cluster: an error, raised
+        return cluster
+
+    def _make_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:
+        made = self.store.add_cluster(spec, backend)
+        get_backend(backend, self.home).create_cluster(spec.name)
+        return made
 
     def job_cluster(self, job: JobSpec, make: Any = None) -> Cluster:
         """The cluster `job` runs on: its named compute, or the serverless or local pool (made by `make`)."""
         return pools.cluster_for(self.store, job, os.environ, lambda: resolve_backend(self.default_backend)[0], make)
-
-    def _check_datastores(self, job: JobSpec, probe: bool = False) -> None:
-        """Each datastore input's datastore exists; offline, no URL input or git code; at a submit
-        (`probe`), each URL input answers (a dry run reads nothing from the network)."""
-        urlinputs.check_inputs(job.inputs, probe)
-        gitcode.check_offline(job)
-        for b in bindings(job, "<run id>"):
-            if b.datastore != LOCAL_SOURCE and not urlinputs.is_url_source(b.datastore):
-                try:
-                    self.datastores.peek(b.datastore)  # looked up, not made: a dry run creates nothing
-                except NotFoundError as exc:
-                    raise ConfigError(f"{b.ref}.path", str(exc)) from None
-
-    def _check_name(self, job: JobSpec) -> None:
-        """As az ml does: the YAML's name is the job's name, and a taken name is refused."""
-        if job.name and (self.store.run_exists(job.name) or self.home.run_dir(job.name).exists()):
-            raise name_taken(job.name)
 
     def plan_job(self, job: Any, run_id: str = "<run id>",
                  overrides: list[str] | None = None) -> dict[str, Any]:
@@ -144,10 +130,7 @@ class Emulator:
         the cluster's first nodes with placeholder addresses (allocation decides both), what the
         backend would create for each node, and the software they run (built already or not)."""
         job = self._job(job, overrides)
-        cluster = self._check_fits(job)
-        self._check_datastores(job)
-        snapshot.check_code(job.code)  # refused here as at submit: a link out of the code folder
-        self._check_name(job)
+        cluster = self._check(job, probe=False)
         run_id = job.name or run_id
         backend = get_backend(cluster.backend, self.home)
         software = plan_software(job.environment, job.environment_def, self.store.environment, default_cache(),
@@ -162,11 +145,7 @@ class Emulator:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1
         ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand it to its own supervisor process."""
         job = self._job(job, overrides)
-        self._check_fits(job)
-        self._check_datastores(job, probe=True)
-        snapshot.check_code(job.code)  # before anything is created
-        self._check_name(job)
-        planned_notices(job.environment, job.environment_def, self.store.environment)  # an unknown one: refused
+        self._check(job, probe=True)  # before anything is created
         self.reconcile()
         run_id = job.name or new_run_id()
         run_dir = self.home.run_dir(run_id)
@@ -177,7 +156,7 @@ class Emulator:
             shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
             raise
         (run_dir / "system_logs").mkdir(parents=True)
-        cluster = self._check_fits(job, create=True)  # a serverless pool is made now, after every check
+        cluster = self.job_cluster(job, self._make_cluster)  # a serverless pool is made now, after every check
         self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:

@@ -2,25 +2,24 @@
 only fail a job minutes later, on the cluster), run locally before a job goes anywhere.
 
 Each finding names the field and the fix. Errors stop a submission; warnings are things the
-emulator cannot verify but AmlCompute will.
+emulator cannot verify but AmlCompute will. The rules against the workspace are
+emulator/workspacerules.py's, the ones submit applies, with their wording.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from amlemu import safeyaml
-from amlemu.envs.resolve import resolve
-from amlemu.cluster import pools
-from amlemu.errors import AmlEmuError, CapacityError, ConfigError, name_taken
+from amlemu import safeyaml, workspacerules
+from amlemu.errors import ConfigError
 from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
-from amlemu.runs.contract import LOCAL_SOURCE, bindings
 from amlemu.specs import DistributionType, JobSpec
-from amlemu.storage import urlinputs
+from amlemu.workspacerules import Finding, check_links
+
+__all__ = ["Finding", "check_job", "check_links", "check_snapshot", "validate_file"]
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -29,17 +28,6 @@ MB = 1024 * 1024
 SNAPSHOT_MAX_BYTES = 300 * MB  # Azure ML refuses larger code snapshots ("Snapshot size limit exceeded")
 SNAPSHOT_MAX_FILES = 2000
 MPI_IMAGE_RE = re.compile(r"mpi|azureml", re.IGNORECASE)
-
-
-@dataclass(frozen=True)
-class Finding:
-    field: str
-    problem: str
-    fix: str
-    severity: str = "error"  # error | warning
-
-    def line(self) -> str:
-        return f"{self.severity}: {self.field}: {self.problem}; {self.fix}"
 
 
 def check_snapshot(code: Path | SnapshotPlan) -> list[Finding]:
@@ -58,18 +46,6 @@ def check_snapshot(code: Path | SnapshotPlan) -> list[Finding]:
     return findings
 
 
-def check_links(code: Path | SnapshotPlan, refuse_outside: bool) -> list[Finding]:
-    """Links and special files in the code folder, as emulator/jobs/snapshot.py copies them. A link out
-    of the folder is an error where the emulator runs the job (it refuses it); Azure ML would
-    upload the target from this machine, which is only worth a warning for a job going there."""
-    plan = code if isinstance(code, SnapshotPlan) else plan_snapshot(code)
-    outside = "error" if refuse_outside else "warning"
-    return ([Finding(e.field, e.problem, e.fix or "", outside) for e in plan.outside]
-            + [Finding(e.field, e.problem, e.fix or "") for e in plan.refused]
-            + [Finding("code", note, "remove it from the code folder (Azure ML's upload would try to read it)",
-                       "warning") for note in plan.skipped])
-
-
 def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
     """Every rule that needs no service: the job alone, then against the workspace when given."""
     findings = []
@@ -80,52 +56,10 @@ def check_job(job: JobSpec, emu: Emulator | None = None) -> list[Finding]:
                                 "base it on an Azure ML image (mcr.microsoft.com/azureml/openmpi...)", "warning"))
     plan = plan_snapshot(job.code)
     findings += check_snapshot(plan)
-    findings += check_links(plan, refuse_outside=emu is not None)
-    if emu is not None:
-        findings += check_against_workspace(job, emu)
-    return findings
-
-
-def check_against_workspace(job: JobSpec, emu: Emulator) -> list[Finding]:
-    findings = []
-    try:
-        cluster = emu.job_cluster(job)  # serverless and local: the platform's pool (made at submit)
-    except AmlEmuError:
-        names = ", ".join(c.spec.name for c in emu.computes()) or "none"
-        return [Finding("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",
-                        "create it with `amlemu compute create` or fix the name")]
-    if job.name and emu.store.run_exists(job.name):
-        taken = name_taken(job.name)
-        findings.append(Finding(taken.field, taken.problem, taken.fix or ""))
-    try:  # a registered environment must exist in the workspace, as Azure ML checks at submit
-        resolve(job.environment, job.environment_def, emu.store.environment)
-    except ConfigError as exc:
-        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
-    try:
-        pools.check_fits(cluster, job)
-    except CapacityError as exc:
-        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
-    try:  # data and model assets and jobs' outputs, resolved to their datastore URIs as submit does
-        job = emu.assets.bind(job)
-    except ConfigError as exc:
-        return [*findings, Finding(exc.field, exc.problem, exc.fix or "")]
-    try:  # inputs by URL: each answers (from this machine, as the run will read it)
-        urlinputs.check_inputs(job.inputs, probe=True)
-    except ConfigError as exc:
-        findings.append(Finding(exc.field, exc.problem, exc.fix or ""))
-    for b in bindings(job, "<run id>"):
-        if b.datastore == LOCAL_SOURCE or b.is_output or urlinputs.is_url_source(b.datastore):
-            continue
-        try:
-            emu.datastores.get(b.datastore)
-            present = bool(emu.datastores.ls(b.uri))
-        except AmlEmuError as exc:
-            findings.append(Finding(f"{b.ref}.path", str(exc), "create the datastore or fix the URI"))
-            continue
-        if not present:
-            findings.append(Finding(f"{b.ref}.path", f"nothing at {b.uri}",
-                                    f"upload it: amlemu data upload <folder> {b.uri}"))
-    return findings
+    if emu is None:  # links out of the code folder: Azure ML would upload their targets
+        return findings + check_links(plan, refuse_outside=False)
+    # The workspace's rules, as submit applies them, and whether each input's data is there.
+    return findings + workspacerules.check(job, emu, probe=True, look_for_data=True, snapshot=plan).findings
 
 
 def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emulator | None = None) -> list[Finding]:

@@ -174,7 +174,8 @@ class EmulatorState:
         """The emulator's checks and submit, for a v2 PUT and a v1 startrun alike; `body` is kept
         as the job's REST body."""
         name = str(spec.name)
-        errors = [f for f in validate.check_job(spec, self.emu) if f.severity == "error"]
+        # The job alone here; the workspace's rules are submit's (amlemu/workspacerules.py), checked once.
+        errors = [f for f in validate.check_job(spec) if f.severity == "error"]
         if errors:
             raise bad_request(errors[0].field, f"{errors[0].field}: {errors[0].problem}; {errors[0].fix}")
         statefile.write_json(self._body_path(name), body)
