@@ -32,6 +32,7 @@ from amlemu.jobs import gitcode
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
 from amlemu.runs.handle import Run
+from amlemu.runs.timeline import Timeline
 from amlemu.runs import recovery
 from amlemu.runs.jobplan import job_launch, node_plans, node_requests
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
@@ -112,7 +113,8 @@ class Emulator:
         words it; the job's cluster (a pool not made yet: what submit makes). `probe`: URL inputs are
         read (a submit; a dry run reads nothing from the network and creates nothing)."""
         cluster = workspacerules.check(job, self, probe=probe).raise_first_error().cluster
-        assert cluster is not None  # no cluster: an error, raised
+        if cluster is None:  # not reached: a job without a cluster has an error, raised above
+            raise NotFoundError("compute", job.compute or "")
         return cluster
 
     def _make_cluster(self, spec: ClusterSpec, backend: str) -> Cluster:
@@ -144,6 +146,7 @@ class Emulator:
     def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
         """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1
         ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand it to its own supervisor process."""
+        started = time.time()  # the run's timeline counts from here (runs/timeline.py)
         job = self._job(job, overrides)
         self._check(job, probe=True)  # before anything is created
         self.reconcile()
@@ -155,7 +158,8 @@ class Emulator:
         except BaseException:
             shutil.rmtree(run_dir, ignore_errors=True)  # no run folder without a run record
             raise
-        (run_dir / "system_logs").mkdir(parents=True)
+        timeline = Timeline.begin(run_dir, started)
+        timeline.mark("submit: job read, bound and checked; code snapshot taken")
         cluster = self.job_cluster(job, self._make_cluster)  # a serverless pool is made now, after every check
         self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job))
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
@@ -164,6 +168,7 @@ class Emulator:
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)
+        timeline.mark("submit: queued, supervisor started")
         return Run(self.store, self.home, run_id, self.reconcile)
 
     def _supervisor_env(self) -> dict[str, str]:

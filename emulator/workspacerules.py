@@ -125,10 +125,10 @@ def _compute(verdict: Verdict, ws: Workspace) -> bool:
     job = verdict.job
     try:
         verdict.cluster = ws.job_cluster(job)
-    except NotFoundError as exc:
+    except NotFoundError:  # one wording for validate, the dry run, submit and the service
         names = ", ".join(c.spec.name for c in ws.store.clusters()) or "none"
-        verdict.add(exc, Finding("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",
-                                 "create it with `amlemu compute create` or fix the name"))
+        verdict.add(ConfigError("compute", f"'{job.compute}' does not exist in the workspace (computes: {names})",
+                                "create it with `amlemu compute create` or fix the name"))
         return False
     with verdict.rule():
         pools.check_fits(verdict.cluster, job)

@@ -182,7 +182,7 @@ CASES = [
     c("job-cancel-missing", "job", "cancel", "nope", expect="job 'nope' not found"),
     c("job-file-missing", "job", "create", "-f", "{files}/absent.yml", expect="absent.yml does not exist"),
     c("validate-file-missing", "job", "validate", "-f", "{files}/absent.yml", expect="does not exist", stream="stdout"),
-    c("job-unknown-compute", *JOB_F, expect="compute 'nope' not found", files=job(base=JOB.replace("c1", "nope"))),
+    c("job-unknown-compute", *JOB_F, expect="compute: 'nope' does not exist in the workspace (computes: c1)", files=job(base=JOB.replace("c1", "nope"))),
     c("job-too-many-nodes", *JOB_F, expect="resources.instance_count: 5 nodes exceed max_instances 2",
       files=job("resources: {instance_count: 5}\ndistribution: {type: mpi}\n")),
     c("job-instance-count-negative", *JOB_F, expect="resources.instance_count: must be at least 1",

@@ -13,7 +13,7 @@ import pytest
 from amlemu import workspacerules
 from amlemu.api import Emulator
 from amlemu.cluster import pools
-from amlemu.errors import CapacityError, ConfigError, NotFoundError
+from amlemu.errors import CapacityError, ConfigError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.specs import JobSpec, RunStatus
 from amlemu.validate import check_job
@@ -77,15 +77,16 @@ def test_each_rule_has_one_wording_at_validate_dry_run_and_submit(tmp_path: Path
     assert not any(p.name != "taken_name" for p in emu.home.root.glob("runs/*"))
 
 
-def test_a_missing_compute_ends_the_checks_and_submit_says_not_found(tmp_path: Path) -> None:
+def test_a_missing_compute_ends_the_checks_and_submit_says_it_as_validate_does(tmp_path: Path) -> None:
     emu = Emulator(tmp_path / "home", backend="process")
     job = _job(tmp_path, compute="azureml:nope", resources={"instance_count": 5}, distribution={"type": "mpi"})
     verdict = workspacerules.check(job, emu, probe=False)
     assert [f.line() for f in verdict.findings] == [
         "error: compute: 'nope' does not exist in the workspace (computes: none); "
         "create it with `amlemu compute create` or fix the name"]  # nothing to fit: no more findings
-    with pytest.raises(NotFoundError, match=r"^compute 'nope' not found; create it with `amlemu compute create`$"):
+    with pytest.raises(ConfigError) as refused:
         emu.submit(job)
+    assert f"error: {refused.value}" == verdict.findings[0].line()  # one wording
 
 
 def test_submit_raises_the_first_error_in_its_order_and_validate_lists_them_all(tmp_path: Path) -> None:
