@@ -2,12 +2,12 @@
 measured in one run, printed as ratios. Not a test: goals are targets, the figures are reported.
 
     .venv/bin/python bench/cluster_bench.py [--backend docker|process] [--max-nodes 16]
-        [--repeat 3] [--steps cold,warm,mnist,largest] [--load N]
+        [--repeat 3] [--steps cold,warm,mnist,largest] [--load N] [--container-load N]
 
 Each step prints its figures as it ends (a line, then a JSON line), has a time limit (a step that
 runs over or fails is reported, its runs canceled, and the next step runs), and everything the
 benchmark made is removed whatever happens, a SIGTERM or Ctrl-C included. `--load N` runs N busy
-processes beside it (a busy machine, measured on purpose); the load average before and after is
+processes beside it, `--container-load N` N busy containers (a busy machine, measured on purpose); the load average before and after is
 reported: say both with the figures. Goals: issue 30 (docs/benchmarks.md).
 
 1. cold: the cluster from zero nodes to both ranks running (2 nodes x 1 rank), with the run's
@@ -166,7 +166,7 @@ def warm_step(emu: Emulator, root: Path, name: str, script: str, threads: dict[s
     bare_times = [bare_mpirun(script, root, threads) for _ in range(repeat)]
     user_times = [bare_mpirun(script, root, {}) for _ in range(repeat)]
     e, b, u = (statistics.median(t) for t in (emu_times, bare_times, user_times))
-    last = emu.runs()[0]
+    last = emu.runs()[-1]  # the newest
     return {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3), "ratio": round(e / b, 2),
             "overhead_s": round(e - b, 3), "bare_mpirun_no_thread_vars_s": round(u, 3),
             "ratio_vs_no_thread_vars": round(e / u, 2), "timeline": timeline_of(last.outputs.parent)}
@@ -241,12 +241,13 @@ def main() -> int:
     parser.add_argument("--max-nodes", type=int, default=16)
     parser.add_argument("--steps", default="cold,warm,mnist,largest", help="which steps, comma-separated")
     parser.add_argument("--load", type=int, default=0, help="busy processes beside the benchmark (other work)")
+    parser.add_argument("--container-load", type=int, default=0, help="busy containers beside it (other containers)")
     args = parser.parse_args()
     wanted = set(args.steps.split(","))
-    with bench_home("amlemu-bench-", args.backend) as (root, emu), background_load(args.load):
+    with bench_home("amlemu-bench-", args.backend) as (root, emu), background_load(args.load, args.container_load):
         steps = Steps(emu)
         steps.results.update(backend=args.backend, cpus=os.cpu_count(), background_busy_processes=args.load,
-                             load_average=os.getloadavg())
+                             background_busy_containers=args.container_load, load_average=os.getloadavg())
         # Nodes share this machine's cores by max_nodes: the big clusters are separate ones.
         emu.create_compute(ClusterSpec("bench", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=3600))
         trivial = READY.format(imports="", probe=THREAD_PROBE)

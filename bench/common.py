@@ -83,14 +83,32 @@ def bench_home(prefix: str, backend: str) -> Iterator[tuple[Path, Emulator]]:
             emu.cleanup()
 
 
+BUSY = "while True: pass"
+
+
 @contextmanager
-def background_load(processes: int) -> Iterator[None]:
-    """`processes` busy loops on this machine for the duration (other work, as on a CI runner or a
-    laptop: the benchmark is measured quiet and loaded, and says which); ended by their pids."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+def background_load(processes: int, containers: int = 0) -> Iterator[None]:
+    """Other work on this machine for the duration, as on a CI runner or a laptop (the benchmark is
+    measured quiet and loaded, and says which): `processes` busy loops, and `containers` busy
+    containers under the engine's default cgroup parent (other containers of the machine, which
+    shared one CPU weight with docker nodes before they got their own). Ended by pid and id."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(processes)]
+    started: list[Any] = []
     try:
+        if containers:
+            import docker  # noqa: PLC0415
+
+            from amlemu.backends.dockerplan import MIRROR_IMAGE, software_paths  # noqa: PLC0415
+
+            client = docker.from_env()
+            volumes = {p: {"bind": p, "mode": "ro"} for p in software_paths()}
+            started += [client.containers.run(MIRROR_IMAGE, [sys.executable, "-c", BUSY], detach=True,
+                                              volumes=volumes, labels={"amlemu.bench-load": "1"})
+                        for _ in range(containers)]
         yield
     finally:
+        for container in started:
+            container.remove(force=True)
         for proc in busy:
             proc.kill()
             proc.wait()
