@@ -92,6 +92,10 @@ def test_a_job_reaches_its_own_runs_link_and_nothing_else_of_this_machine(emu: E
         run.wait(timeout=300)
         assert run.status == RunStatus.COMPLETED, run.logs(0)[-3000:]
         report = json.loads((run.outputs / "reach.json").read_text())
+        # The run's ports closed with it; the cluster's guard stays with the cluster.
+        assert hostguard.rules(hostguard.comment(emu.home.id, "c1", run.id)) == []
+        if emu.default_backend == "docker" and hostguard.supported("lo") is None:
+            assert hostguard.rules(hostguard.comment(emu.home.id, "c1")), "the docker cluster has no host guard"
     # The link serves the run's own routes with its token, and nothing without one.
     assert report["own_run"] == 200 and report["own_run_without_token"] == 401, report
     assert report["workspace_jobs"] == 403, report  # a run's token opens its own run only
@@ -100,10 +104,6 @@ def test_a_job_reaches_its_own_runs_link_and_nothing_else_of_this_machine(emu: E
     # Nothing of this machine answers the job directly, at loopback or at the link's address.
     reached = {where: how for where, how in report["direct"].items() if how == "connected"}
     assert reached == {}, report["direct"]
-    # The run's ports closed with it; the cluster's guard stays with the cluster.
-    assert hostguard.rules(hostguard.comment(emu.home.id, run.record.cluster, run.id)) == []
-    if emu.default_backend == "docker" and hostguard.supported("lo") is None:
-        assert hostguard.rules(hostguard.comment(emu.home.id)), "the docker cluster has no host guard"
 
 
 def test_a_request_on_the_link_port_is_refused_the_studio_and_identity_routes(tmp_path: Path) -> None:

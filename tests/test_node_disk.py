@@ -18,7 +18,7 @@ from amlemu import statefile
 from amlemu.api import Emulator
 from amlemu.backends import nodedisk
 from amlemu.cluster.store import Store
-from amlemu.errors import ConfigError
+from amlemu.errors import BackendError, ConfigError
 from amlemu.home import Home
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import load_job
@@ -171,3 +171,17 @@ def test_a_state_database_error_never_replaces_the_jobs_outcome(emu: Emulator, c
     lifecycle = (run.dir / "system_logs" / "lifecycle.txt").read_text()
     assert lifecycle.count("the state database refused status") == 3
     wait_until(lambda: emu.store.nodes("c1") == [], 30, "the idle node was scaled down")
+
+
+def test_a_disk_another_detach_unmounted_meanwhile_is_not_an_error(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A scale-down and a compute deletion can both remove a node: the second finds the disk
+    mounted, then its umount fails because the first has unmounted it. That is done, not a failure."""
+    node_dir = tmp_path / "node"
+    node_dir.mkdir()
+    seen = iter([True])  # mounted when first looked at; gone (another detach) from then on
+    monkeypatch.setattr(nodedisk.os.path, "ismount", lambda _path: next(seen, False))
+    nodedisk.detach(node_dir)  # `umount` itself answers "not mounted"
+    monkeypatch.setattr(nodedisk.os.path, "ismount", lambda _path: True)
+    with pytest.raises(BackendError, match=r"a node's disk: `umount --lazy .*` failed"):  # still mounted: an error
+        nodedisk.detach(node_dir)

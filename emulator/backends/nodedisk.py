@@ -113,10 +113,19 @@ def attach(node_dir: Path, disk_bytes: int | None) -> None:
 
 def detach(node_dir: Path) -> None:
     """Unmount the node's disk (if mounted) and remove its image; the loop device goes with it."""
-    if os.path.ismount(node_dir):
-        # Lazily when busy (a sandbox being torn down): the loop device is freed with its last user.
-        if subprocess.run(["umount", str(node_dir)], capture_output=True).returncode != 0:
-            _run(["umount", "--lazy", str(node_dir)])
+    # Lazily when busy (a sandbox being torn down): the loop device is freed with its last user. A
+    # failure with the disk no longer mounted is another detach's success (a scale-down and a compute
+    # deletion can both remove a node).
+    done = None
+    for argv in (["umount", str(node_dir)], ["umount", "--lazy", str(node_dir)]):
+        if not os.path.ismount(node_dir):
+            break
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode == 0:
+            break
+    else:
+        if done is not None and os.path.ismount(node_dir):
+            raise _failure(argv, done)
     image = image_path(node_dir)
     image.unlink(missing_ok=True)
     for folder in (image.parent, image.parent.parent):  # the cluster's and the home's, once empty
@@ -171,5 +180,9 @@ def detach_all(folder: Path) -> int:
 def _run(argv: list[str]) -> None:
     done = subprocess.run(argv, capture_output=True, text=True)
     if done.returncode != 0:
-        raise BackendError(f"a node's disk: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}; "
-                           f"{SETTING}=0 makes node disks plain folders (no size limit)")
+        raise _failure(argv, done)
+
+
+def _failure(argv: list[str], done: subprocess.CompletedProcess) -> BackendError:
+    return BackendError(f"a node's disk: `{' '.join(argv)}` failed: {done.stderr.strip() or done.returncode}; "
+                        f"{SETTING}=0 makes node disks plain folders (no size limit)")
