@@ -43,3 +43,19 @@ def test_rules_are_found_by_home_cluster_and_run_and_never_a_users_own() -> None
     delete = hostguard.delete_argvs("iptables", LISTING, "amlemu:h2")[0]
     assert delete == ["iptables", "-w", "-D", "INPUT", "-i", "br-cccccccccccc", "-m", "comment", "--comment",
                       "amlemu:h2:c1", "-j", "REJECT", "--reject-with", "icmp-port-unreachable"]
+
+
+def test_the_reaper_removes_the_rules_it_finds_when_it_runs_not_only_those_listed(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A cleanup lists its steps, then stops supervisors, then reaps: a supervisor may open a run's
+    port in between, and its rule must go too (a terminated benchmark left one)."""
+    listed = hostguard.delete_argvs("iptables", LISTING, "amlemu:h1")
+    monkeypatch.setattr(hostguard, "rules", lambda prefix: listed)
+    removed: list[str] = []
+    monkeypatch.setattr(hostguard, "remove", lambda prefix: removed.append(prefix) or 4)
+    [step] = hostguard.plan_remove("amlemu:h1")
+    assert (step.verb, step.what, step.name, len(step.detail["rules"]), step.always) == (
+        "remove", "firewall rules", "amlemu:h1", 3, True)
+    step.run()  # type: ignore[misc]
+    assert removed == ["amlemu:h1"]  # whatever is there by then, found again
+    monkeypatch.setattr(hostguard, "rules", lambda prefix: [])
+    assert hostguard.plan_remove("amlemu:h1") == []  # nothing to say when nothing is there

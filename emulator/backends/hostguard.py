@@ -131,9 +131,11 @@ def rules(prefix: str) -> list[list[str]]:
 
 
 def plan_remove(prefix: str) -> list[Action]:
-    """The reaper's steps: one per rule under `prefix`."""
-    return [Action("remove", "firewall rule", " ".join(argv[4:]), run=functools.partial(run_argv, argv))
-            for argv in rules(prefix)]
+    """The reaper's step: the rules under `prefix` listed now, and removed as found when it runs
+    (a supervisor stopped by the same cleanup may have opened a run's port after this listing)."""
+    listed = [" ".join(argv[4:]) for argv in rules(prefix)]
+    return [Action("remove", "firewall rules", prefix, {"rules": listed}, run=functools.partial(remove, prefix),
+                   always=True)] if listed else []
 
 
 def remove(prefix: str) -> int:
