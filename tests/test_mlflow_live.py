@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from conftest import release, served, service_cli, wait_until
+from conftest import FULL, release, served, service_cli, wait_until
 
 from amlemu import servicefile
 from amlemu.api import Emulator
@@ -41,6 +41,9 @@ def _user_token(home: Path, url: str, ca: str) -> str:
     return answer.json()["access_token"]
 
 
+# Docker nodes' run link is tried in make test by test_job_reach and the v1 cells on docker nodes
+# (test_service_sdk1); MLflow's own path through it is the same on both backends (suite time: full).
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)], indirect=True)
 def test_an_online_jobs_mlflow_metrics_are_seen_while_it_runs(emu: Emulator, backend: str, make_job, tmp_path: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     home = emu.home.root
