@@ -16,10 +16,9 @@ CPU_PERIOD = 100_000  # microseconds
 # Why nodes' containers get a CPU weight and a cgroup of their own beside this machine's processes:
 # under the engine's default parent (/docker) every container of the machine shares ONE weight,
 # the same as ONE process here, and the kernel splits it across the CPUs they run on. With two
-# busy nodes and other work on the machine each rank got about a third of a core where the same
-# rank run bare got half (issue 30: 0.50x MNIST throughput on a busy machine, torch's import 2.4x
-# slower). As a group of its own with the weight of the CPUs it may use (its fair share), a node
-# competes for this machine as its ranks would as plain processes.
+# busy containers beside the benchmark, MNIST on docker nodes ran at 0.64x bare under /docker and
+# 0.92x as groups of their own (docs/benchmarks.md, issue 30). With the weight of the CPUs it may
+# use (its fair share), a node competes for this machine as its ranks would as plain processes.
 CPU_WEIGHT = 1024  # a process's weight at nice 0 (cgroup v1 cpu.shares)
 # The mirror image's root is read-only; these are the node's scratch folders, emptied after a run.
 SCRATCH = ("/tmp", "/var/tmp", "/root", "/run")
