@@ -122,12 +122,14 @@ class DockerBackend(NodeBackend):
         with self._lock:
             self._ensure_image(MIRROR_IMAGE)
 
-    def _ensure_network(self, name: str, cluster: str) -> None:
-        if not self._networks(cluster):
-            network = self.client.networks.create(name, driver="bridge", check_duplicate=True,
-                                                  labels={LABEL: "1", f"{LABEL}.home": self.home.id,
-                                                          f"{LABEL}.cluster": cluster})
-            self._guard(network.id, cluster)
+    def _ensure_network(self, name: str, cluster: str) -> str:
+        """The cluster's network, made if missing; its id."""
+        found = self._networks(cluster)
+        if found:
+            return str(found[0].id)
+        return str(self.client.networks.create(name, driver="bridge", check_duplicate=True,
+                                               labels={LABEL: "1", f"{LABEL}.home": self.home.id,
+                                                       f"{LABEL}.cluster": cluster}).id)
 
     def _guard(self, network_id: str, cluster: str) -> None:
         """This machine closed to the cluster's nodes (backends/hostguard.py), where it can be."""
@@ -143,8 +145,8 @@ class DockerBackend(NodeBackend):
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
         with self._lock:
             self._ensure_image(plan.image)
-            self._ensure_network(plan.network, request.cluster)
-            self._guard(self._networks(request.cluster)[0].id, request.cluster)  # a network made before guards
+            # Guarded with every node (idempotent): a network made before guards existed gets one too.
+            self._guard(self._ensure_network(plan.network, request.cluster), request.cluster)
         api = self.client.api
         device_requests = [docker.types.DeviceRequest(device_ids=list(plan.gpus), capabilities=[["gpu"]])] \
             if plan.gpu_access == "device_requests" else None
@@ -310,7 +312,7 @@ class DockerBackend(NodeBackend):
 
     def create_cluster(self, cluster: str) -> None:
         with self._lock:
-            self._ensure_network(self.network_name(cluster), cluster)
+            self._guard(self._ensure_network(self.network_name(cluster), cluster), cluster)
 
     def remove_cluster(self, cluster: str) -> None:
         for network in self._networks(cluster):
