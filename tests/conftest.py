@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -226,6 +227,16 @@ class JobFactory:
             lines += ["distribution:", f"  type: {distribution}", f"  process_count_per_instance: {per_node}"]
         (folder / "job.yml").write_text("\n".join(lines) + "\n" + textwrap.dedent(extra))
         return folder / "job.yml"
+
+
+def copy_home(source: Path, dest: Path) -> None:
+    """Copy a home whose database another connection may hold open: the files but the database's, then the
+    database through SQLite's backup (a copy by bytes races its -wal/-shm files, which the last connection
+    to close checkpoints and deletes)."""
+    shutil.copytree(source, dest, ignore=shutil.ignore_patterns("amlemu.db", "amlemu.db-*"))
+    with contextlib.closing(sqlite3.connect(source / "amlemu.db")) as src, \
+            contextlib.closing(sqlite3.connect(dest / "amlemu.db")) as dst:
+        src.backup(dst)
 
 
 @pytest.fixture

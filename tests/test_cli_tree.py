@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -31,7 +30,7 @@ import click
 import pytest
 import yaml
 from click.testing import CliRunner
-from conftest import REPO, commands
+from conftest import REPO, commands, copy_home
 
 from amlemu.api import Emulator
 from amlemu.cli import cli
@@ -295,7 +294,7 @@ def test_the_command_in_every_format(path: str, template: Path, tmp_path: Path, 
         return
     for fmt in formats:  # WRITE: for real on a fresh copy each time, the dry run on the home itself
         work = tmp_path / fmt
-        shutil.copytree(template / "home", work / "home")
+        copy_home(template / "home", work / "home")
         monkeypatch.setattr("amlemu.cli.sync.AzureMLTarget", lambda work=work, **_: LocalWorkspace(work))
         if dry:
             run(template / "home", path, fill(case.argv, root=template, work=work), fmt, dry=True)
