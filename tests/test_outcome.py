@@ -46,7 +46,8 @@ def test_limits_timeout_stops_the_job_after_its_seconds_not_before() -> None:
 
 
 @pytest.mark.parametrize("check,outcome", [("canceled", Outcome.CANCELED), ("preempted", Outcome.PREEMPTED),
-                                           ("partitioned", Outcome.PARTITIONED)])
+                                           ("partitioned", Outcome.PARTITIONED),
+                                           ("out_of_memory", Outcome.OUT_OF_MEMORY)])
 def test_each_reason_to_stop_is_its_outcome_and_a_cancel_wins(check: str, outcome: Outcome) -> None:
     clock = Clock()
     w, _ = watch(clock, **{check: lambda: clock.now >= 1.0})
@@ -70,6 +71,8 @@ def explain() -> str:
     (Attempt(Outcome.PARTITIONED, 137, partitioned=("c1-node-1",), partition_timeout=30), RunStatus.FAILED,
      "node c1-node-1 was cut off from the cluster network and the job did not end within 30 s; it was stopped on "
      "all nodes"),
+    (Attempt(Outcome.OUT_OF_MEMORY, 137, memory_reason="this machine ran out of memory: 9 GiB"), RunStatus.FAILED,
+     "this machine ran out of memory: 9 GiB"),
 ])
 def test_each_ending_gives_the_status_azure_ml_reports(attempt: Attempt, status: RunStatus, error: str | None) -> None:
     end = ending(attempt, explain)

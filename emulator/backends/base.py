@@ -6,6 +6,7 @@ import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from amlemu.actions import Action, execute
@@ -231,6 +232,11 @@ class NodeBackend(abc.ABC):
     @abc.abstractmethod
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill every job process still on the node (never the node itself); return how many."""
+
+    def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
+        """A cheap reader of the node's processes (this machine's pids), sampled while a job runs
+        (runs/memwatch.py); found once per run, read each second. Unknown here: none."""
+        return list
 
     @abc.abstractmethod
     def list_nodes(self) -> list[NodeInfo]:

@@ -19,6 +19,7 @@ import functools
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import psutil
 from amlemu.actions import Action
 from amlemu.backends import hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerapi import connect, listed_name, until_gone
+from amlemu.backends.dockerapi import cgroup_procs, connect, listed_name, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
@@ -264,6 +265,14 @@ class DockerBackend(NodeBackend):
             except ProcessLookupError:
                 pass
         return len(victims)
+
+    def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
+        """The container's cgroup.procs, found once from its init's cgroup (no engine call per read)."""
+        try:
+            procs = cgroup_procs(self._container(request).attrs["State"]["Pid"])
+        except (BackendError, OSError):
+            return list
+        return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []
 
     @staticmethod
     def _running(container) -> bool:  # type: ignore[no-untyped-def]

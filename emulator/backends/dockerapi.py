@@ -3,6 +3,7 @@ engine answers, container names from list entries, and removals that tolerate a 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 from amlemu.errors import BackendError
@@ -41,3 +42,15 @@ def until_gone(remove) -> None:  # type: ignore[no-untyped-def]
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)
+
+
+def cgroup_procs(pid: int) -> Path:
+    """The cgroup.procs file of the cgroup that holds process `pid` (a container's init): its memory
+    controller's under cgroup v1, the unified one under v2."""
+    lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "cgroup.procs"
+    unified = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+    return Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.procs"

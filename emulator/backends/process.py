@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import socket
@@ -176,6 +177,10 @@ class ProcessBackend(NodeBackend):
         # are nvidia-smi's, which are in PCI bus order; CUDA's own default order is fastest first.
         return {**node_base_env(software_bin(request)), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+
+    def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
+        state = self.state_dir(request.cluster, request.name)
+        return lambda: [proc.pid for proc in self._recorded(state)]
 
     def stop_processes(self, request: NodeRequest) -> int:
         return self._kill_recorded(self.state_dir(request.cluster, request.name))

@@ -27,9 +27,10 @@ from amlemu.home import AGENT_CONFIG_VARIABLE, Home
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
-# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy.
+# from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy; rank-memory:
+# the memory per rank measured in the runs (runs/memwatch.py).
 # (The images of the nodes' disks are kept outside the home and go with their disks: backends/nodedisk.py.)
-RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui")
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui", "rank-memory")
 # What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
 # REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
 SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")

@@ -1,7 +1,7 @@
 """How a launch ended, and the status each ending gives the run: one table, pure.
 
 The supervisor watches the launch (`watch`) until its processes exit or something stops them
-(a cancel, limits.timeout, a preemption, a partition); `ending` then says which status the run
+(a cancel, limits.timeout, a preemption, a partition, this machine out of memory); `ending` then says which status the run
 ends in, with its detail and error, as Azure ML reports them.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ class Outcome(str, enum.Enum):
     TIMEOUT = "timeout"  # limits.timeout (max_run_duration_seconds) passed
     PREEMPTED = "preempted"  # a low-priority node was taken away: the run restarts
     PARTITIONED = "partitioned"  # a node cut off from the cluster's network for too long
+    OUT_OF_MEMORY = "out_of_memory"  # the job drove this machine out of memory (runs/memwatch.py)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,7 @@ class Attempt:
     timeout_seconds: int | None = None
     partitioned: tuple[str, ...] = ()
     partition_timeout: float = 0.0
+    memory_reason: str | None = None  # why an OUT_OF_MEMORY attempt was stopped
 
 
 def ending(attempt: Attempt, explain: Callable[[], str]) -> Ending:
@@ -54,6 +56,9 @@ def ending(attempt: Attempt, explain: Callable[[], str]) -> Ending:
         reason = (f"node {', '.join(attempt.partitioned)} was cut off from the cluster network and the job did not "
                   f"end within {attempt.partition_timeout:g} s; it was stopped on all nodes")
         return Ending(RunStatus.FAILED, reason, reason)
+    if attempt.outcome is Outcome.OUT_OF_MEMORY:
+        reason = attempt.memory_reason or "this machine ran out of memory"
+        return Ending(RunStatus.FAILED, reason + "; it was stopped on all nodes", reason)
     if attempt.outcome is Outcome.TIMEOUT:
         return Ending(RunStatus.FAILED, f"the job ran past limits.timeout (max_run_duration_seconds="
                       f"{attempt.timeout_seconds}) and was stopped",
@@ -77,6 +82,7 @@ class Watch:
     preempt: Callable[[str], None]
     due: list[tuple[float, str]] = field(default_factory=list)
     limit: float | None = None  # limits.timeout, seconds
+    out_of_memory: Callable[[], bool] = lambda: False
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -90,6 +96,8 @@ class Watch:
             return Outcome.PREEMPTED
         if self.partitioned():
             return Outcome.PARTITIONED
+        if self.out_of_memory():
+            return Outcome.OUT_OF_MEMORY
         return None
 
     def until_done(self, poll: Callable[[], int | None]) -> Outcome:
