@@ -269,6 +269,9 @@ def _best(values: Sequence[float], sign: int) -> float:
 
 
 def _worse(value: float, bound: float, sign: int) -> bool:
+    """Strictly worse; a value equal to the bound but for float rounding (an average of equal values) is not."""
+    if math.isclose(value, bound, rel_tol=1e-9, abs_tol=1e-12):
+        return False
     return value < bound if sign > 0 else value > bound
 
 
