@@ -28,7 +28,7 @@ import psutil
 from amlemu.actions import Action
 from amlemu.backends import hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerapi import cgroup_procs, connect, listed_name, until_gone
+from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, listed_name, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
@@ -88,13 +88,7 @@ class DockerBackend(NodeBackend):
         return f"amlemu-{self.home.id}-{cluster}"
 
     def has_image(self, image: str) -> bool:
-        import docker  # noqa: PLC0415
-
-        try:
-            self.client.images.get(image)
-            return True
-        except docker.errors.ImageNotFound:
-            return False
+        return has_image(self.client, image)
 
     # --- the dry run -------------------------------------------------------------------------
     def plan_node(self, request: NodeRequest, built_image: str | None = None) -> ContainerPlan:
@@ -267,12 +261,10 @@ class DockerBackend(NodeBackend):
         return len(victims)
 
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
-        """The container's cgroup.procs, found once from its init's cgroup (no engine call per read)."""
-        try:
-            procs = cgroup_procs(self._container(request).attrs["State"]["Pid"])
+        try:  # found once from the container's init: no engine call per read
+            return cgroup_pids(self._container(request).attrs["State"]["Pid"])
         except (BackendError, OSError):
             return list
-        return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []
 
     @staticmethod
     def _running(container) -> bool:  # type: ignore[no-untyped-def]

@@ -3,6 +3,7 @@ engine answers, container names from list entries, and removals that tolerate a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,13 +45,24 @@ def until_gone(remove) -> None:  # type: ignore[no-untyped-def]
             time.sleep(0.2)
 
 
-def cgroup_procs(pid: int) -> Path:
-    """The cgroup.procs file of the cgroup that holds process `pid` (a container's init): its memory
+def has_image(client: Any, image: str) -> bool:
+    import docker  # noqa: PLC0415
+
+    try:
+        client.images.get(image)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def cgroup_pids(pid: int) -> Callable[[], list[int]]:
+    """A reader of the pids in the cgroup that holds process `pid` (a container's init): its memory
     controller's under cgroup v1, the unified one under v2."""
     lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/") / "cgroup.procs"
-    unified = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
-    return Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.procs"
+    found = [line.split(":", 2)[2] for line in lines if "memory" in line.split(":", 2)[1].split(",")]
+    if found:
+        procs = Path("/sys/fs/cgroup/memory") / found[0].lstrip("/") / "cgroup.procs"
+    else:
+        unified = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
+        procs = Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.procs"
+    return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []

@@ -100,8 +100,8 @@ def anon_bytes(pid: int) -> int:
 
 
 class MemWatch(threading.Thread):
-    """Samples each node's processes until `stop` is set: the peak per rank, and `on_low(reason)`
-    once if the job is driving this machine out of memory. `find` (node -> (its pids, its ranks))
+    """Samples each node's processes until `stop` is set: the peak per rank, and `reason` (told to
+    `on_low` once) when the job is driving this machine out of memory. `find` (node -> (its pids, its ranks))
     runs in the thread: finding a docker node's cgroup asks the engine, which the launch need not wait for."""
 
     def __init__(self, find: Callable[[], Mapping[str, tuple[Pids, int]]], stop: threading.Event,
@@ -110,7 +110,7 @@ class MemWatch(threading.Thread):
         self.find, self.stop, self.on_low = find, stop, on_low
         self.nodes: dict[str, tuple[Pids, int]] = {}
         self.peak_per_rank = 0
-        self.fired = False
+        self.reason: str | None = None
 
     def sample(self) -> int:
         """The job's anonymous memory now; the per-rank peak updated."""
@@ -129,12 +129,12 @@ class MemWatch(threading.Thread):
         while not self.stop.wait(SAMPLE):
             held = self.sample()
             memory = psutil.virtual_memory()
-            if not self.fired and low_memory(memory.available, memory.total, held):
-                self.fired = True
-                self.on_low(f"this machine ran out of memory: the job's ranks held {held / GIB:.1f} GiB of its "
-                            f"{memory.total / GIB:.1f} GiB ({self.peak_per_rank / MIB:.0f} MiB per rank at the "
-                            f"peak), and {memory.available / MIB:.0f} MiB was left; run fewer ranks (nodes or "
-                            "processes per node) or make each smaller (a smaller batch or model)")
+            if self.reason is None and low_memory(memory.available, memory.total, held):
+                self.reason = (f"this machine ran out of memory: the job's ranks held {held / GIB:.1f} GiB of its "
+                               f"{memory.total / GIB:.1f} GiB ({self.peak_per_rank / MIB:.0f} MiB per rank at the "
+                               f"peak), and {memory.available / MIB:.0f} MiB was left; run fewer ranks (nodes or "
+                               "processes per node) or make each smaller (a smaller batch or model)")
+                self.on_low(self.reason)
 
 
 def start(backend: NodeBackend, requests: list[NodeRequest], ranks: list[Rank], stop: threading.Event,

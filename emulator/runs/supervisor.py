@@ -53,7 +53,7 @@ class Supervisor:
         self.quiesced = False  # no job process left on the nodes (quiesce ran since the launch)
         self.plan: LaunchPlan | None = None
         self.gang_failure: tuple[int | None, int] | None = None  # (rank, exit code) of the first to fail
-        self.memory_reason: str | None = None  # set when the job drives this machine out of memory
+        self.memory_reason: str | None = None  # why the job was stopped, when it drove this machine out of memory
         self.faults = FaultInjector(home, self.store)
         self.link: servicelink.RunLink | None = None  # to the home's Azure ML service, while it runs
         self.ending: tuple[RunStatus, str, dict] | None = None  # the final status, once decided
@@ -193,12 +193,12 @@ class Supervisor:
         mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
                                   args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
-        memory = memwatch.start(self.backend, self.requests, list(plan.ranks), stop_refresh, self.out_of_memory)
+        memory = memwatch.start(self.backend, self.requests, list(plan.ranks), stop_refresh, self.logs.platform)
         watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()),
                       partitioned=self.partitioned_too_long, preempt=self.policy_preempt,
                       due=policy_schedule(self.store, self.cluster.spec.name, self.run_id,
                                           [r.name for r in self.requests]),
-                      limit=self.job.max_run_duration_seconds, out_of_memory=lambda: self.memory_reason is not None)
+                      limit=self.job.max_run_duration_seconds, out_of_memory=lambda: memory.reason is not None)
         outcome = watch.until_done(gang.poll)
         if outcome is not Outcome.EXITED or gang.poll():  # a failed process: the others go, as mpirun stops its ranks
             self.stop(gang)
@@ -208,6 +208,7 @@ class Supervisor:
         refresher.join(timeout=30)
         mirror.join(timeout=30)
         memwatch.keep(self.home.root, self.job, self.run_id, memory)
+        self.memory_reason = memory.reason
         if outcome is Outcome.EXITED and self.preempted():  # the kill ended the job before a poll saw the fault
             outcome = Outcome.PREEMPTED
         if outcome is Outcome.PREEMPTED and not self.canceled():
@@ -283,10 +284,6 @@ class Supervisor:
         failed = self.gang_failure[0] if self.gang_failure else None
         reason = failure_reason(mpi_log, list(self.plan.ranks), self.run_dir, exit_code, lost, killed, failed)
         return reason + (f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else "")
-
-    def out_of_memory(self, reason: str) -> None:
-        self.logs.platform(reason)
-        self.memory_reason = reason
 
     def policy_preempt(self, node: str) -> None:
         try:
