@@ -61,7 +61,7 @@ class RandomSampler:
     def _sobol_point(self, k: int) -> Any:
         """The sequence's k-th point: the engine kept between calls, a new one only to go back."""
         if self._engine is None or self._engine.num_generated > k:
-            from scipy.stats import qmc  # scipy comes with mlflow; imported only by a sobol sweep
+            from scipy.stats import qmc  # about a second to import: only a sobol sweep pays for it
 
             self._engine = qmc.Sobol(d=len(self.dims), scramble=True, rng=self.seed)
         if k > self._engine.num_generated:
