@@ -38,6 +38,7 @@ from amlemu.runs.jobplan import job_launch, node_plans, node_requests
 from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage.datastores import Datastores
+from amlemu.sweeps import submit as sweeps
 
 
 class Emulator:
@@ -143,10 +144,14 @@ class Emulator:
         return {**plan.to_dict(), "nodes": [n.to_dict() for n in node_plans(backend, requests, software)],
                 "software": software.to_dict(), **pools.describe(self.store, cluster)}
 
-    def submit(self, job: Any, overrides: list[str] | None = None) -> Run:
-        """`job`: a CLI v2 YAML path, a JobSpec, an azure.ai.ml command job or an SDK v1
-        ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand it to its own supervisor process."""
+    def submit(self, job: Any, overrides: list[str] | None = None, parent: str | None = None) -> Run:
+        """`job`: a CLI v2 YAML path (a command or sweep job), a JobSpec or SweepSpec, an azure.ai.ml
+        command job or an SDK v1 ScriptRunConfig / estimator. Snapshot the code, queue the run, and hand
+        it to its own supervisor process (a sweep: to its driver, emulator/sweeps/). `parent`: the sweep
+        a trial belongs to."""
         started = time.time()  # the run's timeline counts from here (runs/timeline.py)
+        if sweeps.is_sweep(job):
+            return sweeps.submit(self, sweeps.load(job, overrides))
         job = self._job(job, overrides)
         self._check(job, probe=True)  # before anything is created
         self.reconcile()
@@ -161,7 +166,7 @@ class Emulator:
         timeline = Timeline.begin(run_dir, started)
         timeline.mark("submit: job read, bound and checked; code snapshot taken")
         cluster = self.job_cluster(job, self._make_cluster)  # a serverless pool is made now, after every check
-        self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job))
+        self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job), parent=parent)
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
         with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
             proc = subprocess.Popen([sys.executable, "-m", "amlemu.runs.supervisor", str(self.home.root), run_id],
@@ -185,8 +190,9 @@ class Emulator:
         self.store.run(run_id)
         return Run(self.store, self.home, run_id, self.reconcile)
 
-    def runs(self, experiment: str | None = None) -> list[Run]:
-        return [Run(self.store, self.home, r.id, self.reconcile) for r in self.store.runs(experiment=experiment)]
+    def runs(self, experiment: str | None = None, parent: str | None = None) -> list[Run]:
+        """The runs (of one experiment; a sweep's trials, with `parent`), oldest first."""
+        return [Run(self.store, self.home, r.id, self.reconcile) for r in self.store.runs(experiment=experiment, parent=parent)]
 
     # --- housekeeping ------------------------------------------------------------------------
     def reconcile(self) -> list[str]:

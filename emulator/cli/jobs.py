@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 from rich.table import Table
+from rich.text import Text
 
 from amlemu.actions import execute
 from amlemu.cli.common import (
@@ -69,6 +70,22 @@ def job_create(ctx: click.Context, file: Path, name: str | None, overrides: tupl
         f"follow it with: amlemu job stream{flag} -n {d['name']}", highlight=False))
 
 
+def _print_trials(sweep: dict[str, Any]) -> None:
+    """A sweep's trials: their values, primary metric and status, the best one marked."""
+    metric = sweep.get("primary_metric", "metric")
+    table = Table("trial", "values", metric, "status", "why")
+    for t in sweep.get("trials") or []:
+        best = " *" if t["name"] == sweep.get("best_child_run_id") else ""
+        shown = "" if t.get("metric") is None else f"{t['metric']:.6g}"
+        values = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in t["values"].items())
+        table.add_row(*(Text(escaped(str(cell))) for cell in (t["name"] + best, values, shown, t["status"],
+                                                               t.get("reason") or "")))
+    console.print(table)
+    for line in [sweep.get("headline"), *(sweep.get("notes") or [])]:
+        if line:
+            console.print(line, highlight=False, markup=False)
+
+
 def _compute(job: dict[str, Any]) -> str:
     """The compute's name in az ml's Job shape (`azureml:<name>`; none: serverless)."""
     return str(job.get("compute") or "serverless").removeprefix("azureml:")
@@ -88,11 +105,12 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 @click.option("-r", "--max-results", type=click.IntRange(min=1), default=MAX_RESULTS, show_default=True,
               help="at most this many: the most recent ones")
 @click.option("--all-results", is_flag=True, help="every job (overrides --max-results)")
+@click.option("-p", "--parent-job-name", "parent", default=None, metavar="SWEEP", help="only this sweep's trials")
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
-def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_results: bool,
+def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_results: bool, parent: str | None,
              target_name: str | None, output: str) -> None:
     """The jobs, oldest first; the 50 most recent unless --max-results or --all-results says otherwise."""
     def human(data: list[dict[str, Any]]) -> None:
@@ -100,7 +118,7 @@ def job_list(ctx: click.Context, experiment: str | None, max_results: int, all_r
         for d in data:
             table.add_row(d["name"], d.get("experiment_name"), _compute(d), d.get("status"))
         console.print(table)
-    jobs = target_of(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1)
+    jobs = target_of(ctx, target_name).list_jobs(experiment, None if all_results else max_results + 1, parent=parent)
     if not all_results and len(jobs) > max_results:  # one more than asked: there are more
         jobs = jobs[1:]
         err_console.print(f"notice: the {max_results} most recent jobs; --max-results N or --all-results for more",
@@ -127,6 +145,8 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
             console.print(f"  +{since:7.2f}s  {h['status']:<16} {detail}", highlight=False, markup=False)
         for k, v in sorted((own.get("metrics") or {}).items()):
             console.print(f"  {k} = {v:.6g}", highlight=False)
+        if own.get("sweep"):
+            _print_trials(own["sweep"])
         studio = ((d.get("services") or {}).get("Studio") or {}).get("endpoint")
         for key, value in (("studio", studio), *((k, own.get(k)) for k in ("outputs", "logs", "plot"))):
             if value is not None:
@@ -191,4 +211,5 @@ def job_download(ctx: click.Context, name: str, download_path: Path, output_name
         show_plan(plan, output)
         return
     execute(plan)
-    report([str(download_path / name)], output, lambda d: console.print(f"downloaded to {d[0]}", highlight=False))
+    copied = next((a.detail["to"] for a in plan if a.what == "run files"), str(download_path / name))  # a sweep's: its best trial's
+    report([copied], output, lambda d: console.print(f"downloaded to {d[0]}", highlight=False))

@@ -40,7 +40,8 @@ CREATE TABLE IF NOT EXISTS preemption_policies (
 # PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
 # A database of a newer version is refused with a way out, never half-read.
 SCHEMA_VERSION = 1
-MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0"}
+MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
+              ("runs", "parent"): "ALTER TABLE runs ADD COLUMN parent TEXT"}  # a sweep's trial: the sweep
 
 WORKSPACE_DEFAULTS = {
     "workspace_name": "amlemu-ws",
@@ -84,6 +85,7 @@ class RunRecord:
     nodes: list[str] = field(default_factory=list)
     exit_code: int | None = None
     preemptions: int = 0
+    parent: str | None = None  # the sweep a trial belongs to
 
 
 def cluster_to_json(spec: ClusterSpec) -> str:

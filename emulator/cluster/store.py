@@ -198,15 +198,16 @@ class Store:
         db.execute("DELETE FROM nodes WHERE cluster = ? AND idx = ?", (cluster, idx))
 
     # --- runs --------------------------------------------------------------------------------
-    def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any]) -> RunRecord:
+    def add_run(self, run_id: str, experiment: str, cluster: str, job: dict[str, Any],
+                parent: str | None = None) -> RunRecord:
         with self.transaction() as db:
             if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone():
                 raise name_taken(run_id)
             seq = db.execute("SELECT COALESCE(MAX(seq), 0) + 1 FROM runs").fetchone()[0]
             now = time.time()
-            db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?)",
-                       (run_id, seq, experiment, cluster, RunStatus.NOT_STARTED.value, json.dumps(job), now))
+            db.execute("INSERT INTO runs (id, seq, experiment, cluster, status, job, created_at, parent) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                       (run_id, seq, experiment, cluster, RunStatus.NOT_STARTED.value, json.dumps(job), now, parent))
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, now, RunStatus.NOT_STARTED.value, ""))
         return self.run(run_id)
 
@@ -223,8 +224,11 @@ class Store:
     def run_exists(self, run_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 
-    def runs(self, experiment: str | None = None, cluster: str | None = None) -> list[RunRecord]:
+    def runs(self, experiment: str | None = None, cluster: str | None = None,
+             parent: str | None = None) -> list[RunRecord]:
         query, args = "SELECT id FROM runs WHERE 1=1", []
+        if parent:
+            query, args = query + " AND parent = ?", [*args, parent]
         if experiment:
             query, args = query + " AND experiment = ?", [*args, experiment]
         if cluster:

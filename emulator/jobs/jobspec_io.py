@@ -41,7 +41,11 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
     }
 
 
+RECORD_ONLY = ("kind", "sweep")  # a sweep's record: its trial's job, and the sweep (emulator/sweeps/sweepspec.py)
+
+
 def job_from_record(data: dict[str, Any]) -> JobSpec:
+    data = {k: v for k, v in data.items() if k not in RECORD_ONLY}
     dist = data["distribution"]
 
     def load(v: dict[str, str]) -> DataInput:

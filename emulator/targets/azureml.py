@@ -239,10 +239,12 @@ class AzureMLTarget(Target):
         self._call(f"streaming job {name}", stream)
         return self.status(name)
 
-    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None,
+                  parent: str | None = None) -> list[dict[str, Any]]:
         """The service lists the newest first (az ml job list takes its first max_results)."""
         def jobs() -> list[Any]:
-            wanted = (j for j in self.client().jobs.list() if experiment is None or j.experiment_name == experiment)
+            listed = self.client().jobs.list(**({"parent_job_name": parent} if parent else {}))
+            wanted = (j for j in listed if experiment is None or j.experiment_name == experiment)
             return list(wanted if max_results is None else islice(wanted, max_results))
         return [self._az_job(j) for j in self._call("listing jobs", jobs)][::-1]  # oldest first, as every target
 

@@ -97,9 +97,10 @@ class Target(ABC):
         under a key of its own (the emulator's: `amlemu`)."""
 
     @abstractmethod
-    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
-        """Each job as `show` gives it (of one experiment, if given), oldest first; with
-        max_results, only that many of the most recent ones."""
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None,
+                  parent: str | None = None) -> list[dict[str, Any]]:
+        """Each job as `show` gives it (of one experiment, if given; a sweep's trials, with `parent`),
+        oldest first; with max_results, only that many of the most recent ones."""
 
     @abstractmethod
     def metrics(self, name: str) -> dict[str, float]:

@@ -15,6 +15,9 @@ from amlemu.jobs.sdkjobs import to_job
 from amlemu.runs.contract import bindings, default_output_uri, workspace_arm_id
 from amlemu.runs.metrics import PLOT_NAME
 from amlemu.specs import ClusterSpec
+from amlemu.sweeps import results
+from amlemu.sweeps import submit as sweeps
+from amlemu.sweeps.sweepspec import is_sweep_record
 from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
 from amlemu.validate import check_job
 
@@ -58,6 +61,9 @@ class EmulatorTarget(Target):
     def plan_job(self, job: JobSource, overrides: list[str] | None = None) -> Plan:
         """The emulator runs jobs AmlCompute would refuse (no environment, say): the findings of
         `amlemu job validate` go with the plan, for the CLI to show."""
+        if sweeps.is_sweep(job):
+            sweep = sweeps.load(job, overrides)
+            return Plan(self.name, "job", sweeps.plan(self.emu, sweep), payload=sweep)
         spec = to_job(job, overrides)
         findings = [asdict(f) for f in check_job(spec)]
         return Plan(self.name, "job", {**self.emu.plan_job(spec), "findings": findings}, payload=spec)
@@ -75,11 +81,16 @@ class EmulatorTarget(Target):
         shown = run_data(run, self.emu.workspace(), self.emu.home.root, self._service_url())
         plot = run.plot_path
         shown["amlemu"].update(metrics=run.metrics(), plot=str(plot) if plot else None)
+        if is_sweep_record(run.record.job):  # its trials and best one, as az ml shows a sweep job
+            summary = results.read(run.dir) or {}
+            shown.update(type="sweep", properties={**(shown.get("properties") or {}), **summary.get("properties", {})})
+            shown["amlemu"]["sweep"] = summary
         return shown
 
-    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None,
+                  parent: str | None = None) -> list[dict[str, Any]]:
         self.emu.reconcile()
-        runs = self.emu.runs(experiment)  # oldest first
+        runs = self.emu.runs(experiment, parent=parent)  # oldest first
         if max_results is not None:
             runs = runs[max(len(runs) - max_results, 0):]
         workspace, url = self.emu.workspace(), self._service_url()
@@ -109,6 +120,12 @@ class EmulatorTarget(Target):
         Run.download) and named outputs (read from their datastore URIs), as `az ml job download`
         chooses them."""
         run = self.emu.run(name)
+        if is_sweep_record(run.record.job):  # az ml downloads a sweep's best trial's
+            best = (results.read(run.dir) or {}).get("best_child_run_id")
+            if not best:
+                raise NotFoundError("best trial", name, message=f"sweep {name} has no best trial: none logged its primary "
+                                    f"metric (see `amlemu job show {name}`); download a trial by its name")
+            run, name = self.emu.run(best), best
         if Path(dest).exists() and not Path(dest).is_dir():
             raise ConfigError("--download-path", f"{dest} is a file", "give a folder (it is created if missing)")
         target = Path(dest) / name
