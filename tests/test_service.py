@@ -99,7 +99,7 @@ def test_bad_requests_get_azures_error_json_naming_the_field(live: tuple[str, di
     assert "Pipeline jobs are not emulated yet" in error["message"]
     sweep = requests.put(url + WS + "/jobs/s1", json={"properties": {"jobType": "Sweep"}}, headers=bearer,
                          verify=ca, timeout=10)
-    assert "Sweep jobs are not emulated yet" in sweep.json()["error"]["message"]
+    assert sweep.status_code == 400 and sweep.json()["error"]["message"].startswith("searchSpace: missing")
     compute = requests.put(url + WS + "/computes/k8s", headers=bearer, verify=ca, timeout=10,
                            json={"properties": {"computeType": "Kubernetes"}})
     assert compute.status_code == 400 and compute.json()["error"]["target"] == "properties.computeType"

@@ -28,6 +28,7 @@ from amlemu.service.protocol import datablobs
 from amlemu.service.protocol import endpoint
 from amlemu.service.protocol import health
 from amlemu.service.protocol import linkguard
+from amlemu.service.protocol import sweeproutes
 from amlemu.service.protocol import v1online
 from amlemu.service.protocol import v1routes
 from amlemu.service.protocol.calls import Call, Context, Reply, arm_error
@@ -280,6 +281,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),
     ("GET", H + "/runs/{name}/details", run_details, "run"),
     ("GET", H + "/experiments/{experiment}/runs/{name}/details", run_details, "run"),
+    *sweeproutes.ROUTES,  # a sweep's trials: jobs.list(parent_job_name=...)
     ("POST", H + "/rundata", datablobs.run_data, True),
     ("POST", "/data/v1.0" + WS + "/dataversion/batchGetResolvedUris", datablobs.resolved_uris, True),
     ("GET", "/logs/{name}/{path:path}", log_file, False),  # signed URLs

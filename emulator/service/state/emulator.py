@@ -36,7 +36,8 @@ from amlemu.service.state import (
     bad_request,
     not_found,
 )
-from amlemu.service.state import jobrest, runblobs
+from amlemu.service.state import jobrest, runblobs, sweeprest
+from amlemu.service.state.sweepstate import SweepState
 from amlemu.service.state.computerest import NODE_STATES, cluster_from_rest, compute_props
 from amlemu.service.state.v1 import EmulatorV1
 from amlemu.specs import ClusterSpec, JobSpec
@@ -61,6 +62,7 @@ class EmulatorState:
         self._creating: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
         self.v1 = EmulatorV1(self, folder)
+        self.sweeps = SweepState(self)  # sweep jobs: their PUT, their results, their trials (children)
 
     @property
     def workspace(self) -> Workspace:
@@ -155,6 +157,8 @@ class EmulatorState:
         return self.jobs_dir / f"{name}.json"
 
     def put_job(self, name: str, body: Any) -> dict[str, Any]:
+        if sweeprest.is_sweep_body(body):
+            return self.sweeps.put(name, body)
         jobrest.job_type(body)
         if self.emu.store.run_exists(name):
             saved = self._body_path(name)
@@ -196,9 +200,10 @@ class EmulatorState:
             raise not_found(f"job {name}") from None
         self._body_path(name)  # a name that is no path
         # The one serializer (jobs/resource.py): the body the SDK PUT, else the run record's job.
-        return resource.job_properties(name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
-                                       compute=skus.rest_compute(record.cluster), experiment=record.experiment,
-                                       status=record.status.value, output_uris=runblobs.run_outputs(self.emu, name))
+        return self.sweeps.properties(record, resource.job_properties(
+            name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
+            compute=skus.rest_compute(record.cluster), experiment=record.experiment, status=record.status.value,
+            output_uris=runblobs.run_outputs(self.emu, name)))
 
     def job_created(self, name: str) -> float:
         """When the job was submitted: its resource's systemData.createdAt."""
