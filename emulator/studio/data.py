@@ -23,10 +23,12 @@ from amlemu.home import Home
 from amlemu.runs.metrics import metric_history
 from amlemu.runs.runlogs import LOG_FOLDERS, rank_log_name
 from amlemu.runs.runfiles import list_files, open_in_run, shown_plan
+from amlemu.studio.sweepdata import is_sweep, sweep_view
 
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
 MAX_POINTS = 400  # per metric curve: the page draws a sparkline, not every step of a long run
 MAX_JOBS = 100  # newest first on the overview; `amlemu job list --all-results` has the rest
+MAX_TRIALS = 20  # a sweep's trials nested under it on the overview; its own page has them all
 
 
 def _finite(value: float) -> float | None:
@@ -85,16 +87,24 @@ class StudioData:
             "nodes": [{"name": n.name, "state": n.state, "run": n.run_id, "address": n.address,
                        "fault": fault_on(n)} for n in nodes[c.spec.name]],
         } for c in clusters]
+        # As Azure ML studio lists them: top-level jobs, a sweep's trials under it (not among them).
+        top = [r for r in runs if r.parent is None]
+        trials: dict[str, list[RunRecord]] = {}
+        for record in runs:
+            if record.parent is not None:
+                trials.setdefault(record.parent, []).append(record)
+        jobs = [{**self._job_row(r), "trials": [self._job_row(t) for t in trials.get(r.id, [])[:MAX_TRIALS]],
+                 "trials_total": len(trials.get(r.id, []))} for r in top[::-1][:MAX_JOBS]]
         return {"workspace": workspace.get("workspace_name", ""), "now": time.time(), "computes": computes,
-                "jobs": [self._job_row(r) for r in runs[::-1][:MAX_JOBS]], "jobs_total": len(runs),
-                "faults": faults[::-1]}
+                "jobs": jobs, "jobs_total": len(top), "faults": faults[::-1]}
 
     @staticmethod
     def _job_row(record: RunRecord) -> dict[str, Any]:
         return {"id": record.id, "experiment": record.experiment, "compute": skus.shown_compute(record.cluster),
                 "display_name": record.job.get("display_name") or "", "status": record.status.value,
                 "terminal": record.status.is_terminal, "created_at": record.created_at,
-                "nodes": list(record.nodes), "processes": _processes(record.job)}
+                "nodes": list(record.nodes), "processes": _processes(record.job),
+                "type": "sweep" if is_sweep(record) else "command", "parent": record.parent}
 
     def job(self, run_id: str) -> dict[str, Any]:
         """Everything the job page polls, but the logs (each rank's has its own endpoint)."""
@@ -114,6 +124,23 @@ class StudioData:
                 "faults": faults,
                 "metrics": metrics,
                 "files": list_files(run_dir) if run_dir.is_dir() else []}
+
+    def is_sweep(self, run_id: str) -> bool:
+        return is_sweep(self._run(run_id))
+
+    def sweep(self, run_id: str) -> dict[str, Any]:
+        """A sweep's page data: what every job has, and its trials and results (sweepdata)."""
+        with self._lock:
+            record = self.store.run(run_id)
+            children = self.store.runs(parent=run_id) if is_sweep(record) else []
+        if not is_sweep(record):
+            raise NotFoundError("sweep", run_id, f"{run_id} is a {self._job_row(record)['type']} job: "
+                                f"/api/jobs/{run_id} has it")
+        from amlemu.sweeps import results  # noqa: PLC0415 - numpy comes with it: only for a sweep's page
+
+        job = self.job(run_id)
+        job.pop("metrics")  # a sweep logs none itself: its trials do
+        return {**job, **sweep_view(record, children, results.read(self.home.run_dir(run_id)))}
 
     def plan(self, run_id: str) -> dict[str, Any] | None:
         """The run's launch plan, its secret values masked (for the job page; the polled JSON

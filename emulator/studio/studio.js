@@ -1,6 +1,7 @@
 // amlemu studio: keeps the server-rendered page current from its JSON endpoints (once a second)
-// and draws the metric charts as inline SVG. A job is untrusted code and it wrote the logs, file
-// names and metric names: they are only ever set as text (text nodes, textContent), never as HTML.
+// and draws the metric charts and a sweep's parallel coordinates as inline SVG. A job is untrusted
+// code and it wrote the logs, file names, metric names and a sweep's values: they are only ever set
+// as text (text nodes, textContent, attribute values), never as HTML.
 "use strict";
 (function () {
   const body = document.body;
@@ -38,12 +39,14 @@
   }
   const faultCells = (f) => [stamp(f.ts), f.kind, f.cluster, f.node, jobLink(f.run_id), f.detail];
 
-  function fillBody(table, rows, empty) {
+  function fillRows(table, trs, empty) {
     if (!table) return;
     const columns = table.tHead.rows[0].cells.length;
-    const trs = rows.length ? rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))
-      : [el("tr", { class: "empty" }, el("td", { colspan: columns }, empty))];
-    table.tBodies[0].replaceChildren(...trs);
+    table.tBodies[0].replaceChildren(...(trs.length ? trs
+      : [el("tr", { class: "empty" }, el("td", { colspan: columns }, empty))]));
+  }
+  function fillBody(table, rows, empty) {
+    fillRows(table, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c)))), empty);
   }
   function table(heads) {
     return el("table", {}, el("thead", {}, el("tr", {}, heads.map((h) => el("th", {}, h)))), el("tbody"));
@@ -73,9 +76,26 @@
     });
     document.getElementById("computes").replaceChildren(...(blocks.length ? blocks
       : [el("p", { class: "empty" }, "No computes: ", el("code", {}, "amlemu compute create"))]));
-    fillBody(document.getElementById("jobs"), d.jobs.map((j) => [jobLink(j.id), j.display_name, j.experiment,
-      j.compute, status(j.status), stamp(j.created_at)]), "no jobs yet");
+    fillRows(document.getElementById("jobs"), d.jobs.flatMap(jobRows), "no jobs yet");
     fillBody(document.getElementById("faults"), d.faults.map(faultCells), "none injected");
+  }
+
+  // A top-level job's row, then a sweep's trials nested under it (as Azure ML studio lists child jobs).
+  const nest = () => el("span", { class: "nest" }, "\u21b3 ");
+  function jobRow(j, kind, trial) {
+    const cells = [[trial ? nest() : "", jobLink(j.id)], kind, j.display_name, j.experiment, j.compute,
+      status(j.status), stamp(j.created_at)];
+    return el("tr", trial ? { class: "trial" } : {}, cells.map((c) => el("td", {}, c)));
+  }
+  function jobRows(j) {
+    const trials = j.trials || [];
+    const rows = [jobRow(j, j.type, false), ...trials.map((t) => jobRow(t, "trial", true))];
+    const more = (j.trials_total || 0) - trials.length;
+    if (more > 0) {
+      rows.push(el("tr", { class: "trial more" }, el("td", { colspan: 7 }, nest(),
+        `${more} more trials on the page of sweep `, jobLink(j.id))));
+    }
+    return rows;
   }
 
   // --- a job -------------------------------------------------------------------------------------
@@ -83,7 +103,7 @@
   function chart(name, points) {
     const W = 320, H = 120, P = 8;
     const pts = points.filter((p) => p[1] !== null);
-    const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": `chart of ${name}` });
+    const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img", "aria-label": `chart of ${name}` });
     const last = pts[pts.length - 1];
     if (pts.length) {
       const xs = pts.map((p) => p[0]), ys = pts.map((p) => p[1]);
@@ -116,17 +136,20 @@
       drawn.set(name, key);
     }
   }
+  function renderFiles(d) {
+    const job = encodeURIComponent(d.id);
+    const files = d.files.map((f) => el("li", {},
+      el("a", { href: `${base}/files/${job}/${f.path.split("/").map(encodeURIComponent).join("/")}`, download: "" }, f.path),
+      " ", el("small", {}, size(f.size))));
+    document.getElementById("files").replaceChildren(...(files.length ? files : [el("li", { class: "empty" }, "nothing yet")]));
+  }
   function renderJob(d) {
     document.getElementById("status").replaceChildren(status(d.status));
     document.getElementById("job-nodes").textContent = d.nodes.join(", ");
     document.getElementById("error").textContent = d.error || "";
     fillBody(document.getElementById("events"), d.events.map((e) => [stamp(e.ts), status(e.status), e.detail]), "");
     fillBody(document.getElementById("job-faults"), d.faults.map(faultCells), "none injected");
-    const job = encodeURIComponent(d.id);
-    const files = d.files.map((f) => el("li", {},
-      el("a", { href: `${base}/files/${job}/${f.path.split("/").map(encodeURIComponent).join("/")}`, download: "" }, f.path),
-      " ", el("small", {}, size(f.size))));
-    document.getElementById("files").replaceChildren(...(files.length ? files : [el("li", { class: "empty" }, "nothing yet")]));
+    renderFiles(d);
     if (d.metrics) renderMetrics(d.metrics); // null: unreadable this once, the charts stay
   }
   async function pollLog(pre) {
@@ -141,11 +164,108 @@
     return chunk.terminal && chunk.offset >= chunk.size; // nothing more will come
   }
 
+  // --- a sweep: its trials table and a parallel-coordinates chart of hyperparameters and metric --
+  const show = (v) => (v === null || v === undefined ? "" : typeof v === "number" ? num(v) : String(v));
+  function trialCells(t, d) {
+    const name = [jobLink(t.name), t.best ? [" ", el("span", { class: "best-mark" }, "best")] : []];
+    return [name, status(t.status), ...d.params.map((p) => show(t.values[p])), show(t.metric), show(t.reports),
+      t.reason || ""];
+  }
+  function renderTrials(d) {
+    const trials = document.getElementById("trials");
+    const heads = ["trial", "status", ...d.params, d.primary_metric || "primary metric", "reports", "reason"];
+    const headRow = trials.tHead.rows[0];
+    if ([...headRow.cells].map((c) => c.textContent).join("\n") !== heads.join("\n")) {
+      headRow.replaceChildren(...heads.map((h) => el("th", {}, h)));
+    }
+    fillRows(trials, d.trials.map((t) => {
+      const attrs = t.best ? { class: "best", "data-trial": t.name } : { "data-trial": t.name };
+      return el("tr", attrs, trialCells(t, d).map((c) => el("td", {}, c)));
+    }), "no trial yet");
+  }
+  // One axis per hyperparameter, then the primary metric's. A numeric axis is linear (logarithmic
+  // when its values are positive and span 100x or more), any other is a category per value.
+  function axis(name, values) {
+    const known = values.filter((v) => v !== null && v !== undefined);
+    if (known.length && known.every((v) => typeof v === "number")) {
+      const lo = Math.min(...known), hi = Math.max(...known);
+      const log = lo > 0 && hi / lo >= 100;
+      const f = log ? Math.log10 : (v) => v;
+      const span = f(hi) - f(lo);
+      return { name, labels: [[1, num(hi)], [0, num(lo)]], log,
+        at: (v) => (typeof v !== "number" ? null : span ? (f(v) - f(lo)) / span : 0.5) };
+    }
+    const cats = [...new Set(known.map(String))].sort();
+    const at = (v) => (v === null || v === undefined ? null : cats.length > 1 ? 1 - cats.indexOf(String(v)) / (cats.length - 1) : 0.5);
+    return { name, labels: cats.slice(0, 12).map((c) => [at(c), c]), log: false, at };
+  }
+  function sweepChart(d) {
+    const axes = d.params.map((p) => axis(p, d.trials.map((t) => t.values[p])));
+    axes.push(axis(`${d.primary_metric} (${d.goal})`, d.trials.map((t) => t.metric)));
+    const metric = axes[axes.length - 1];
+    const W = Math.max(420, 150 * axes.length), H = 280, L = 60, R = 60, T = 34, B = 24;
+    const x = (i) => L + (axes.length > 1 ? (i * (W - L - R)) / (axes.length - 1) : (W - L - R) / 2);
+    const y = (u) => T + (1 - u) * (H - T - B);
+    const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+      "aria-label": `parallel coordinates of the hyperparameters and ${d.primary_metric}` });
+    axes.forEach((a, i) => {
+      plot.append(svg("line", { class: "axis", x1: x(i), x2: x(i), y1: y(1), y2: y(0) }));
+      const title = svg("text", { class: "axis-name", x: x(i), y: 14, "text-anchor": "middle" });
+      title.textContent = a.log ? `${a.name} (log)` : a.name;
+      plot.append(title);
+      for (const [u, label] of a.labels) {
+        const tick = svg("text", { x: x(i) + 4, y: y(u) + 3 });
+        tick.textContent = label;
+        plot.append(tick);
+      }
+    });
+    const good = d.goal === "minimize" ? (u) => 1 - u : (u) => u; // 1: the best end of the metric axis
+    const ordered = [...d.trials].sort((a, b) => Number(a.best) - Number(b.best)); // the best one on top
+    for (const t of ordered) {
+      const us = axes.map((a, i) => a.at(i === axes.length - 1 ? t.metric : t.values[a.name]));
+      const points = us.map((u, i) => (u === null ? null : `${x(i).toFixed(1)},${y(u).toFixed(1)}`)).filter(Boolean);
+      if (points.length < 1) continue;
+      const scored = us[us.length - 1] !== null;
+      const shade = scored ? good(us[us.length - 1]) : 0;
+      const line = svg("polyline", { points: points.join(" "), "data-trial": t.name,
+        class: t.best ? "trial best" : scored ? "trial" : "trial unscored",
+        stroke: t.best ? "#e65100" : scored ? `hsl(212, 70%, ${75 - 45 * shade}%)` : "#9e9e9e" });
+      const tip = svg("title");
+      tip.textContent = `${t.name} (${t.status}): ` + d.params.map((p) => `${p}=${show(t.values[p])}`).join(", ") +
+        `; ${d.primary_metric}=${scored ? show(t.metric) : "not logged"}`;
+      line.append(tip);
+      plot.append(line);
+    }
+    return el("figure", { class: "sweep-chart" }, plot, el("figcaption", {},
+      `${d.trials.length} trial(s); darker: better ${metric.name}; orange: the best; grey: no ${d.primary_metric} yet`));
+  }
+  let sweepDrawn = "";
+  function renderSweep(d) {
+    document.getElementById("status").replaceChildren(status(d.status));
+    document.getElementById("error").textContent = d.error || "";
+    document.getElementById("headline").textContent = d.headline;
+    document.getElementById("notes").replaceChildren(...d.notes.map((n) => el("li", {}, n)));
+    const key = JSON.stringify([d.params, d.trials, d.primary_metric, d.goal]);
+    if (key !== sweepDrawn) { // the table and chart redrawn only when a trial changed
+      renderTrials(d);
+      document.getElementById("sweep-chart").replaceChildren(d.trials.length ? sweepChart(d)
+        : el("p", { class: "empty" }, "no trial yet"));
+      sweepDrawn = key;
+    }
+    fillBody(document.getElementById("events"), d.events.map((e) => [stamp(e.ts), status(e.status), e.detail]), "");
+    renderFiles(d);
+  }
+
   // --- polling -----------------------------------------------------------------------------------
   async function tick() {
     if (body.dataset.page === "overview") {
       renderOverview(await getJSON("/api/overview"));
       return true;
+    }
+    if (body.dataset.page === "sweep") {
+      const sweep = await getJSON(`/api/sweeps/${encodeURIComponent(body.dataset.job)}`);
+      renderSweep(sweep);
+      return !sweep.terminal;
     }
     const job = await getJSON(`/api/jobs/${encodeURIComponent(body.dataset.job)}`);
     renderJob(job);
@@ -166,5 +286,5 @@
     }
     if (again) setTimeout(loop, POLL_MS);
   }
-  if (body.dataset.page === "overview" || body.dataset.page === "job") loop();
+  if (["overview", "job", "sweep"].includes(body.dataset.page)) loop();
 })();
