@@ -134,6 +134,7 @@ def test_azure_ai_ml_sweeps_through_the_service(live, tmp_path: Path) -> None:  
     children = list(ml_client.jobs.list(parent_job_name=sweep.name))
     assert [(c.name, c.status) for c in children] == [(t, "Completed") for t in trials]
     assert json.loads(children[1].properties["hyperparameters"]) == {"lr": 0.3}
+    assert [j.name for j in ml_client.jobs.list()] == [sweep.name]  # the trials are the sweep's, not listed
     trial = ml_client.jobs.get(trials[2])
     assert (trial.status, trial.compute) == ("Completed", "c1") and "--lr 0.2 --a" in trial.command
 

@@ -216,7 +216,8 @@ class EmulatorState:
         return self._props(name)
 
     def list_jobs(self) -> list[tuple[str, dict[str, Any]]]:
-        return [(r.id, self._props(r.id)) for r in self.emu.store.runs()]
+        # A sweep's trials are its children (jobs.list(parent_job_name=...)), not the workspace's jobs.
+        return [(r.id, self._props(r.id)) for r in self.emu.store.runs() if r.parent is None]
 
     def cancel_job(self, name: str) -> str:
         self._props(name)
