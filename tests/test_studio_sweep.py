@@ -137,6 +137,8 @@ def test_the_sweep_endpoint_has_its_trials_the_best_one_the_policys_reason_and_t
     plain = client.get("/studio/api/sweeps/r1")
     assert plain.status_code == 404 and "r1 is a command job" in plain.json()["error"]["message"]
     assert client.get("/studio/api/sweeps/nope").status_code == 404
+    with TestClient(client.app, base_url=BASE) as stranger:  # the studio's gate: no session, no data
+        assert stranger.get("/studio/api/sweeps/sw").status_code == 401
 
 
 def test_the_overview_lists_a_sweep_as_a_sweep_with_its_trials_under_it(client: TestClient) -> None:
