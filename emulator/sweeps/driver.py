@@ -78,7 +78,8 @@ class SweepDriver:
         policy = self.spec.early_termination
         if policy is None:
             return
-        histories = {t.name: policies.TrialHistory(tuple(t.points), "running" if not t.status.is_terminal else "finished")
+        histories = {t.name: policies.TrialHistory(tuple(t.points), "finished" if t.status.is_terminal or t.reason
+                                                   else "running")  # one being canceled is decided already
                      for t in self.trials if t.points}
         for decision in policies.to_cancel(policy, histories, self.spec.objective.goal, self.seen):
             trial = next(t for t in self.trials if t.name == decision.trial)

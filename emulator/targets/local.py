@@ -91,6 +91,8 @@ class EmulatorTarget(Target):
                   parent: str | None = None) -> list[dict[str, Any]]:
         self.emu.reconcile()
         runs = self.emu.runs(experiment, parent=parent)  # oldest first
+        if parent is None:  # as az ml job list: top-level jobs (a sweep's trials: --parent-job-name)
+            runs = [r for r in runs if r.record.parent is None]
         if max_results is not None:
             runs = runs[max(len(runs) - max_results, 0):]
         workspace, url = self.emu.workspace(), self._service_url()
