@@ -25,6 +25,7 @@ p = argparse.ArgumentParser(); p.add_argument("--lr", type=float); p.add_argumen
 a = p.parse_args()
 for step in range(2):
     mlflow.log_metric("accuracy", a.lr * a.a + step, step=step)
+open("outputs/lr.txt", "w").write(str(a.lr))
 print("trained", a.lr, flush=True)
 """
 
@@ -137,6 +138,9 @@ def test_azure_ai_ml_sweeps_through_the_service(live, tmp_path: Path) -> None:  
     assert [j.name for j in ml_client.jobs.list()] == [sweep.name]  # the trials are the sweep's, not listed
     trial = ml_client.jobs.get(trials[2])
     assert (trial.status, trial.compute) == ("Completed", "c1") and "--lr 0.2 --a" in trial.command
+    ml_client.jobs.download(sweep.name, download_path=tmp_path / "dl", all=True)  # the best trial's, as az ml
+    assert (tmp_path / "dl" / "artifacts" / "outputs" / "lr.txt").read_text() == "0.3"
+    assert "Scheduling job" in (tmp_path / "dl" / "hd-artifacts" / "azureml-logs" / "hyperdrive.txt").read_text()
 
     # A sweep canceled while its trials run: the sweep and every trial end Canceled.
     slow = _sweep(str(code), max_total_trials=2)
