@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from conftest import STARTUP
+from conftest import FULL, REPO, STARTUP, TRAINING
 
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.errors import ConfigError
-from amlemu.specs import RunStatus
+from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.sweeps import results
 from amlemu.sweeps.results import Trial
 from amlemu.sweeps.sweepspec import load_sweep, sweep_from_record, sweep_to_record, trial_job
@@ -207,3 +207,27 @@ def test_a_canceled_sweep_cancels_its_trials_and_a_missing_primary_metric_is_rep
     emu.cancel(running.id)
     assert running.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=running.id)} == {RunStatus.CANCELED}
+
+
+EXAMPLE = REPO / "examples" / "sweep_mnist.yml"
+
+
+def test_the_examples_sweep_tunes_the_seed_trainer_on_two_nodes() -> None:
+    spec = load_sweep(EXAMPLE)
+    job = trial_job(spec, {"lr": 0.01, "batch_size": 32}, "mnist_0", code=None)
+    assert (job.instance_count, job.distribution.type.value, job.code) == (2, "mpi", REPO / "trainer")
+    assert "--lr 0.01 --batch-size 32" in job.command and spec.objective.primary_metric == "test_accuracy"
+    assert spec.limits.concurrency == 1 and spec.early_termination is not None
+
+
+@TRAINING
+@FULL
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_the_examples_sweep_runs_as_a_user_would_run_it(emu: Emulator, mnist_subset: Path) -> None:
+    emu.create_compute(ClusterSpec("cpu-cluster", "STANDARD_D2_V2", max_nodes=2))
+    emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
+    sweep = emu.submit(EXAMPLE, overrides=["inputs.max_steps=20", "limits.max_total_trials=2"])
+    assert sweep.wait(timeout=900) is RunStatus.COMPLETED, sweep.record.error
+    summary = results.read(sweep.dir)
+    assert summary is not None and summary["best_child_run_id"] in {t.id for t in emu.runs(parent=sweep.id)}
+    assert all(t["metric"] is not None for t in summary["trials"] if t["status"] == "Completed")

@@ -14,7 +14,8 @@ from amlemu.home import new_run_id
 from amlemu.jobs import gitcode
 from amlemu.runs.handle import Run
 from amlemu.specs import RunStatus
-from amlemu.sweeps.sweepspec import SweepSpec, is_sweep_file, load_sweep, sweep_to_record, trial_field
+from amlemu.sweeps.sampling import make_sampler
+from amlemu.sweeps.sweepspec import SweepSpec, is_sweep_file, load_sweep, sweep_to_record, trial_field, trial_job
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -43,10 +44,11 @@ def _checked(emu: Emulator, spec: SweepSpec) -> SweepSpec:
 def plan(emu: Emulator, spec: SweepSpec) -> dict[str, Any]:
     """Dry run: the sweep as it will run, and its first trial's launch as a command job's dry run."""
     _checked(emu, spec)
-    first = emu.plan_job(spec.template)
+    values = make_sampler(spec.sampling, spec.space, spec.objective.goal, seed=0).suggest([])  # a seedless sweep's differ
+    first = emu.plan_job(trial_job(spec, values or {}, f"{spec.name or 'sweep'}_0", code=None))
     return {"sweep": spec.to_dict(), "max_total_trials": spec.limits.max_total_trials,
             "max_concurrent_trials": spec.limits.concurrency, "trial_names": "<sweep name>_<n>, n from 0",
-            "first_trial": first}
+            "first_trial_values": values, "first_trial": first}
 
 
 def submit(emu: Emulator, spec: SweepSpec) -> Run:
