@@ -80,7 +80,7 @@ BASE = "code: src\ncommand: python train.py\ncompute: azureml:c1\n"
     ("code: src\ncommand: python missing.py\ncompute: c1\n", "command: script missing.py not found in code folder"),
     ("code: src\ncompute: c1\n", "command: missing"),
     (BASE.replace("train.py", "train.py ${{inputs.lr}}"), "command: ${{inputs.lr}} refers to nothing"),
-    (BASE + "type: sweep\n", "type: 'sweep' jobs are not supported"),
+    (BASE + "type: sweep\n", "type: a sweep job where a command job is expected"),
     (BASE + "limits:\n  timeout: 0\n", "limits.timeout: must be a positive number of seconds, got 0"),
     (BASE + "resources:\n  shm_size: 0g\n", "resources.shm_size: '0g' is not a size; write a number greater than 0"),
     (BASE + "resources:\n  shm_size: 2 GB\n", "resources.shm_size: '2 GB' is not a size"),

@@ -267,6 +267,9 @@ def _environment(environment: Any, base_dir: Path) -> tuple[Any, dict[str, Any] 
 def job_from_dict(data: Any, *, base_dir: Path) -> JobSpec:
     if not isinstance(data, dict):
         raise ConfigError("job", "the YAML must be a mapping of job fields")
+    if data.get("type") == "sweep":
+        raise ConfigError("type", "a sweep job where a command job is expected", "submit it with `amlemu job "
+                          "create -f` or Emulator.submit, which read sweeps (emulator/sweeps/)")
     if data.get("type", "command") != "command":  # before the fields: a pipeline's `jobs` is no typo
         raise ConfigError("type", f"'{data['type']}' jobs are not supported", "use type: command")
     _check_fields(data, KNOWN_FIELDS, "")
