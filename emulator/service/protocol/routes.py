@@ -153,15 +153,15 @@ def blob(call: Call) -> Reply:
 
 # --- jobs and their run history ------------------------------------------------------------------
 def job_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
-    # The one serializer `amlemu job show` prints through too (emulator/jobs/resource.py).
-    return resource.rest_resource(name, props, workspace_id=call.st.workspace.id,
+    # The one serializer `amlemu job show` prints through too (emulator/jobs/resource.py); a sweep's as a Sweep.
+    return resource.rest_resource(name, sweeproutes.shown(call, name, props), workspace_id=call.st.workspace.id,
                                   created_at=call.st.job_created(name), service_url=call.base)
 
 
 def job(call: Call) -> Reply:
     name = call.params["name"]
     if call.method == "PUT":
-        return Reply(201, job_resource(call, name, call.st.put_job(name, call.body)))
+        return Reply(201, job_resource(call, name, sweeproutes.put_job(call, name)))
     return Reply(body=job_resource(call, name, call.st.get_job(name)))
 
 

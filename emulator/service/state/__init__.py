@@ -303,6 +303,7 @@ class State(Protocol):
     # 404 or 501 saying what is not served, or refuse a run's token as expired.
     v1: Any | None  # SDK v1 runs: experiments, startrun, run history (state/v1.py's EmulatorV1)
     assets: Any | None  # data and model assets (amlemu.storage.assets.Assets)
+    sweeps: Any | None  # sweep jobs: their PUT, their Sweep resource, their trials (state/sweepstate.py)
 
     def run_active(self, name: str) -> bool: ...  # a run's token opens its routes while the run is active
 

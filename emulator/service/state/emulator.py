@@ -36,8 +36,7 @@ from amlemu.service.state import (
     bad_request,
     not_found,
 )
-from amlemu.service.state import jobrest, runblobs, sweeprest
-from amlemu.service.state.sweepstate import SweepState
+from amlemu.service.state import jobrest, runblobs, sweepstate
 from amlemu.service.state.computerest import NODE_STATES, cluster_from_rest, compute_props
 from amlemu.service.state.v1 import EmulatorV1
 from amlemu.specs import ClusterSpec, JobSpec
@@ -62,7 +61,7 @@ class EmulatorState:
         self._creating: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
         self.v1 = EmulatorV1(self, folder)
-        self.sweeps = SweepState(self)  # sweep jobs: their PUT, their results, their trials (children)
+        self.sweeps = sweepstate.SweepState(self)  # sweep jobs: their PUT, their results, their trials
 
     @property
     def workspace(self) -> Workspace:
@@ -157,8 +156,6 @@ class EmulatorState:
         return self.jobs_dir / f"{name}.json"
 
     def put_job(self, name: str, body: Any) -> dict[str, Any]:
-        if sweeprest.is_sweep_body(body):
-            return self.sweeps.put(name, body)
         jobrest.job_type(body)
         if self.emu.store.run_exists(name):
             saved = self._body_path(name)
@@ -200,10 +197,9 @@ class EmulatorState:
             raise not_found(f"job {name}") from None
         self._body_path(name)  # a name that is no path
         # The one serializer (jobs/resource.py): the body the SDK PUT, else the run record's job.
-        return self.sweeps.properties(record, resource.job_properties(
-            name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
-            compute=skus.rest_compute(record.cluster), experiment=record.experiment, status=record.status.value,
-            output_uris=runblobs.run_outputs(self.emu, name)))
+        return resource.job_properties(name, record.job, home_root=self.home.root, workspace_id=self.workspace.id,
+                                       compute=skus.rest_compute(record.cluster), experiment=record.experiment,
+                                       status=record.status.value, output_uris=runblobs.run_outputs(self.emu, name))
 
     def job_created(self, name: str) -> float:
         """When the job was submitted: its resource's systemData.createdAt."""
@@ -216,8 +212,7 @@ class EmulatorState:
         return self._props(name)
 
     def list_jobs(self) -> list[tuple[str, dict[str, Any]]]:
-        # A sweep's trials are its children (jobs.list(parent_job_name=...)), not the workspace's jobs.
-        return [(r.id, self._props(r.id)) for r in self.emu.store.runs() if r.parent is None]
+        return [(r.id, self._props(r.id)) for r in self.emu.store.runs() if r.parent is None]  # not trials
 
     def cancel_job(self, name: str) -> str:
         self._props(name)

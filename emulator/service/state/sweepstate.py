@@ -20,11 +20,12 @@ from amlemu.sweeps.submit import submit
 from amlemu.sweeps.sweepspec import is_sweep_record, sweep_from_dict, trial_field
 
 if TYPE_CHECKING:
-    from amlemu.cluster.records import RunRecord
     from amlemu.service.state.emulator import EmulatorState
 
 
 class SweepState:
+    """EmulatorState's `sweeps`: what the routes (protocol/sweeproutes.py) ask of a sweep."""
+
     def __init__(self, state: EmulatorState) -> None:
         self.st = state
 
@@ -54,8 +55,12 @@ class SweepState:
         self.st.log(f"sweep {name} submitted to compute {spec.compute}")
         return self.st.get_job(name)
 
-    def properties(self, record: RunRecord, props: dict[str, Any]) -> dict[str, Any]:
-        """A job's REST props (EmulatorState._props): a sweep's as a Sweep job, with its results so far."""
+    def properties(self, name: str, props: dict[str, Any]) -> dict[str, Any]:
+        """A job's REST props (EmulatorState's): a sweep's as a Sweep job, with its results so far."""
+        try:
+            record = self.st.emu.store.run(name)
+        except NotFoundError:
+            return props
         if not is_sweep_record(record.job):
             return props
         summary = results.read(self.st.home.run_dir(record.id))
