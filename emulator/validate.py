@@ -8,6 +8,7 @@ emulator/workspacerules.py's, the ones submit applies, with their wording.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
 from amlemu.specs import DistributionType, JobSpec
+from amlemu.sweeps.sweepspec import SweepSpec, is_sweep_file, load_sweep, trial_field
 from amlemu.workspacerules import Finding, check_links
 
 __all__ = ["Finding", "check_job", "check_links", "check_snapshot", "validate_file"]
@@ -67,7 +69,8 @@ def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emu
     or its rules, then, when azure-ai-ml is installed, what its own `load_job` refuses besides: one
     finding per problem, so a field the emulator already named is not named twice."""
     try:
-        findings = check_job(load_job(path, overrides), emu)
+        findings = _sweep_findings(load_sweep(path, overrides), emu) if is_sweep_file(path) else \
+            check_job(load_job(path, overrides), emu)
     except ConfigError as exc:
         findings = [Finding(exc.field, exc.problem, exc.fix or "see the Azure ML job schema")]
         if exc.field.startswith("--set"):
@@ -76,6 +79,12 @@ def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emu
         findings += [Finding(e.field, e.problem, e.fix or sdkschema.REFERENCE) for e in sdkschema.schema_errors(path, overrides)
                      if not any(_same_field(e.field, f.field) for f in findings)]
     return findings
+
+
+def _sweep_findings(spec: SweepSpec, emu: Emulator | None) -> list[Finding]:
+    """A sweep's rules hold by loading it; its trial is checked as the command job it runs."""
+    assert spec.template is not None
+    return [replace(f, field=trial_field(f.field)) for f in check_job(spec.template, emu)]
 
 
 def _a_command_job(path: Path) -> bool:

@@ -113,6 +113,25 @@ def test_the_best_trial_and_the_trials_that_never_logged_the_primary_metric(tmp_
     assert [t["reason"] for t in summary["trials"]][2] == "early termination: x"
 
 
+def test_job_validate_checks_a_sweep_and_its_trial_against_the_workspace(tmp_path: Path, home: Path) -> None:
+    path = write_sweep(tmp_path, """
+        inputs: {steps: 1}
+        sampling_algorithm: grid
+        search_space: {lr: {type: choice, values: [0.1]}, kind: {type: choice, values: [good]}}
+        objective: {goal: maximize, primary_metric: accuracy}
+        limits: {max_total_trials: 2}
+        """)
+    env = {"AMLEMU_HOME": str(home)}
+    missing = CliRunner().invoke(cli, ["job", "validate", "-f", str(path)], env=env)
+    assert missing.exit_code == 1 and "error: compute: 'c1' does not exist in the workspace" in missing.output
+    assert CliRunner().invoke(cli, ["compute", "create", "-n", "c1", "--backend", "process"], env=env).exit_code == 0
+    ok = CliRunner().invoke(cli, ["job", "validate", "-f", str(path)], env=env)
+    assert ok.exit_code == 0 and "0 error(s)" in ok.output, ok.output
+    path.write_text(path.read_text().replace("grid", "bayesian\nearly_termination: {type: median_stopping}"))
+    refused = CliRunner().invoke(cli, ["job", "validate", "-f", str(path)], env=env)
+    assert refused.exit_code == 1 and "early_termination: bayesian sampling does not support" in refused.output
+
+
 # --- live sweeps -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_a_sweep_of_2_node_mpi_trials_runs_each_as_a_child_job_and_names_the_best(emu: Emulator, cluster,
