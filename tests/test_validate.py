@@ -124,7 +124,7 @@ def test_a_problem_both_refuse_is_one_finding(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("distribution: {type: horovod}\n", "error: distribution.type: 'horovod' is not supported; use mpi, pytorch or tensorflow"),
-    ("type: sweep\n", "error: type: 'sweep' jobs are not supported; use type: command"),  # not its other schema
+    ("type: sweep\n", "error: code: is the trial's, not the sweep's; move it under trial: (trial.code)"),  # one line
     ("inputs: {data: {path: azureml://datastores/workspaceblobstore/paths/vdata, mode: rw_mount}}\n",
      "error: inputs.data.mode: rw_mount is not allowed here; use one of: ro_mount, download, direct"),
 ])

@@ -103,6 +103,8 @@ def sweep_from_dict(data: Any, *, base_dir: Path) -> SweepSpec:
     if not isinstance(data, dict) or data.get("type") != "sweep":
         raise ConfigError("type", "this is not a sweep job", "write type: sweep")
     unknown = sorted(set(data) - SWEEP_FIELDS)
+    if unknown and unknown[0] in TRIAL_FIELDS:  # a command job's field, as a command job has it
+        raise ConfigError(unknown[0], "is the trial's, not the sweep's", f"move it under trial: (trial.{unknown[0]})")
     if unknown:
         raise ConfigError(unknown[0], "unknown field", f"a sweep job's fields: {', '.join(sorted(SWEEP_FIELDS))}")
     job = _trial_dict(data)
