@@ -3,6 +3,8 @@ results Azure ML shows, and live sweeps on an emulated cluster: trials as child 
 trial, the early termination policy canceling a trial, a cancel, a primary metric never logged."""
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -192,7 +194,7 @@ def test_the_bandit_policy_cancels_the_trial_that_falls_behind_and_says_why(emu:
 
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
-def test_a_canceled_sweep_cancels_its_trials_and_a_missing_primary_metric_is_reported(emu: Emulator, cluster,
+def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing_metric_is_reported(emu: Emulator, cluster,
                                                                            tmp_path: Path) -> None:
     cluster()
     path = write_sweep(tmp_path, """
@@ -226,6 +228,18 @@ def test_a_canceled_sweep_cancels_its_trials_and_a_missing_primary_metric_is_rep
     emu.cancel(running.id)
     assert running.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=running.id)} == {RunStatus.CANCELED}
+
+    orphan = emu.submit(slow)  # its driver killed: the next look at the home ends it and its trials
+    first = f"{orphan.id}_0"
+    while not (emu.store.run_exists(first) and emu.store.run(first).status is RunStatus.RUNNING):
+        assert not orphan.status.is_terminal and time.monotonic() < deadline, orphan.record.error
+        time.sleep(0.1)
+    os.kill(orphan.record.supervisor_pid, signal.SIGKILL)  # the driver this test started, by its pid
+    deadline = time.monotonic() + STARTUP
+    while not emu.reconcile() and time.monotonic() < deadline:  # the pid may linger a moment as a zombie
+        time.sleep(0.1)
+    assert orphan.status is RunStatus.FAILED and "supervising this run died" in (orphan.record.error or "")
+    assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=orphan.id)} == {RunStatus.CANCELED}
 
 
 EXAMPLE = REPO / "examples" / "sweep_mnist.yml"

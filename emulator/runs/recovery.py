@@ -51,6 +51,9 @@ def recover(home: Home, store: Store, record: RunRecord) -> None:
             os.killpg(record.launch_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    for child in store.runs(parent=record.id):  # a sweep's trials: no driver is left to end them
+        if not child.status.is_terminal:
+            store.set_status(child.id, RunStatus.CANCEL_REQUESTED, "the sweep's driver died")
     try:
         _collect_and_release(home, store, record, log)
     finally:  # whatever failed above, the run ends
