@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from amlemu import backends
@@ -12,8 +14,10 @@ from amlemu.backends.base import CACHE_ROOT, NODE_ROOT
 from amlemu.backends.docker import NODE_EXEC
 from amlemu.backends.process import SANDBOX
 from amlemu.errors import ConfigError
-from amlemu.runs import contract
+from amlemu.home import AGENT_CONFIG_VARIABLE
+from amlemu.runs import agent, contract
 from amlemu.runs.agent import AgentError, agent_command
+from amlemu.runs.plan import exec_table
 from amlemu.runs.launchers import node_processes
 from amlemu.runs.contract import (
     LOCAL_SOURCE,
@@ -143,16 +147,25 @@ AGENT_CONFIG = {
                      "shm_bytes": 268435456}}}
 
 
+def planned(config: dict) -> dict:  # type: ignore[type-arg]
+    """The configuration as the supervisor writes it: each host's argv computed by its backend
+    (AGENT_CONFIG holds a docker and a process host: each backend's own)."""
+    cls = backends.backend_class(config["backend"])
+    mine = {h: e for h, e in config["hosts"].items() if ("container" in e) == (config["backend"] == "docker")}
+    return {**config, "exec": exec_table(cls, {**config, "hosts": mine})}
+
+
 def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -> None:
-    argv, env = agent_command(AGENT_CONFIG, "c1-node-1", "orted -mca x")
+    argv, env = agent_command(planned(AGENT_CONFIG), "c1-node-1", "orted -mca x")
     assert argv == ["/usr/bin/docker", "exec", "-i", "amlemu-x-c1-node-1", "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
                     "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted -mca x"]
     assert env == {"PATH": "/usr/bin:/bin"}  # the job's variables never reach the host side
 
 
 def test_agent_enters_a_process_node_through_its_sandbox() -> None:
-    config = {**AGENT_CONFIG, "backend": "process", "as_root": False}
+    config = planned({**AGENT_CONFIG, "backend": "process", "as_root": False})
     argv, env = agent_command(config, "n0", "orted")
+    assert config["exec"]["n0"]["record"] == "/h/p/c/n0/pids"  # the sandbox's pid, for stop_processes
     assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
                     "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
                     "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
@@ -165,9 +178,16 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     assert 'mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"' in script  # resources.shm_size
 
 
-def test_agent_refuses_a_backend_outside_the_registry() -> None:
-    with pytest.raises(AgentError, match="unknown backend 'swarm' in the agent's configuration"):
-        agent_command({**AGENT_CONFIG, "backend": "swarm"}, "n0", "orted")
+def test_the_agent_imports_nothing_of_amlemu_and_records_its_start_as_psutil_sees_it(tmp_path: Path) -> None:
+    loaded = subprocess.run([sys.executable, "-c", "import sys, amlemu.runs.agent as a; "
+                             "print(sorted(m for m in sys.modules if m.startswith('amlemu')))"],
+                            capture_output=True, text=True, check=True).stdout
+    assert loaded.strip() == "['amlemu', 'amlemu.runs', 'amlemu.runs.agent']"  # started once per node
+    assert agent.CONFIG_VARIABLE == AGENT_CONFIG_VARIABLE
+    agent.record(str(tmp_path / "n0" / "pids"))
+    pid, started = (tmp_path / "n0" / "pids").read_text().split(":")
+    me = psutil.Process()
+    assert int(pid) == me.pid and abs(float(started) - me.create_time()) < 0.5  # what _recorded compares
 
 
 def test_auto_walks_the_registry_by_priority(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,7 +208,7 @@ def test_each_registered_backend_is_one_class_with_its_capabilities() -> None:
         assert all(isinstance(getattr(cls, cap), bool) for cap in ("can_partition", "can_slow", "enforces_limits"))
     for name, host in (("docker", "c1-node-1"), ("process", "n0")):  # AGENT_CONFIG's hosts
         tools = backends.backend_class(name).agent_tools()  # what its agent runs, found here by absolute path
-        assert agent_command({**AGENT_CONFIG, "backend": name, "tools": tools}, host, "orted")[0][0] in tools.values()
+        assert agent_command(planned({**AGENT_CONFIG, "backend": name, "tools": tools}), host, "orted")[0][0] in tools.values()
         assert all(Path(path).is_absolute() for path in tools.values())
     assert backends.backend_class("process").limits_note() == "CPU and memory limits are not enforced on process nodes"
     assert backends.backend_class("docker").limits_note() is None
@@ -207,7 +227,7 @@ def test_env_file_quotes_every_value_and_refuses_names_a_shell_cannot_set() -> N
 
 def test_agent_refuses_hosts_outside_the_run() -> None:
     with pytest.raises(AgentError, match="host c1-node-9 is not a node of this run"):
-        agent_command(AGENT_CONFIG, "c1-node-9", "orted")
+        agent_command(planned(AGENT_CONFIG), "c1-node-9", "orted")
 
 
 def test_data_bindings_paths_default_outputs_and_v1_references() -> None:

@@ -146,8 +146,10 @@ class NodeBackend(abc.ABC):
         `agent_entry`). Only the platform's programs run on the host side, never the job's."""
 
     @classmethod
-    def before_agent_exec(cls, config: dict[str, Any], host: str) -> None:
-        """Called by the agent just before it becomes the argv (same pid after exec)."""
+    def agent_record(cls, config: dict[str, Any], host: str) -> str | None:
+        """A file where the agent writes its pid and start time before it becomes the argv (same pid
+        after exec), for a backend that finds a node's processes that way; None: none."""
+        return None
 
     @abc.abstractmethod
     def plan_node(self, request: NodeRequest, built_image: str | None = None) -> PlannedNode:

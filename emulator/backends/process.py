@@ -97,8 +97,8 @@ class ProcessBackend(NodeBackend):
                 config["env_file"], str(node["shm_bytes"]), command, *config["software"], *node.get("software", [])]
 
     @classmethod
-    def before_agent_exec(cls, config: dict[str, Any], host: str) -> None:
-        record_agent(config["hosts"][host]["state_dir"])  # so stop_processes finds the sandbox
+    def agent_record(cls, config: dict[str, Any], host: str) -> str | None:
+        return str(Path(config["hosts"][host]["state_dir"]) / PIDS_FILE)  # so stop_processes finds the sandbox
 
     def state_dir(self, cluster: str, node: str) -> Path:
         return self.home.root / "process-nodes" / cluster / node
@@ -275,14 +275,6 @@ class ProcessBackend(NodeBackend):
         folders = [str(p) for sub in ("nodes", "caches", "process-nodes") if (p := self.home.root / sub / cluster).exists()]
         return [Action("remove", "cluster folders", cluster, {"folders": folders},
                        run=lambda: self.remove_cluster(cluster))] if folders else []
-
-
-def record_agent(state_dir: str) -> None:
-    """Called by the agent just before it becomes the node's sandbox (same pid after exec)."""
-    me = psutil.Process(os.getpid())
-    Path(state_dir).mkdir(parents=True, exist_ok=True)
-    with open(Path(state_dir) / PIDS_FILE, "a") as fh:
-        fh.write(f"{me.pid}:{me.create_time()}\n")
 
 
 def _wait_dead(procs: list[psutil.Process], timeout: float) -> None:

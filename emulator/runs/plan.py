@@ -40,6 +40,7 @@ from amlemu.specs import DistributionType, JobSpec
 from amlemu.storage.nodecache import policy_from_env
 
 AGENT = str(Path(sys.prefix, "bin", "amlemu-agent"))  # the launch agent Open MPI runs instead of ssh
+COMMAND = "\0command\0"  # where the agent's command goes in a host's argv (no argv can hold a NUL)
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str,
     found on the supervisor's PATH) and the environment it runs them with. Nothing in it comes from
     the job but the name of the env file on the node."""
     sandbox_root.mkdir(parents=True, exist_ok=True)  # a mount point, private to each sandbox
-    return {
+    config: dict[str, Any] = {
         "backend": backend.name,
         "as_root": os.geteuid() == 0,
         "tools": backend.agent_tools(),
@@ -137,3 +138,16 @@ def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str,
         "software": software_paths(),
         "hosts": {r.name: backend.agent_entry(r) for r in requests},
     }
+    config["exec"] = exec_table(type(backend), config)
+    return config
+
+
+def exec_table(backend: type[NodeBackend], config: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per host, the argv around the command (`before` + command + `after`) and where the agent
+    records itself: computed here once a run, so that the agent imports nothing of amlemu."""
+    table = {}
+    for host in config["hosts"]:
+        argv = backend.agent_argv(config, host, COMMAND)
+        at = argv.index(COMMAND)
+        table[host] = {"before": argv[:at], "after": argv[at + 1:], "record": backend.agent_record(config, host)}
+    return table
