@@ -6,6 +6,7 @@ from amlemu.cli import (  # noqa: F401 - each registers
     assets,
     cleanup,
     compute,
+    components,  # amlemu component (pipelines/registry.py)
     convert,
     data,
     environment,
