@@ -37,6 +37,8 @@ from amlemu.cli import cli
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
+from amlemu.pipelines.component import load_component
+from amlemu.pipelines.registry import Components
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.storage.assets import asset_from_dict
 from amlemu.storage.datastores import DatastoreSpec
@@ -78,6 +80,9 @@ CASES: dict[str, Case] = {
     "environment create": c(WRITE, "-f", "{root}/env.yml", "--version", "7"),
     "environment list": c(READ),
     "environment show": c(READ, "-n", "tree-env"),
+    "component create": c(WRITE, "-f", "{root}/comp.yml", "--version", "7"),
+    "component list": c(READ),
+    "component show": c(READ, "-n", "tree_comp", "--label", "latest"),
     "datastore list": c(READ),
     "datastore show": c(READ, "-n", "localds"),
     "datastore create": c(WRITE, "-n", "newds", "--type", "local", "--path", "{work}/newds"),
@@ -137,6 +142,9 @@ def template(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iter
         (root / "env.yml").write_text("name: tree-env\nimage: python:3.11-slim\n"
                                       "conda_file: {dependencies: [python=3.11, {pip: [amlemupin==1.0]}]}\n")
         emu.store.add_environment(load_environment(root / "env.yml"))
+        (root / "comp.yml").write_text("name: tree_comp\ncode: src\ncommand: python t.py $[[--n ${{inputs.n}}]]\n"
+                                       "environment: {image: 'python:3.11-slim'}\ninputs: {n: {type: integer, optional: true}}\n")
+        Components(emu.store).create(load_component(root / "comp.yml"))
         for kind, name in (("data", "tree-asset"), ("model", "tree-registered")):
             emu.assets.create(asset_from_dict(kind, {"name": name, "path": f"{UP}/x"}, base_dir=root))
         cached = emu.home.cache_dir("c1", "c1-node-0") / "data" / "localds" / "x" / "a.txt"
