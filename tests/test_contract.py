@@ -171,7 +171,7 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
                     "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
-    assert 'mount -o remount,bind,ro "$root/mnt/amlemu/cache"' in script
+    assert 'mount --bind -o ro "$cache" "$root/mnt/amlemu/cache"' in script
     assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
     assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script

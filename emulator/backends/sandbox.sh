@@ -15,17 +15,32 @@ host=$1 disk=$2 cache=$3 root=$4 envfile=$5 shm=$6 command=$7
 shift 7
 
 mount -t tmpfs -o mode=0755 amlemu-node "$root"
-mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/tmp" "$root/var/tmp" "$root/root" "$root/run" \
-    "$root/etc" "$root/mnt/azureml" "$root/mnt/amlemu/cache"
-chmod 1777 "$root/tmp" "$root/var/tmp"
-
-bind_ro() {
-    if [ -d "$1" ]; then mkdir -p "$root$1"; else mkdir -p "$(dirname "$root$1")"; : >"$root$1"; fi
-    mount --bind "$1" "$root$1"
-    mount -o remount,bind,ro "$root$1"
-}
+# Every folder in one mkdir and the usrmerge links in one cp: a process less per path (~4 ms each,
+# paid by every launch on every node).
+links="" dirs="" files=""
 for dir in bin sbin lib lib32 lib64 libx32; do  # usrmerge links as they are, real folders bound
-    if [ -L "/$dir" ]; then ln -s "$(readlink "/$dir")" "$root/$dir"; elif [ -d "/$dir" ]; then bind_ro "/$dir"; fi
+    if [ -L "/$dir" ]; then links="$links /$dir"; elif [ -d "/$dir" ]; then dirs="$dirs $root/$dir"; fi
+done
+for path in "$@"; do
+    case $path in  # a path with a space (or glob) gets its own mkdir: the lists split on spaces
+        *[[:space:]*?[]*) if [ -d "$path" ]; then mkdir -p "$root$path"; elif [ -e "$path" ]; then
+                              mkdir -p "$root${path%/*}"; : >"$root$path"; fi ;;
+        *) if [ -d "$path" ]; then dirs="$dirs $root$path"; elif [ -e "$path" ]; then
+               dirs="$dirs $root${path%/*}" files="$files $path"; fi ;;
+    esac
+done
+# shellcheck disable=SC2086
+mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/run" "$root/etc" "$root/root" "$root/mnt/azureml" \
+    "$root/mnt/amlemu/cache" "$root/var" $dirs
+mkdir -m 1777 "$root/tmp" "$root/var/tmp"
+# shellcheck disable=SC2086
+[ -z "$links" ] || cp -P $links "$root/"
+for path in $files; do : >"$root$path"; done
+bind_ro() {  # one mount(8) call: libmount binds, then remounts the bind read-only
+    mount --bind -o ro "$1" "$root$1"
+}
+for dir in bin sbin lib lib32 lib64 libx32; do
+    [ -L "/$dir" ] || { [ -d "/$dir" ] && bind_ro "/$dir"; } || true
 done
 for path in "$@"; do
     [ -e "$path" ] && bind_ro "$path"
@@ -53,8 +68,7 @@ printf '127.0.0.1 localhost %s amlemu-service.blob.internal\n' "$host" >"$root/e
 printf '%s\n' "$host" >"$root/etc/hostname"
 
 mount --bind "$disk" "$root/mnt/azureml"
-mount --bind "$cache" "$root/mnt/amlemu/cache"
-mount -o remount,bind,ro "$root/mnt/amlemu/cache"
+mount --bind -o ro "$cache" "$root/mnt/amlemu/cache"
 hostname "$host"
 
 exec /usr/bin/env -i "$chroot" "$root" \
