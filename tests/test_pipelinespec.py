@@ -219,6 +219,7 @@ jobs:
     ("  use:\n    type: parallel\n    component: ./train.yml\n", "jobs.use.type: parallel steps are not emulated"),
     ("  use:\n    command: ls\n    environment: azureml:e:1\n    retries: 2\n", "jobs.use.retries: unknown field"),
     ("  use:\n    component: ./missing.yml\n", "jobs.use.component: "),
+    ("  use:\n    component: ./train.yml\n    command: echo\n", "jobs.use.command: is the component's, not the step's"),
     ("  use:\n    type: sweep\n    search_space: {}\n", "jobs.use.trial: missing"),
 ])
 def test_each_refusal_is_one_line_naming_the_step_and_field(files: Path, extra: str, expected: str) -> None:
@@ -328,6 +329,24 @@ def test_the_reuse_key_is_stable_changed_by_each_ingredient_and_off_when_it_must
     assert key not in keys and len(keys) == len(changes)
     assert graph.reuse_key(**KEY, is_deterministic=False) is None
     assert graph.reuse_key(**KEY, force_rerun=True) is None
+
+
+def test_a_steps_reuse_key(files: Path) -> None:
+    spec = load(files, DIAMOND % "false")
+    ingredients = {"code_hash": "c0de", "input_hashes": {"data": "aaa"}, "parameters": {"rate": 0.1}}
+    key = stepio.step_reuse_key(spec, "top", **ingredients)
+    assert key and key == stepio.step_reuse_key(load(files, DIAMOND % "false"), "top", **ingredients)
+    assert stepio.step_reuse_key(spec, "left", **ingredients) == key  # the same component and contents
+    moved = load(files, DIAMOND.replace("compute: azureml:cpu", "compute: azureml:gpu") % "false")
+    assert stepio.step_reuse_key(moved, "top", **ingredients) == key
+    other = load(files, DIAMOND.replace("alone: {component: ./train.yml,", "alone: {component: ./train.yml, "
+                                        "environment_variables: {SEED: '2'},") % "false")
+    assert stepio.step_reuse_key(other, "alone", **ingredients) != key
+    assert stepio.step_reuse_key(spec, "join", **ingredients) not in (key, None)
+    rerun = load(files, DIAMOND.replace("settings: {", "settings: {force_rerun: true, ") % "false")
+    assert stepio.step_reuse_key(rerun, "top", **ingredients) is None
+    (files / "train.yml").write_text(TRAIN + "is_deterministic: false\n")
+    assert stepio.step_reuse_key(load(files, DIAMOND % "false"), "top", **ingredients) is None
 
 
 def test_outputs_go_to_azure_mls_default_path_or_where_they_are_bound(files: Path) -> None:

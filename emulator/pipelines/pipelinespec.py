@@ -17,6 +17,7 @@ from amlemu.jobs.jobyaml import KNOWN_FIELDS as COMMAND_FIELDS
 from amlemu.jobs.jobyaml import apply_overrides
 from amlemu.names import check_display_name, check_experiment_name, check_job_name
 from amlemu.pipelines import stepcomponent
+from amlemu.pipelines.componentjob import STEP_FIELDS as COMPONENT_STEP_FIELDS
 from amlemu.pipelines.bindings import ParentInput, StepInput, StepOutput, StepOutputRef, Template, compatible, parse_input, parse_output
 from amlemu.pipelines.graph import find_cycle
 from amlemu.storage.datastores import DEFAULT as DEFAULT_DATASTORE
@@ -181,6 +182,32 @@ def _step_type(name: str, raw: dict[str, Any]) -> str:
     raise ConfigError(f"jobs.{name}.type", f"'{kind}' is not a step type", f"use one of: {', '.join(STEP_TYPES)}")
 
 
+def _check_step_fields(name: str, kind: str, raw: dict[str, Any]) -> None:
+    where = f"jobs.{name}"
+    known = SWEEP_STEP_FIELDS if kind == "sweep" else STEP_FIELDS
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise ConfigError(f"{where}.{unknown[0]}", "unknown field", f"a {kind} step's fields: {', '.join(sorted(known))}")
+    if kind == "command" and "component" in raw:  # what a step may set over its component (componentjob.py)
+        own = sorted(set(raw) - set(COMPONENT_STEP_FIELDS) - {"type", "component", "inputs", "outputs", "comment", "$schema"})
+        if own:
+            raise ConfigError(f"{where}.{own[0]}", "is the component's, not the step's",
+                              f"set it in the component, or leave component out and write the command job inline")
+
+
+def _inline_job(name: str, raw: dict[str, Any], settings: PipelineSettings) -> dict[str, Any]:
+    """An inline command step's own fields, its environment the pipeline's default where it names none."""
+    where, job = f"jobs.{name}", {k: v for k, v in raw.items() if k not in ("inputs", "outputs")}
+    if not isinstance(raw.get("command"), str) or not raw["command"].strip():
+        raise ConfigError(f"{where}.command", "missing", "give the step's command, or a component: ./component.yml")
+    if raw.get("environment") is None:
+        if settings.default_environment is None:
+            raise ConfigError(f"{where}.environment", "missing", "give the step's environment, or settings.environment "
+                              "for every step")
+        job["environment"] = settings.default_environment
+    return job
+
+
 def _step(name: str, raw: Any, base_dir: Path, default_compute: str | None, settings: PipelineSettings,
           components: ComponentLookup | None) -> Step:
     where = f"jobs.{name}"
@@ -190,24 +217,14 @@ def _step(name: str, raw: Any, base_dir: Path, default_compute: str | None, sett
     if not isinstance(raw, dict):
         raise ConfigError(where, f"must be a mapping of the step's fields, got {type(raw).__name__}")
     kind = _step_type(name, raw)
-    known = SWEEP_STEP_FIELDS if kind == "sweep" else STEP_FIELDS
-    unknown = sorted(set(raw) - known)
-    if unknown:
-        raise ConfigError(f"{where}.{unknown[0]}", "unknown field", f"a {kind} step's fields: {', '.join(sorted(known))}")
+    _check_step_fields(name, kind, raw)
     ref_field = "trial" if kind == "sweep" else "component"
     ref = stepcomponent.component_ref(raw.get(ref_field), f"{where}.{ref_field}", base_dir) if ref_field in raw else None
     if kind == "sweep" and ref is None:
         raise ConfigError(f"{where}.trial", "missing", "give the sweep step's trial: a command component (./train.yml)")
     component = stepcomponent.load_component(ref, raw.get(ref_field), f"{where}.{ref_field}", components) if ref else None
-    job = {k: v for k, v in raw.items() if k not in ("inputs", "outputs", "component")}
-    if ref is None:
-        if not isinstance(raw.get("command"), str) or not raw["command"].strip():
-            raise ConfigError(f"{where}.command", "missing", "give the step's command, or a component: ./component.yml")
-        if raw.get("environment") is None:
-            if settings.default_environment is None:
-                raise ConfigError(f"{where}.environment", "missing", "give the step's environment, or settings.environment "
-                                  "for every step")
-            job["environment"] = settings.default_environment
+    job = _inline_job(name, raw, settings) if ref is None else \
+        {k: v for k, v in raw.items() if k not in ("inputs", "outputs", "component")}
     compute = _compute_name(raw.get("compute"), f"{where}.compute") or default_compute
     if compute is None:
         raise ConfigError(f"{where}.compute", "compute not set: the step names none and the pipeline sets neither compute "
@@ -277,9 +294,11 @@ def check_pipeline(spec: PipelineSpec) -> None:
                 raise ConfigError(where, f"a {output_type(step, name)} output bound to the pipeline's {wanted} output "
                                   f"'{out.parent}'", "make the two types the same")
     cycle = find_cycle({name: step.upstream for name, step in spec.steps.items()})
-    if cycle:
-        raise ConfigError(f"jobs.{cycle[0]}.inputs", f"the steps form a cycle: {' -> '.join(cycle)}",
-                          "a step may read only outputs of steps that do not read its own")
+    if cycle:  # named at the input that closes it: the first step's, reading the last one's output
+        closing = next(n for n, i in spec.steps[cycle[0]].inputs.items()
+                       if isinstance(i.binding, StepOutputRef) and i.binding.step == cycle[-2])
+        raise ConfigError(f"jobs.{cycle[0]}.inputs.{closing}", f"the steps form a cycle: {' -> '.join(cycle)}",
+                          "a step may not read its own outputs, directly or through other steps")
 
 
 def _check_input(spec: PipelineSpec, step: Step, name: str, item: StepInput, where: str) -> None:

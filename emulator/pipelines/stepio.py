@@ -10,6 +10,7 @@ import os
 from typing import Any, Mapping
 
 from amlemu.errors import ConfigError
+from amlemu.pipelines import graph
 from amlemu.pipelines.bindings import Literal, ParentInput, StepOutput, StepOutputRef, Template
 from amlemu.pipelines.pipelinespec import PipelineSpec, Step, output_type
 
@@ -132,3 +133,29 @@ def step_job_dict(spec: PipelineSpec, step_name: str, child_job: str, child_jobs
         return to_job_dict(step.component, inputs, outputs, step.compute, {**overrides, **named})
     except ConfigError as exc:
         raise ConfigError(f"jobs.{step_name}.{exc.field}", exc.problem, exc.fix) from None
+
+
+# A step's fields that change the work it does, in its reuse key (its compute and names do not).
+RUN_FIELDS = ("command", "distribution", "resources", "environment_variables")
+
+
+def step_reuse_key(spec: PipelineSpec, step_name: str, *, code_hash: str | None, input_hashes: Mapping[str, str],
+                   parameters: Mapping[str, Any]) -> str | None:
+    """graph.reuse_key for a step: its component's content (an inline step's own command job
+    stands for it), the step's fields over it, the pipeline's force_rerun and the component's
+    is_deterministic. `code_hash`, `input_hashes`: the contents' hashes (the runner reads them);
+    `parameters`: the literal inputs after binding (split_inputs)."""
+    step = spec.steps[step_name]
+    own = {k: step.job[k] for k in RUN_FIELDS if k in step.job}
+    if step.component_ref is None:
+        component: dict[str, Any] = {"type": "command", **own}
+        environment, deterministic = step.job.get("environment"), True
+    elif step.component is None:  # a registered component not resolved: its content is unknown
+        return None
+    else:
+        component = step.component.to_dict()
+        environment = getattr(step.component, "environment", None)
+        deterministic = bool(getattr(step.component, "is_deterministic", True))
+    return graph.reuse_key(component, code_hash=code_hash, environment=environment, input_hashes=input_hashes,
+                           parameters=parameters, run_fields=own, is_deterministic=deterministic,
+                           force_rerun=spec.settings.force_rerun)
