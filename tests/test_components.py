@@ -247,6 +247,8 @@ def test_component_create_list_show(folder: Path, home: Path) -> None:
     first = json.loads(run("component", "create", "-f", str(folder / "train.yml"), "-o", "json")[1])
     assert first["version"] == "1" and first["id"].endswith("/components/train_model/versions/1")
     assert json.loads(run("component", "create", "-f", str(folder / "train.yml"), "-o", "json")[1]) == first
+    code, out = run("component", "create", "-f", str(folder / "train.yml"), "--dry-run", "-o", "json")
+    assert json.loads(out)["actions"][0]["version"] == "1", out  # the same component: the version it has
     code, out = run("component", "create", "-f", str(folder / "train.yml"), "--set", "description=changed", "-v", "1")
     assert code == 1 and "version 1 already exists with other content" in out
     run("component", "create", "-f", str(folder / "train.yml"), "--set", "description=v2")

@@ -96,12 +96,14 @@ class Components:
         return {**spec.to_dict(), "version": version, "base_dir": spec.base_dir}
 
     def plan(self, spec: ComponentSpec) -> dict[str, Any]:
-        """What create would store (the dry run): the version it would get."""
-        return self._record(spec, spec.version or self._next(self._rows(spec.name)))
+        """What create would store (the dry run): the version it would get, or already has."""
+        return self._record(spec, self._version(spec, self._rows(spec.name)))
 
-    @staticmethod
-    def _next(rows: list[dict[str, Any]]) -> str:
-        return str(1 + max((int(r["version"]) for r in rows if str(r["version"]).isdigit()), default=0))
+    def _version(self, spec: ComponentSpec, rows: list[dict[str, Any]]) -> str:
+        """Its version: given, else the one the same component already has, else the next integer."""
+        same = [r["version"] for r in rows if not spec.version and r == self._record(spec, r["version"])]
+        return spec.version or (same[-1] if same else
+                                str(1 + max((int(r["version"]) for r in rows if str(r["version"]).isdigit()), default=0)))
 
     def create(self, spec: ComponentSpec) -> dict[str, Any]:
         """Register `spec` at its version, else the next integer; the same component again without a
@@ -111,11 +113,7 @@ class Components:
         with self.store.transaction() as db:
             rows = [json.loads(r["spec"]) for r in db.execute(
                 "SELECT spec FROM assets WHERE kind = ? AND name = ? ORDER BY created_at", (KIND, spec.name))]
-            if not spec.version:
-                same = [r for r in rows if r == self._record(spec, r["version"])]
-                if same:
-                    return same[-1]
-            version = spec.version or self._next(rows)
+            version = self._version(spec, rows)
             record = self._record(spec, version)
             existing = [r for r in rows if r["version"] == version]
             if existing:
