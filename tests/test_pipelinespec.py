@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from amlemu.errors import ConfigError
+from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.pipelines import graph, stepio
 from amlemu.pipelines.bindings import Literal, ParentInput, StepOutputRef, Template
@@ -150,6 +150,10 @@ def test_components_from_a_file_inline_and_registered(files: Path) -> None:
     assert fit.component.name == "fit" and fit.component_ref.ref == str(files / "train.yml")
     assert read.component_ref.kind == "inline" and read.upstream == ("fit",)
     assert shared.component_ref.kind == "registered" and shared.component.command == "ls ${{inputs.folder}}"
+    def missing(ref: str) -> dict[str, Any]:
+        raise NotFoundError("component", ref.removeprefix("azureml:"))
+
+    assert refused(files, text, components=missing).startswith("jobs.shared.component: component 'reader:2' not found")
     unresolved = load(files, text)  # no registry: its ports are unknown, the step is kept
     assert unresolved.steps["shared"].component is None
     with pytest.raises(ConfigError, match="^jobs.shared.component: azureml:reader:2 was not resolved"):
@@ -358,6 +362,26 @@ def test_outputs_go_to_azure_mls_default_path_or_where_they_are_bound(files: Pat
     assert stepio.pipeline_outputs(spec, {"check": "child-2"})["report"]["path"].endswith("/child-2/result/")
     assert stepio.expand_macros("azureml://datastores/${{default_datastore}}/paths/${{name}}/${{output_name}}.txt",
                                 "j1", "o", "ws") == "azureml://datastores/ws/paths/j1/o.txt"
+
+
+def test_an_output_path_with_azure_mls_macros_and_a_typed_pipeline_output(files: Path) -> None:
+    spec = load(files, """
+    type: pipeline
+    settings: {default_compute: serverless}
+    outputs:
+      single: {type: uri_file, mode: rw_mount, path: "azureml://datastores/workspaceblobstore/paths/${{name}}/one.txt"}
+    jobs:
+      write:
+        command: echo 1 > ${{outputs.file}} && echo 2 > ${{outputs.folder}}/two.txt
+        environment: azureml:e:1
+        outputs:
+          file: "${{parent.outputs.single}}"
+          folder: {type: uri_folder, path: "azureml://datastores/workspaceblobstore/paths/${{name}}/${{output_name}}/"}
+    """)
+    outputs = stepio.step_outputs(spec, "write", "child-7")
+    assert outputs["file"] == {"type": "uri_file", "mode": "rw_mount",
+                               "path": "azureml://datastores/workspaceblobstore/paths/child-7/one.txt"}
+    assert outputs["folder"]["path"] == "azureml://datastores/workspaceblobstore/paths/child-7/folder/"
 
 
 def test_each_step_becomes_a_command_job(files: Path) -> None:

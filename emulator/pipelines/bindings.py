@@ -136,9 +136,9 @@ def parse_output(value: Any, where: str) -> StepOutput:
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", "unknown field", f"known fields: {', '.join(sorted(OUTPUT_FIELDS))}")
     path, parent = value.get("path"), None
-    if isinstance(path, str) and _EXPR.search(path):
-        parent = parse_output(path, f"{where}.path").parent
-        path = None
+    inner = _expression(path) if isinstance(path, str) else None
+    if inner is not None and _PARENT_OUTPUT.match(inner):  # bound up; a path with ${{name}} in it is a path
+        parent, path = _PARENT_OUTPUT.match(inner).group(1), None  # type: ignore[union-attr]
     mode = value.get("mode")
     extra = {k: v for k, v in value.items() if k in ("name", "version", "description")}
     return StepOutput(_type(value.get("type"), f"{where}.type"), str(mode) if mode else None,

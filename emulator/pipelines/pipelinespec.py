@@ -236,12 +236,22 @@ def _step(name: str, raw: Any, base_dir: Path, default_compute: str | None, sett
     return Step(name, kind, job, inputs, outputs, compute, ref, component)
 
 
-def output_type(step: Step, output: str) -> str | None:
-    """The type of a step's output: its component's, else as written at the step (uri_folder by default)."""
+def declared_output_type(step: Step, output: str) -> str | None:
+    """The type a step's output is declared with: its component's, or as written at an inline step."""
     declared = stepcomponent.output_types(step.component)
     if declared is not None:
         return declared.get(output)
-    return step.outputs[output].type or "uri_folder" if output in step.outputs else None
+    return step.outputs[output].type if output in step.outputs else None
+
+
+def output_type(spec: PipelineSpec, step: Step, output: str) -> str | None:
+    """The type of a step's output: as declared, else the pipeline output's it is bound up to, else
+    Azure ML's default, uri_folder."""
+    declared = declared_output_type(step, output)
+    if declared or has_output(step, output) is not True:
+        return declared
+    parent = step.outputs[output].parent
+    return str(spec.outputs.get(parent or "", {}).get("type") or "uri_folder")
 
 
 def has_output(step: Step, output: str) -> bool | None:
@@ -289,9 +299,9 @@ def check_pipeline(spec: PipelineSpec) -> None:
                 raise ConfigError(where, f"the pipeline's output '{out.parent}' is already bound by jobs.{bound[out.parent]}",
                                   "bind each pipeline output to one step's output")
             bound[out.parent] = f"{step.name}.outputs.{name}"
-            wanted = spec.outputs[out.parent].get("type")
-            if not compatible(output_type(step, name), wanted):
-                raise ConfigError(where, f"a {output_type(step, name)} output bound to the pipeline's {wanted} output "
+            wanted, given = spec.outputs[out.parent].get("type"), declared_output_type(step, name)
+            if not compatible(given, wanted):
+                raise ConfigError(where, f"a {given} output bound to the pipeline's {wanted} output "
                                   f"'{out.parent}'", "make the two types the same")
     cycle = find_cycle({name: step.upstream for name, step in spec.steps.items()})
     if cycle:  # named at the input that closes it: the first step's, reading the last one's output
@@ -324,7 +334,7 @@ def _check_input(spec: PipelineSpec, step: Step, name: str, item: StepInput, whe
         names = list(known) if known is not None else list(source.outputs)
         raise ConfigError(where, f"{ref}: step {binding.step} has no output '{binding.output}'",
                           f"its outputs: {', '.join(names) or 'none (declare one under its outputs:)'}")
-    given = output_type(source, binding.output)
+    given = output_type(spec, source, binding.output)
     if not compatible(given, wanted):
         raise ConfigError(where, f"a {wanted} input bound to {binding.step}'s {given} output '{binding.output}'",
                           "make the two types the same")

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from amlemu import safeyaml
-from amlemu.errors import ConfigError
+from amlemu.errors import ConfigError, NotFoundError
 
 if TYPE_CHECKING:
     from amlemu.pipelines.pipelinespec import ComponentRef
@@ -41,7 +41,12 @@ def component_dict(ref: ComponentRef, raw: Any, where: str,
         if not isinstance(data, dict):
             raise ConfigError(where, f"{ref.ref} is not a mapping of component fields")
         return data
-    return None if components is None else dict(components(ref.ref))
+    if components is None:
+        return None
+    try:
+        return dict(components(ref.ref))
+    except NotFoundError as exc:  # a missing component is the job's error, named at the step's field
+        raise ConfigError(where, str(exc), "register it (`amlemu component create -f`), or name a file") from None
 
 
 def load_component(ref: ComponentRef, raw: Any, where: str,

@@ -48,7 +48,7 @@ def output_spec(spec: PipelineSpec, step_name: str, output: str, child_job: str)
     parent = spec.outputs.get(out.parent, {}) if out.parent else {}
     path = out.path or parent.get("path") or default_output_uri(datastore, child_job, output)
     mode = out.mode or parent.get("mode")
-    found = {"type": output_type(step, output) or "uri_folder", "path": expand_macros(str(path), child_job, output, datastore)}
+    found = {"type": output_type(spec, step, output) or "uri_folder", "path": expand_macros(str(path), child_job, output, datastore)}
     return {**found, **({"mode": str(mode)} if mode else {}), **out.extra}
 
 
