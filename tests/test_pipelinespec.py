@@ -110,6 +110,7 @@ def test_inline_command_steps_their_bindings_and_settings(files: Path) -> None:
     assert (make.compute, check.compute) == ("cpu", "gpu")
     assert check.upstream == ("make",) and make.upstream == ()
     assert is_pipeline_file(files / "pipeline.yml")
+    assert pipeline_from_dict(spec.source, base_dir=files) == spec  # the record reloads as the same pipeline
 
 
 def test_overrides_and_default_compute(files: Path) -> None:
@@ -251,6 +252,7 @@ def test_a_pipeline_output_bound_twice_a_cycle_and_no_compute(files: Path) -> No
     no_compute = refused(files, BASE.replace("compute: azureml:cpu\n", ""))
     assert no_compute.startswith("jobs.fit.compute: compute not set") and "settings.default_compute: serverless" in no_compute
     assert refused(files, "type: pipeline\njobs: {}\n").startswith("jobs: missing")
+    assert refused(files, BASE.replace("{type: uri_file}}", "{type: csv}}")).startswith("outputs.final.type: 'csv' is not")
     assert refused(files, BASE + "pipeline_settings: {}\n").startswith("pipeline_settings: unknown field")
 
 

@@ -43,7 +43,11 @@ class Template:
     names: tuple[str, ...]
 
     def render(self, values: dict[str, Any]) -> str:
-        return _EXPR.sub(lambda m: str(values[_PARENT_INPUT.match(m.group(1)).group(1)]), self.text)  # type: ignore[union-attr]
+        def value(match: re.Match[str]) -> str:
+            name = _PARENT_INPUT.match(match.group(1))
+            return str(values[name.group(1)]) if name else match.group(0)
+
+        return _EXPR.sub(value, self.text)
 
 
 @dataclass(frozen=True)
@@ -93,9 +97,9 @@ def parse_input(value: Any, where: str) -> StepInput:
     if isinstance(value, dict) and isinstance(value.get("path"), str) and _EXPR.search(value["path"]):
         bound = parse_input(value["path"], f"{where}.path")
         mode = value.get("mode")
-        return StepInput(bound.binding, str(mode) if mode else None, _type(value.get("type"), f"{where}.type"))
+        return StepInput(bound.binding, str(mode) if mode else None, check_type(value.get("type"), f"{where}.type"))
     if isinstance(value, dict):
-        _type(value.get("type"), f"{where}.type")
+        check_type(value.get("type"), f"{where}.type")
         return StepInput(Literal(dict(value)))
     if not isinstance(value, str) or not _EXPR.search(value):
         return StepInput(Literal(value))
@@ -141,11 +145,11 @@ def parse_output(value: Any, where: str) -> StepOutput:
         parent, path = _PARENT_OUTPUT.match(inner).group(1), None  # type: ignore[union-attr]
     mode = value.get("mode")
     extra = {k: v for k, v in value.items() if k in ("name", "version", "description")}
-    return StepOutput(_type(value.get("type"), f"{where}.type"), str(mode) if mode else None,
+    return StepOutput(check_type(value.get("type"), f"{where}.type"), str(mode) if mode else None,
                       str(path) if path else None, parent, extra)
 
 
-def _type(value: Any, where: str) -> str | None:
+def check_type(value: Any, where: str) -> str | None:
     if value is None:
         return None
     kind = str(value)

@@ -94,6 +94,11 @@ def _started(states: States, name: str) -> bool:
     return _status(states.get(name)) not in (None, RunStatus.NOT_STARTED)
 
 
+def _running(states: States, name: str) -> bool:
+    status = _status(states.get(name))
+    return status not in (None, RunStatus.NOT_STARTED) and not status.is_terminal
+
+
 def ready(spec: PipelineSpec, states: States) -> list[str]:
     """The steps that may start now: not started, every step they read Completed (a reused step is
     Completed), in run order. None once a step failed or was canceled, unless the pipeline's
@@ -121,14 +126,13 @@ def after_failure(spec: PipelineSpec, failed: str, states: States) -> FailurePla
     if spec.settings.continue_on_step_failure:
         return FailurePlan(tuple(n for n in downstream(spec, failed) if not _started(states, n)), ())
     order = [n for n in topological_order(spec) if n != failed]
-    active = tuple(n for n in order if _started(states, n) and not _status(states[n]).is_terminal)  # type: ignore[union-attr]
+    active = tuple(n for n in order if _running(states, n))
     return FailurePlan(tuple(n for n in order if not _started(states, n)), active)
 
 
 def finished(spec: PipelineSpec, states: States) -> bool:
     """Nothing running and nothing more that may start."""
-    running = any(_started(states, n) and not _status(states[n]).is_terminal for n in spec.steps)  # type: ignore[union-attr]
-    return not running and not ready(spec, states)
+    return not any(_running(states, n) for n in spec.steps) and not ready(spec, states)
 
 
 def pipeline_status(spec: PipelineSpec, states: States) -> RunStatus:

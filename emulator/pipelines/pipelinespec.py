@@ -6,6 +6,7 @@ the YAML and the component files it names.
 """
 from __future__ import annotations
 
+import copy
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,10 +17,9 @@ from amlemu.errors import ConfigError
 from amlemu.jobs.jobyaml import KNOWN_FIELDS as COMMAND_FIELDS
 from amlemu.jobs.jobyaml import apply_overrides
 from amlemu.names import check_display_name, check_experiment_name, check_job_name
-from amlemu.pipelines import stepcomponent
+from amlemu.pipelines import pipelinecheck, stepcomponent
 from amlemu.pipelines.componentjob import STEP_FIELDS as COMPONENT_STEP_FIELDS
-from amlemu.pipelines.bindings import ParentInput, StepInput, StepOutput, StepOutputRef, Template, compatible, parse_input, parse_output
-from amlemu.pipelines.graph import find_cycle
+from amlemu.pipelines.bindings import StepInput, StepOutput, StepOutputRef, check_type, parse_input, parse_output
 from amlemu.storage.datastores import DEFAULT as DEFAULT_DATASTORE
 from amlemu.sweeps.sweepspec import SWEEP_FIELDS
 
@@ -90,6 +90,7 @@ class PipelineSpec:
     experiment_name: str | None = None
     description: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)  # the YAML as read (overrides applied): the record
 
     def bound_outputs(self) -> dict[str, tuple[str, str]]:
         """Each pipeline output bound to a step's output: name -> (step, output)."""
@@ -162,15 +163,25 @@ def pipeline_from_dict(data: Any, *, base_dir: Path, components: ComponentLookup
     default = settings.default_compute or compute
     steps = {name: _step(str(name), raw, base_dir, default, settings, components) for name, raw in jobs.items()}
     spec = PipelineSpec(
-        steps=steps, inputs=dict(_mapping(data.get("inputs"), "inputs")),
-        outputs={str(k): dict(_mapping(v, f"outputs.{k}")) for k, v in _mapping(data.get("outputs"), "outputs").items()},
+        steps=steps, inputs=_pipeline_ports(data, "inputs"), outputs=_pipeline_ports(data, "outputs"),
         settings=settings, base_dir=str(base_dir), compute=compute, name=check_job_name(data.get("name")),
         display_name=check_display_name(data.get("display_name")),
         experiment_name=None if data.get("experiment_name") is None else check_experiment_name(data["experiment_name"]),
         description=None if data.get("description") is None else str(data["description"]),
-        tags={str(k): str(v) for k, v in _mapping(data.get("tags"), "tags").items()})
-    check_pipeline(spec)
+        tags={str(k): str(v) for k, v in _mapping(data.get("tags"), "tags").items()}, source=copy.deepcopy(data))
+    pipelinecheck.check_pipeline(spec)
     return spec
+
+
+def _pipeline_ports(data: dict[str, Any], kind: str) -> dict[str, Any]:
+    """The pipeline's inputs (a value, or a mapping: type, path, mode) or outputs (a mapping, or nothing)."""
+    found: dict[str, Any] = {}
+    for name, value in _mapping(data.get(kind), kind).items():
+        if kind == "outputs" or isinstance(value, dict):
+            value = dict(_mapping(value, f"{kind}.{name}"))
+            check_type(value.get("type"), f"{kind}.{name}.type")
+        found[str(name)] = value
+    return found
 
 
 def _step_type(name: str, raw: dict[str, Any]) -> str:
@@ -189,7 +200,8 @@ def _check_step_fields(name: str, kind: str, raw: dict[str, Any]) -> None:
     if unknown:
         raise ConfigError(f"{where}.{unknown[0]}", "unknown field", f"a {kind} step's fields: {', '.join(sorted(known))}")
     if kind == "command" and "component" in raw:  # what a step may set over its component (componentjob.py)
-        own = sorted(set(raw) - set(COMPONENT_STEP_FIELDS) - {"type", "component", "inputs", "outputs", "comment", "$schema"})
+        node = {"type", "component", "inputs", "outputs", "comment", "$schema"}
+        own = sorted(set(raw) - set(COMPONENT_STEP_FIELDS) - node)
         if own:
             raise ConfigError(f"{where}.{own[0]}", "is the component's, not the step's",
                               f"set it in the component, or leave component out and write the command job inline")
@@ -230,111 +242,8 @@ def _step(name: str, raw: Any, base_dir: Path, default_compute: str | None, sett
         raise ConfigError(f"{where}.compute", "compute not set: the step names none and the pipeline sets neither compute "
                           "nor settings.default_compute (az ml refuses this too)",
                           "name a cluster (compute: azureml:<cluster>), or write settings.default_compute: serverless")
-    inputs = {str(k): parse_input(v, f"{where}.inputs.{k}") for k, v in _mapping(raw.get("inputs"), f"{where}.inputs").items()}
+    inputs = {str(k): parse_input(v, f"{where}.inputs.{k}")
+              for k, v in _mapping(raw.get("inputs"), f"{where}.inputs").items()}
     outputs = {str(k): parse_output(v, f"{where}.outputs.{k}")
                for k, v in _mapping(raw.get("outputs"), f"{where}.outputs").items()}
     return Step(name, kind, job, inputs, outputs, compute, ref, component)
-
-
-def declared_output_type(step: Step, output: str) -> str | None:
-    """The type a step's output is declared with: its component's, or as written at an inline step."""
-    declared = stepcomponent.output_types(step.component)
-    if declared is not None:
-        return declared.get(output)
-    return step.outputs[output].type if output in step.outputs else None
-
-
-def output_type(spec: PipelineSpec, step: Step, output: str) -> str | None:
-    """The type of a step's output: as declared, else the pipeline output's it is bound up to, else
-    Azure ML's default, uri_folder."""
-    declared = declared_output_type(step, output)
-    if declared or has_output(step, output) is not True:
-        return declared
-    parent = step.outputs[output].parent
-    return str(spec.outputs.get(parent or "", {}).get("type") or "uri_folder")
-
-
-def has_output(step: Step, output: str) -> bool | None:
-    """None where it cannot be known (a registered component that was not resolved)."""
-    if step.component_ref is not None and step.component is None:
-        return None
-    declared = stepcomponent.output_types(step.component)
-    return output in (declared if declared is not None else step.outputs)
-
-
-def input_type(step: Step, name: str) -> str | None:
-    declared = stepcomponent.input_types(step.component)
-    return step.inputs[name].data_type or (declared or {}).get(name)
-
-
-def _pipeline_input_type(value: Any) -> str | None:
-    if isinstance(value, dict):
-        return str(value.get("type") or ("uri_folder" if "path" in value else "")) or None
-    return None
-
-
-def check_pipeline(spec: PipelineSpec) -> None:
-    """The bindings between steps and the pipeline: one line each, naming the step and field."""
-    bound: dict[str, str] = {}
-    for step in spec.steps.values():
-        declared_in = stepcomponent.input_types(step.component)
-        for name, item in step.inputs.items():
-            where = f"jobs.{step.name}.inputs.{name}"
-            if declared_in is not None and name not in declared_in:
-                raise ConfigError(where, f"the step's component has no input '{name}'",
-                                  f"its inputs: {', '.join(declared_in) or 'none'}")
-            _check_input(spec, step, name, item, where)
-        declared_out = stepcomponent.output_types(step.component)
-        for name, out in step.outputs.items():
-            where = f"jobs.{step.name}.outputs.{name}"
-            if declared_out is not None and name not in declared_out:
-                raise ConfigError(where, f"the step's component has no output '{name}'",
-                                  f"its outputs: {', '.join(declared_out) or 'none'}")
-            if out.parent is None:
-                continue
-            if out.parent not in spec.outputs:
-                raise ConfigError(where, f"${{{{parent.outputs.{out.parent}}}}}: the pipeline has no output "
-                                  f"'{out.parent}'", f"declare it under outputs: (its outputs: {', '.join(spec.outputs) or 'none'})")
-            if out.parent in bound:
-                raise ConfigError(where, f"the pipeline's output '{out.parent}' is already bound by jobs.{bound[out.parent]}",
-                                  "bind each pipeline output to one step's output")
-            bound[out.parent] = f"{step.name}.outputs.{name}"
-            wanted, given = spec.outputs[out.parent].get("type"), declared_output_type(step, name)
-            if not compatible(given, wanted):
-                raise ConfigError(where, f"a {given} output bound to the pipeline's {wanted} output "
-                                  f"'{out.parent}'", "make the two types the same")
-    cycle = find_cycle({name: step.upstream for name, step in spec.steps.items()})
-    if cycle:  # named at the input that closes it: the first step's, reading the last one's output
-        closing = next(n for n, i in spec.steps[cycle[0]].inputs.items()
-                       if isinstance(i.binding, StepOutputRef) and i.binding.step == cycle[-2])
-        raise ConfigError(f"jobs.{cycle[0]}.inputs.{closing}", f"the steps form a cycle: {' -> '.join(cycle)}",
-                          "a step may not read its own outputs, directly or through other steps")
-
-
-def _check_input(spec: PipelineSpec, step: Step, name: str, item: StepInput, where: str) -> None:
-    binding, wanted = item.binding, input_type(step, name)
-    parents = [binding.name] if isinstance(binding, ParentInput) else list(binding.names) if isinstance(binding, Template) else []
-    for parent in parents:
-        if parent not in spec.inputs:
-            raise ConfigError(where, f"${{{{parent.inputs.{parent}}}}}: the pipeline has no input '{parent}'",
-                              f"declare it under inputs: (its inputs: {', '.join(spec.inputs) or 'none'})")
-    if isinstance(binding, ParentInput):
-        given = _pipeline_input_type(spec.inputs[binding.name])
-        if not compatible(given, wanted):
-            raise ConfigError(where, f"a {wanted} input bound to the pipeline's {given} input '{binding.name}'",
-                              "make the two types the same")
-    if not isinstance(binding, StepOutputRef):
-        return
-    ref = f"${{{{parent.jobs.{binding.step}.outputs.{binding.output}}}}}"
-    source = spec.steps.get(binding.step)
-    if source is None:
-        raise ConfigError(where, f"{ref} names no step", f"the pipeline's steps: {', '.join(spec.steps)}")
-    if has_output(source, binding.output) is False:
-        known = stepcomponent.output_types(source.component)
-        names = list(known) if known is not None else list(source.outputs)
-        raise ConfigError(where, f"{ref}: step {binding.step} has no output '{binding.output}'",
-                          f"its outputs: {', '.join(names) or 'none (declare one under its outputs:)'}")
-    given = output_type(spec, source, binding.output)
-    if not compatible(given, wanted):
-        raise ConfigError(where, f"a {wanted} input bound to {binding.step}'s {given} output '{binding.output}'",
-                          "make the two types the same")

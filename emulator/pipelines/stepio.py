@@ -12,7 +12,8 @@ from typing import Any, Mapping
 from amlemu.errors import ConfigError
 from amlemu.pipelines import graph
 from amlemu.pipelines.bindings import Literal, ParentInput, StepOutput, StepOutputRef, Template
-from amlemu.pipelines.pipelinespec import PipelineSpec, Step, output_type
+from amlemu.pipelines.pipelinecheck import output_type
+from amlemu.pipelines.pipelinespec import PipelineSpec, Step
 
 # What Azure ML puts in an output path: `${{name}}` the child job's name, `${{output_name}}` the
 # output's, `${{default_datastore}}` the pipeline's default datastore.
@@ -48,7 +49,8 @@ def output_spec(spec: PipelineSpec, step_name: str, output: str, child_job: str)
     parent = spec.outputs.get(out.parent, {}) if out.parent else {}
     path = out.path or parent.get("path") or default_output_uri(datastore, child_job, output)
     mode = out.mode or parent.get("mode")
-    found = {"type": output_type(spec, step, output) or "uri_folder", "path": expand_macros(str(path), child_job, output, datastore)}
+    found = {"type": output_type(spec, step, output) or "uri_folder",
+             "path": expand_macros(str(path), child_job, output, datastore)}
     return {**found, **({"mode": str(mode)} if mode else {}), **out.extra}
 
 
