@@ -14,7 +14,7 @@ import yaml
 from amlemu.errors import ConfigError, NotFoundError
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.pipelines import graph, stepio
-from amlemu.pipelines.bindings import Literal, ParentInput, StepOutputRef, Template
+from amlemu.pipelines.bindings import Literal, ParentInput, StepOutputRef, Template, compatible
 from amlemu.pipelines.pipelinespec import is_pipeline_file, load_pipeline, pipeline_from_dict
 from amlemu.specs import RunStatus
 
@@ -302,6 +302,12 @@ def test_a_failed_steps_blast_radius_both_ways(files: Path) -> None:
     assert graph.finished(go_on, ended) and graph.pipeline_status(go_on, ended) is RunStatus.FAILED
     canceled = {**ended, "left": RunStatus.COMPLETED, "right": RunStatus.CANCELED}
     assert graph.pipeline_status(stop, canceled) is RunStatus.CANCELED
+
+
+def test_types_that_fit() -> None:
+    assert compatible("uri_folder", "uri_folder") and compatible(None, "mltable") and compatible("integer", "number")
+    assert not compatible("uri_folder", "mltable") and not compatible("mlflow_model", "custom_model")
+    assert not compatible("string", "uri_file") and not compatible("uri_file", "uri_folder")
 
 
 def test_find_cycle_names_the_steps_in_data_flow_order() -> None:

@@ -159,9 +159,12 @@ def check_type(value: Any, where: str) -> str | None:
     return kind
 
 
-def compatible(output_type: str | None, input_type: str | None) -> bool:
-    """Whether an output of one type may feed an input of another: the same data type (a model
-    type, mltable, uri_file and uri_folder are each their own); unknown on either side passes."""
-    if not output_type or not input_type:
+def compatible(given: str | None, wanted: str | None) -> bool:
+    """Whether a value of type `given` may feed an input of type `wanted`: the same data type (a
+    model type, mltable, uri_file and uri_folder are each their own), or two primitive types (the
+    value itself is checked against the input's type when the step runs); unknown on either side passes."""
+    if not given or not wanted:
         return True
-    return output_type == input_type
+    if given in PRIMITIVE_TYPES and wanted in PRIMITIVE_TYPES:
+        return True
+    return given == wanted
