@@ -1,4 +1,4 @@
-"""Import costs put off until they are needed.
+"""Import costs put off until they are needed (or never paid).
 
 jsonschema (which azure-ai-ml imports) imports rfc3987_syntax whenever it is installed, for its
 "iri" format checkers, and that module compiles 39 Lark grammars as it is imported: over a second
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 import types
 from typing import Any
@@ -41,3 +42,16 @@ def defer_rfc3987_syntax() -> None:
     stand_in.is_valid_syntax = is_valid_syntax  # type: ignore[attr-defined]
     stand_in.__getattr__ = __getattr__  # type: ignore[method-assign]
     sys.modules[NAME] = stand_in
+
+
+def import_docker() -> types.ModuleType:
+    """The docker SDK without its ssh transport unless DOCKER_HOST asks for ssh://: the SDK imports
+    paramiko (~30 ms, a third of its own import) for it whenever paramiko is installed, and treats
+    its absence as "no ssh support". Every docker node's supervisor pays the SDK's import."""
+    if "docker" in sys.modules or "paramiko" in sys.modules or os.environ.get("DOCKER_HOST", "").startswith("ssh://"):
+        return importlib.import_module("docker")
+    sys.modules["paramiko"] = None  # type: ignore[assignment] - import paramiko now raises ImportError
+    try:
+        return importlib.import_module("docker")
+    finally:
+        del sys.modules["paramiko"]  # a later import of paramiko (another library's) finds the real one

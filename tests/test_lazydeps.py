@@ -3,6 +3,7 @@ grammars, and jsonschema's IRI format check, when one runs, still judges as befo
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -28,3 +29,15 @@ def test_azure_ai_ml_loads_without_the_iri_grammars_and_an_iri_check_still_judge
     found = json.loads(done.stdout.strip().splitlines()[-1])
     assert found == {"loaded_by_azure_ai_ml": False, "iri": [True, False], "iri_reference": [False, True],
                      "terms": True}
+
+
+def test_the_docker_sdk_comes_without_its_ssh_transport_unless_docker_host_asks_for_ssh() -> None:
+    probe = ("import sys; from amlemu.lazydeps import import_docker; d = import_docker(); "
+             "print('paramiko' in sys.modules, hasattr(d.transport, 'SSHHTTPAdapter')); "
+             "import paramiko; print(paramiko.__name__)")  # a later import of it still works
+    env = {k: v for k, v in os.environ.items() if k != "DOCKER_HOST"}
+    plain = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, env=env).stdout
+    assert plain.split() == ["False", "False", "paramiko"]
+    ssh = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                         env={**env, "DOCKER_HOST": "ssh://user@example.invalid"}).stdout
+    assert ssh.split() == ["True", "True", "paramiko"]

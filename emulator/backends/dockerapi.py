@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.errors import BackendError
+from amlemu.lazydeps import import_docker
 
 
 def connect() -> Any:
-    import docker  # noqa: PLC0415 - the SDK is needed only where this backend is used
+    docker = import_docker()  # the SDK is needed only where this backend is used
 
     try:
         client = docker.from_env(timeout=30)
