@@ -67,7 +67,6 @@ compute: azureml:cpu
 settings:
   default_datastore: azureml:lake
   continue_on_step_failure: true
-  environment: {image: python:3.11-slim}
 inputs:
   count: 3
   raw: {type: uri_folder, path: ./data}
@@ -76,10 +75,12 @@ outputs:
 jobs:
   make:
     command: echo ${{inputs.n}} > ${{outputs.out}}/n.txt
+    environment: {image: python:3.11-slim}
     inputs: {n: "${{parent.inputs.count}}", src: "${{parent.inputs.raw}}"}
     outputs: {out: }
   check:
     command: cat ${{inputs.got}}/n.txt
+    environment: azureml:e:1
     compute: azureml:gpu
     inputs:
       got: {path: "${{parent.jobs.make.outputs.out}}", mode: download}
@@ -101,7 +102,7 @@ def test_inline_command_steps_their_bindings_and_settings(files: Path) -> None:
     assert (s.default_datastore, s.continue_on_step_failure, s.force_rerun) == ("lake", True, False)
     make, check, old = spec.steps.values()
     assert make.inputs["n"].binding == ParentInput("count") and make.outputs["out"].parent is None
-    assert make.job["environment"] == {"image": "python:3.11-slim"}  # settings.environment: the default
+    assert make.job["environment"] == {"image": "python:3.11-slim"}
     assert old.job["environment"] == "azureml:other@latest"
     assert check.inputs["got"].binding == StepOutputRef("make", "out") and check.inputs["got"].mode == "download"
     assert check.inputs["label"].binding == Template("n=${{parent.inputs.count}}", ("count",))
@@ -220,6 +221,8 @@ jobs:
     ("  use:\n    component: ./train.yml\n    inputs: {data: \"${{parent.outputs.final}}\"}\n",
      "jobs.use.inputs.data: ${{parent.outputs.final}} is a pipeline output"),
     ("  use:\n    command: ls\n    inputs: {x: 1}\n", "jobs.use.environment: missing"),
+    ("  use:\n    command: ls\nsettings: {environment: {image: python}}\n",
+     "jobs.use.environment: missing; give the step's environment (settings.environment is not applied"),
     ("  Use:\n    command: ls\n    environment: azureml:e:1\n", "jobs.Use: 'Use' is not a step name"),
     ("  use:\n    type: parallel\n    component: ./train.yml\n", "jobs.use.type: parallel steps are not emulated"),
     ("  use:\n    command: ls\n    environment: azureml:e:1\n    retries: 2\n", "jobs.use.retries: unknown field"),

@@ -73,7 +73,6 @@ class PipelineSettings:
     default_datastore: str = DEFAULT_DATASTORE
     continue_on_step_failure: bool = False  # Azure ML's default: a failed step stops the pipeline
     force_rerun: bool = False
-    default_environment: Any = None  # `settings.environment`: the steps' environment where they name none
     extra: dict[str, Any] = field(default_factory=dict)  # other settings, kept as written
 
 
@@ -140,8 +139,8 @@ def _settings(value: Any) -> PipelineSettings:
     return PipelineSettings(
         default_compute=_compute_name(data.get("default_compute"), "settings.default_compute"),
         default_datastore=datastore, continue_on_step_failure=bool(data.get("continue_on_step_failure", False)),
-        force_rerun=bool(data.get("force_rerun", False)), default_environment=data.get("environment"),
-        extra={k: v for k, v in data.items() if k not in SETTINGS_TYPED and k != "environment"})
+        force_rerun=bool(data.get("force_rerun", False)),
+        extra={k: v for k, v in data.items() if k not in SETTINGS_TYPED})
 
 
 def pipeline_from_dict(data: Any, *, base_dir: Path, components: ComponentLookup | None = None) -> PipelineSpec:
@@ -208,16 +207,15 @@ def _check_step_fields(name: str, kind: str, raw: dict[str, Any]) -> None:
 
 
 def _inline_job(name: str, raw: dict[str, Any], settings: PipelineSettings) -> dict[str, Any]:
-    """An inline command step's own fields, its environment the pipeline's default where it names none."""
-    where, job = f"jobs.{name}", {k: v for k, v in raw.items() if k not in ("inputs", "outputs")}
+    """An inline command step's own fields. Each names its environment: Azure ML has no pipeline-wide
+    one (the preview's settings.environment went in CLI v2's 2022 schema; settings keep unknown keys)."""
+    where = f"jobs.{name}"
     if not isinstance(raw.get("command"), str) or not raw["command"].strip():
         raise ConfigError(f"{where}.command", "missing", "give the step's command, or a component: ./component.yml")
     if raw.get("environment") is None:
-        if settings.default_environment is None:
-            raise ConfigError(f"{where}.environment", "missing", "give the step's environment, or settings.environment "
-                              "for every step")
-        job["environment"] = settings.default_environment
-    return job
+        hint = " (settings.environment is not applied to steps, as in Azure ML)" if "environment" in settings.extra else ""
+        raise ConfigError(f"{where}.environment", "missing", f"give the step's environment{hint}")
+    return {k: v for k, v in raw.items() if k not in ("inputs", "outputs")}
 
 
 def _step(name: str, raw: Any, base_dir: Path, default_compute: str | None, settings: PipelineSettings,
