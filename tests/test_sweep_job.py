@@ -135,7 +135,7 @@ def test_job_validate_checks_a_sweep_and_its_trial_against_the_workspace(tmp_pat
 
 
 # --- live sweeps -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("backend", ["process"], indirect=True)
+@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)], indirect=True)
 def test_a_sweep_of_2_node_mpi_trials_runs_each_as_a_child_job_and_names_the_best(emu: Emulator, cluster,
                                                                                   tmp_path: Path) -> None:
     cluster(max_nodes=4)
