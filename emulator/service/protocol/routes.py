@@ -27,6 +27,7 @@ from amlemu.service.protocol import bodies
 from amlemu.service.protocol import datablobs
 from amlemu.service.protocol import endpoint
 from amlemu.service.protocol import health
+from amlemu.service.protocol import hyperdriveroutes
 from amlemu.service.protocol import linkguard
 from amlemu.service.protocol import sweeproutes
 from amlemu.service.protocol import v1online
@@ -270,6 +271,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET", "/operations/{id}", operation, True),
     ("GET", WS, workspace, True),
     *v1routes.ROUTES,
+    *hyperdriveroutes.ROUTES,  # SDK v1 HyperDriveConfig: its code snapshot, its runs
     ("GET", WS + "/codes/{name}/versions", code_versions, True),
     ("POST", WS + "/codes/{name}/versions/{version}/startPendingUpload", code_pending_upload, True),
     ("GET|PUT", WS + "/codes/{name}/versions/{version}", versioned("codes"), True),

@@ -84,16 +84,8 @@ def run_cancel(call: Call) -> Reply:
 
 
 def snapshot_latest(call: Call) -> Reply:
+    # A startrun's code travels in its zip; a snapshot (HyperDrive's) is made by hyperdriveroutes.py.
     return Reply(body={"id": None, "root": EMPTY_TREE})
-
-
-def snapshot_blobs(call: Call) -> Reply:
-    # No file is uploaded to a blob store: the run's code travels in the zip of its startrun.
-    return Reply(body={"fileNodes": []})
-
-
-def snapshot_create(call: Call) -> Reply:
-    return Reply(body={"id": call.params["id"]})
 
 
 def _multipart(call: Call) -> dict[str, bytes]:
@@ -203,8 +195,6 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("POST", H + "/experiments/{experiment}/runs:query", run_query, True),
     ("GET", H + "/experiments/{experiment}/runs/{name}/metricsingest/wait", metrics_ingested, "run"),
     ("GET", "/content/v1.0" + WS + "/snapshots/latest/metadata", snapshot_latest, True),
-    ("POST", "/content/v2.0" + WS + "/snapshots/getblob", snapshot_blobs, True),
-    ("POST", "/content/v2.0" + WS + "/snapshots/{id}", snapshot_create, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/startrun", start_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/snapshotrun", no_snapshot_run, True),
     ("POST", "/execution/v1.0" + WS + "/experiments/{experiment}/runId/{name}/cancel", run_cancel, "run"),

@@ -1,5 +1,5 @@
 """What azureml-widgets' `RunDetails(run).show()` reads besides the run, its details and its log
-files (v1routes.py): the run's children (an emulated job is one run, without any) and its metrics
+files (v1routes.py): the run's children (a sweep's trials; a job is one run, without any) and its metrics
 through run history's metric query (`MetricsClient._get_all_metrics`: RunMetricDto, one per value
 logged, with the CreatedUtc filter its refresher uses to fetch only what is new).
 """
@@ -22,8 +22,8 @@ def _page(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def children(call: Call) -> Reply:
-    _v1(call).run_dto(call.params["experiment"], call.params["name"])
-    return Reply(body=_page([]))
+    """A run's children: a sweep's trials (a HyperDriveRun's get_children), none for a job."""
+    return Reply(body=_page(_v1(call).children(call.params["experiment"], call.params["name"])))
 
 
 def _when(text: str) -> datetime | None:

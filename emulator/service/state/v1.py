@@ -25,6 +25,8 @@ from amlemu.servicekeys import TENANT
 from amlemu.runs.contract import experiment_guid
 from amlemu.service.state import bad_request, not_found
 from amlemu.service.state.v1history import History
+from amlemu.service.state.v1hyperdrive import HyperDrive
+from amlemu.service.state.v1snapshots import Snapshots
 
 MAX_ZIP_BYTES = 300 * 1024 * 1024  # Azure ML's snapshot limit
 
@@ -46,6 +48,8 @@ class EmulatorV1:
         self._experiments = self.folder / "experiments.json"
         self._lock = threading.Lock()
         self.history = History(self._history_dir)  # what a job's v1 Run sends: tags, metrics, files
+        self.snapshots = Snapshots(self.folder / "snapshots", state.blobs)  # the client's code snapshots
+        self.hyperdrive = HyperDrive(self)  # HyperDriveConfig submits: sweeps
 
     def _history_dir(self, run_id: str) -> Path:
         self.run_dto(None, run_id)  # the run exists (else a 404)
@@ -143,8 +147,9 @@ class EmulatorV1:
         view = self.state.run_details(run_id)
         number = next((i for i, r in enumerate(self.state.emu.store.runs(), 1) if r.id == run_id), 0)
         error = {"error": {"code": "UserError", "message": view.error}} if view.error else None
-        return {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
-                "rootRunId": run_id, "experimentId": self.experiment_id(record.experiment), "status": view.status,
+        dto = {"runId": run_id, "runNumber": number, "runUuid": str(uuid.uuid5(uuid.NAMESPACE_URL, run_id)),
+                "rootRunId": record.parent or run_id, "parentRunId": record.parent,  # a trial's: its sweep
+                "experimentId": self.experiment_id(record.experiment), "status": view.status,
                 "target": view.target, "startTimeUtc": _iso(view.start_time), "endTimeUtc": _iso(view.end_time),
                 "createdUtc": _iso(record.created_at), "runType": "azureml.scriptrun",
                 "dataContainerId": f"dcid.{run_id}",  # the artifact container of the run's files
@@ -152,6 +157,12 @@ class EmulatorV1:
                 "hidden": False,
                 "createdBy": {"userName": "amlemu", "userObjectId": TENANT, "userTenantId": TENANT},
                 "error": error, "warnings": []}
+        return self.hyperdrive.shown(run_id, dto)  # a HyperDrive parent's as azureml-core reads it
+
+    def children(self, experiment: str, run_id: str) -> list[dict[str, Any]]:
+        """The child runs of a run (a sweep's trials), oldest first."""
+        self.run_dto(experiment, run_id)
+        return [self.run_dto(None, r.id) for r in self.state.emu.store.runs(parent=run_id)]
 
     def run_by_experiment_id(self, experiment_id: str, run_id: str) -> dict[str, Any]:
         """A run addressed as the SDK inside a job addresses it (AZUREML_EXPERIMENT_ID)."""
