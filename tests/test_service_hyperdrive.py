@@ -116,6 +116,7 @@ def test_a_snapshot_is_its_uploads_and_its_parents_other_files(tmp_path: Path) -
     assert sorted(str(p.relative_to(s2)) for p in s2.rglob("*")) == ["lib", "lib/util.py", "train.py"]
     assert ((s2 / "train.py").read_bytes(), (s2 / "lib" / "util.py").read_bytes()) == (b"v2", b"u")
     assert (snaps.folder("s1") / "train.py").read_bytes() == b"v1"
+    assert not list((tmp_path / "blobs").iterdir())  # the uploads, once copied
     for body, field in [({"ParentSnapshotId": "gone", "DirTreeNode": node(**{"a.py": None})}, "ParentSnapshotId"),
                         ({"DirTreeNode": node(**{"..": None})}, "DirTreeNode"),
                         ({"DirTreeNode": node(**{"a.py": None}), "FileRevisionList": {"FileNodes": [

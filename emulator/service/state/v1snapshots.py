@@ -54,14 +54,18 @@ class Snapshots:
     def folder(self, snapshot_id: str, field: str = "SnapshotId") -> Path:
         found = self.root / snapshot_id if _ID.match(snapshot_id) else None
         if found is None or not found.is_dir():
-            raise bad_request(field, f"{field}: snapshot {snapshot_id} was not created on this service; submit "
-                              "again (azureml-core uploads the source directory when the service lacks it)")
+            # An unchanged source folder is not sent again: the client names the snapshot its cache
+            # remembers, which another home of the same workspace may have made.
+            raise bad_request(field, f"{field}: snapshot {snapshot_id} was not created on this service; "
+                              "delete ~/.azureml/.projectcontent (azureml-core's memory of the workspace's latest "
+                              "snapshot, made on another amlemu home) and submit again")
         return found
 
-    def _uploaded(self, body: dict[str, Any]) -> dict[str, Path]:
-        """FullName -> the file its BlobUri names (in a container getblob handed out)."""
+    def _uploaded(self, body: dict[str, Any]) -> tuple[dict[str, Path], set[str]]:
+        """(FullName -> the file its BlobUri names, the containers getblob handed out that hold them)."""
         nodes = (body.get("FileRevisionList") or {}).get("FileNodes") or []
         found: dict[str, Path] = {}
+        containers: set[str] = set()
         for node in nodes if isinstance(nodes, list) else []:
             name, uri = (node.get("FullName"), node.get("BlobUri")) if isinstance(node, dict) else (None, None)
             parts = unquote(urlsplit(str(uri)).path).lstrip("/").split("/", 2)
@@ -70,7 +74,8 @@ class Snapshots:
                 raise bad_request("FileRevisionList", f"FileRevisionList: {name!r} was not uploaded to a URL "
                                   "this service handed out (getblob)")
             found[name] = self.blobs.path(parts[1], parts[2])
-        return found
+            containers.add(parts[1])
+        return found, containers
 
     def create(self, snapshot_id: str, body: Any) -> None:
         """The snapshot's folder, from its uploads and its parent's files; a 400 naming the field."""
@@ -83,13 +88,16 @@ class Snapshots:
             return  # the client's retry of a snapshot made already
         tree: dict[str, str] = {}
         _tree_files(body.get("DirTreeNode") or {"children": {}}, "", tree)
-        uploaded, parent = self._uploaded(body), body.get("ParentSnapshotId")
+        (uploaded, containers), parent = self._uploaded(body), body.get("ParentSnapshotId")
         staging = self.root / f".{snapshot_id}.{uuid.uuid4().hex[:8]}"
         try:
             self._fill(staging, tree, uploaded, str(parent) if parent else None)
             staging.rename(target)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            for container in containers:  # copied, or refused (the client sends them again)
+                shutil.rmtree(self.blobs.path(container), ignore_errors=True)
+                shutil.rmtree(self.blobs.root.parent / "blob-metadata" / container, ignore_errors=True)
 
     def _fill(self, staging: Path, tree: dict[str, str], uploaded: dict[str, Path], parent: str | None) -> None:
         staging.mkdir(parents=True)
