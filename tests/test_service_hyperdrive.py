@@ -150,7 +150,7 @@ from azureml.train.hyperdrive import (BanditPolicy, HyperDriveConfig, PrimaryMet
 
 ws = Workspace.from_config()
 target = ComputeTarget.create(ws, "cpucluster", AmlCompute.provisioning_configuration(vm_size="STANDARD_D2_V2",
-                                                                                      max_nodes=3))
+                                                                                      max_nodes=4))
 target.wait_for_completion()
 
 def sweep(*arguments, total=3):
@@ -163,15 +163,15 @@ def sweep(*arguments, total=3):
                             max_total_runs=total, max_concurrent_runs=3)
 
 experiment = Experiment(ws, "hd-exp")
+slow = experiment.submit(sweep("--base", 1, "--sleep", 300, total=1))  # to cancel while the other runs
 run = experiment.submit(sweep("--base", 2))
 run.wait_for_completion()
 best = run.get_best_run_by_primary_metric()
 print("RESULT " + json.dumps({
-    "id": run.id, "type": type(run).__name__, "status": run.get_status(), "run_type": run.type, "details": run.get_details()["status"],
-    "children": sorted((c.id, c.get_status()) for c in run.get_children()),
+    "id": run.id, "type": type(run).__name__, "status": run.get_status(), "run_type": run.type,
+    "details": run.get_details()["status"], "children": sorted((c.id, c.get_status()) for c in run.get_children()),
     "best": best.id, "best_metrics": best.get_metrics(), "hyperparameters": run.get_hyperparameters()}), flush=True)
 
-slow = experiment.submit(sweep("--base", 1, "--sleep", 300, total=2))
 deadline = time.time() + 120
 while not any(c.get_status() == "Running" for c in slow.get_children()) and time.time() < deadline:
     time.sleep(0.2)
