@@ -170,7 +170,8 @@ best = run.get_best_run_by_primary_metric()
 print("RESULT " + json.dumps({
     "id": run.id, "type": type(run).__name__, "status": run.get_status(), "run_type": run.type,
     "details": run.get_details()["status"], "children": sorted((c.id, c.get_status()) for c in run.get_children()),
-    "best": best.id, "best_metrics": best.get_metrics(), "hyperparameters": run.get_hyperparameters()}), flush=True)
+    "best": best.id, "best_metrics": best.get_metrics(), "best_files": best.get_file_names(),
+    "hyperparameters": run.get_hyperparameters()}), flush=True)
 
 deadline = time.time() + 120
 while not any(c.get_status() == "Running" for c in slow.get_children()) and time.time() < deadline:
@@ -206,5 +207,6 @@ def test_a_hyperdrive_config_sweeps_through_the_service_from_unchanged_azureml_c
     assert sorted(lrs) == [f"{parent}_{n}" for n in range(3)] and sorted(lrs.values()) == [1, 2, 3]  # seed 7's
     # The best trial is the one with the highest lr (accuracy = 2 * lr), with the metric it logged.
     assert lrs[result["best"]] == 3 and result["best_metrics"] == {"accuracy": 6.0}
+    assert "azureml-logs/70_driver_log.txt" in result["best_files"]  # a v1 run's logs, as HyperDrive's trials have
     canceled = json.loads(re.search(r"^CANCELED (.*)$", done.stdout, re.M)[1])
     assert canceled["status"] == "Canceled" and set(canceled["children"]) == {"Canceled"}

@@ -48,6 +48,7 @@ class SweepSpec:
     description: str | None = None
     tags: dict[str, str] = field(default_factory=dict)
     template: JobSpec | None = None  # the trial job as checked (each search-space value a placeholder)
+    log_layout: str = "v2"  # the trials' log files: "v1" for an SDK v1 HyperDrive's (azureml-logs/70_driver_log)
 
     @property
     def experiment_name(self) -> str:
@@ -179,7 +180,7 @@ def trial_job(spec: SweepSpec, values: dict[str, Any], name: str, code: Path | N
         data["code"] = str(code)
     if spec.limits.trial_timeout:
         data["limits"] = {**(data.get("limits") or {}), "timeout": int(spec.limits.trial_timeout)}
-    return job_from_dict(data, base_dir=Path(spec.base_dir))
+    return replace(job_from_dict(data, base_dir=Path(spec.base_dir)), log_layout=spec.log_layout)
 
 
 def sweep_to_record(spec: SweepSpec, run_id: str, snapshot: Path | None) -> dict[str, Any]:
@@ -190,11 +191,12 @@ def sweep_to_record(spec: SweepSpec, run_id: str, snapshot: Path | None) -> dict
         data["trial"] = {**data["trial"], "code": str(snapshot)}
     assert spec.template is not None
     return {**job_to_record(spec.template), "name": run_id, "command": str(spec.job["command"]), "kind": "sweep",
-            "sweep": {"yaml": data, "base_dir": spec.base_dir}}
+            "sweep": {"yaml": data, "base_dir": spec.base_dir, "log_layout": spec.log_layout}}
 
 
 def sweep_from_record(record: dict[str, Any]) -> SweepSpec:
-    return sweep_from_dict(record["sweep"]["yaml"], base_dir=Path(record["sweep"]["base_dir"]))
+    spec = sweep_from_dict(record["sweep"]["yaml"], base_dir=Path(record["sweep"]["base_dir"]))
+    return replace(spec, log_layout=str(record["sweep"].get("log_layout") or "v2"))
 
 
 def is_sweep_record(record: dict[str, Any]) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -42,7 +43,7 @@ class HyperDrive:
             check_experiment_name(experiment, "experimentName")
             spec = job_from_run_config(hyperdriverest.run_config(config), code, experiment_name=experiment)
             data = hyperdriverest.to_yaml(run_id, config, job_yaml_dict(spec))
-            sweep = sweep_from_dict(data, base_dir=code)
+            sweep = replace(sweep_from_dict(data, base_dir=code), log_layout="v1")  # trials log as v1 runs do
         except ConfigError as exc:
             raise bad_request(exc.field, str(exc)) from None
         assert sweep.template is not None
