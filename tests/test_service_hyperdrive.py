@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import requests
 from conftest import served
+from test_service import WS, live  # noqa: F401 - the in-process service fixture
 
 from amlemu.errors import ConfigError
 from amlemu.home import Home
@@ -210,3 +212,22 @@ def test_a_hyperdrive_config_sweeps_through_the_service_from_unchanged_azureml_c
     assert "azureml-logs/70_driver_log.txt" in result["best_files"]  # a v1 run's logs, as HyperDrive's trials have
     canceled = json.loads(re.search(r"^CANCELED (.*)$", done.stdout, re.M)[1])
     assert canceled["status"] == "Canceled" and set(canceled["children"]) == {"Canceled"}
+
+
+def test_a_config_the_service_cannot_run_is_refused_in_one_line(live) -> None:  # noqa: F811
+    url, bearer, ca = live
+    runs = f"{url}/hyperdrive/v1.0{WS}/experiments/hd/runs"
+
+    def post(config: dict[str, Any]) -> dict[str, Any]:
+        reply = requests.post(runs, files={"config": ("config.json", json.dumps(config))}, headers=bearer, verify=ca,
+                              timeout=30)
+        assert reply.status_code == 400 and "\n" not in reply.json()["error"]["message"]
+        return reply.json()["error"]
+
+    assert post(_config())["target"] == "SnapshotId"  # no snapshot s1 was made here
+    assert ".projectcontent" in post(_config())["message"]  # the client's cache names one: how to forget it
+    assert post(_config(platform="AML_PIPELINES"))["target"] == "platform"
+    missing = requests.post(runs, files={"other": ("x", b"{}")}, headers=bearer, verify=ca, timeout=30)
+    assert missing.status_code == 400 and missing.json()["error"]["target"] == "config"
+    cancel = requests.post(f"{runs}/HD_none/cancel", headers=bearer, verify=ca, timeout=30)
+    assert cancel.status_code == 404

@@ -35,13 +35,14 @@ class HyperDrive:
 
     def _sweep(self, run_id: str, experiment: str, config: dict[str, Any]) -> SweepSpec:
         snapshot = hyperdriverest.snapshot_id(config)
-        if snapshot is None:
-            raise bad_request("SnapshotId", "SnapshotId: the config names no code snapshot; give the "
-                              "ScriptRunConfig a source_directory")
-        code = self.v1.snapshots.folder(snapshot)
         try:
             check_experiment_name(experiment, "experimentName")
-            spec = job_from_run_config(hyperdriverest.run_config(config), code, experiment_name=experiment)
+            run_config = hyperdriverest.run_config(config)
+            if snapshot is None:
+                raise ConfigError("SnapshotId", "the config names no code snapshot",
+                                  "give the ScriptRunConfig a source_directory")
+            code = self.v1.snapshots.folder(snapshot)  # a 400 naming SnapshotId when it was not made here
+            spec = job_from_run_config(run_config, code, experiment_name=experiment)
             data = hyperdriverest.to_yaml(run_id, config, job_yaml_dict(spec))
             sweep = replace(sweep_from_dict(data, base_dir=code), log_layout="v1")  # trials log as v1 runs do
         except ConfigError as exc:
