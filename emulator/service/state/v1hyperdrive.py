@@ -98,5 +98,6 @@ class HyperDrive:
         tags = {**dto.get("tags", {}), **hyperdriverest.parent_tags(run_id, config, summary.get("trials") or [])}
         props = {**dto.get("properties", {}), "azureml.runsource": "hyperdrive", "runTemplate": "HyperDrive",
                  "platform": str(config.get("platform") or "AML"),
-                 **{k: str(v) for k, v in (summary.get("properties") or {}).items()}}
+                 **{k: str(v) for k, v in (summary.get("properties") or {}).items()},
+                 "generator_config": json.dumps(config.get("generator_config"))}  # v1's form, its names
         return {**dto, "runType": "hyperdrive", "tags": tags, "properties": props}
