@@ -76,6 +76,7 @@ def test_v1_names_become_unique_identifiers() -> None:
     ({"policy_config": {"name": "Bandit", "properties": {"slack_factor": -1}}}, "policy_config.properties.slack_factor"),
     ({"max_total_jobs": 0}, "max_total_runs"),
     ({"primary_metric_config": {"name": "acc"}}, "primary_metric_config"),
+    ({"resume_from": [{"run_id": "HD_0"}]}, "resume_from"),
 ])
 def test_a_bad_config_is_refused_naming_the_v1_field(changes: dict[str, Any], field: str) -> None:
     with pytest.raises(ConfigError) as err:

@@ -118,6 +118,9 @@ def _objective(config: dict[str, Any]) -> dict[str, Any]:
 def to_yaml(run_id: str, config: dict[str, Any], command_job: dict[str, Any]) -> dict[str, Any]:
     """The `type: sweep` YAML mapping of the config; `command_job` is the trial's run configuration as a
     command job's YAML (jobs/convert.job_yaml_dict). A ConfigError names the v1 field."""
+    for key in ("resume_from", "resume_child_runs"):
+        if config.get(key):
+            raise ConfigError(key, "warm start from earlier HyperDrive runs is not emulated", f"leave {key} out")
     space, names = _space(config)
     policy = policies.policy_from_v1(config.get("policy_config"), field="policy_config")
     appended = " ".join(f"{shlex.quote(key)} ${{{{search_space.{name}}}}}" for key, name in names.items())
