@@ -42,7 +42,8 @@ READ_ONLY = {
     "job show": "prints", "job stream": "follows a log", "job validate": "checks a YAML",
     "job convert": "prints a YAML (-o writes it where the user says, as a shell redirect would)",
     "datastore list": "prints", "datastore show": "prints", "data ls": "prints",
-    "environment list": "prints", "environment show": "prints",
+    "environment list": "prints", "environment show": "prints", "component list": "prints",
+    "component show": "prints",
     "data list": "prints", "data show": "prints", "model list": "prints", "model show": "prints",
     "ui": "serves MLflow's UI over copies of the runs until Ctrl-C (a view, not a change)",
     "serve": "serves the workspace's Azure ML API until Ctrl-C (--stop: stops it); what a client changes "
@@ -85,6 +86,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
                 (root / folder / name).write_text(text)
         (root / "jobs" / "job.yml").write_text("code: src\ncommand: python t.py\ncompute: azureml:c1\n")
         (root / "jobs" / "env.yml").write_text("name: dry-env\nimage: base:1\n")
+        (root / "jobs" / "comp.yml").write_text("name: dry_comp\ntype: command\ncode: src\ncommand: python t.py\n"
+                                                "environment: azureml:dry-env@latest\n")
         emu.datastores.create(DatastoreSpec("localds", "local", folder=str(root / "ds")))
         emu.assets.create(asset_from_dict("data", {"name": "dryset", "version": "1", "type": "uri_folder",
                                                    "path": "azureml://datastores/localds/paths/x"}, base_dir=root))
@@ -209,6 +212,8 @@ CASES = [
         has(action="archive", what="data asset", name="dryset:1"),)),
     c("environment-create", "environment", "create", "-f", "{root}/jobs/env.yml", checks=(
         has(action="register", what="environment", name="dry-env"),)),
+    c("component-create", "component", "create", "-f", "{root}/jobs/comp.yml", checks=(
+        has(action="register", what="component", name="dry_comp", version="1"),)),
     c("datastore-create-local", "datastore", "create", "--name", "newds", "--type", "local", "--path", "{root}/newds",
       checks=(has(action="create", what="folder", name="{root}/newds"), has(action="add", what="datastore", name="newds"))),
     c("datastore-create-secret", "datastore", "create", "--name", "newblob", "--type", "azure_blob", "--account-name",

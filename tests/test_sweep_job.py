@@ -9,6 +9,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from click.testing import CliRunner
 from conftest import FULL, REPO, STARTUP, TRAINING
@@ -16,6 +17,7 @@ from conftest import FULL, REPO, STARTUP, TRAINING
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.errors import ConfigError
+from amlemu.runs import memwatch
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.sweeps import results
 from amlemu.sweeps.results import Trial
@@ -264,3 +266,25 @@ def test_the_examples_sweep_runs_as_a_user_would_run_it(emu: Emulator, mnist_sub
     summary = results.read(sweep.dir)
     assert summary is not None and summary["best_child_run_id"] in {t.id for t in emu.runs(parent=sweep.id)}
     assert all(t["metric"] is not None for t in summary["trials"] if t["status"] == "Completed")
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_trial_refused_at_submit_fails_with_its_reason_and_a_sweep_of_none_fails(emu: Emulator, cluster,
+                                                                                   tmp_path: Path) -> None:
+    cluster()
+    path = write_sweep(tmp_path, """
+        inputs: {steps: 1}
+        sampling_algorithm: grid
+        search_space: {lr: {type: choice, values: [0.1, 0.2]}, kind: {type: choice, values: [good]}}
+        objective: {goal: maximize, primary_metric: accuracy}
+        limits: {max_total_trials: 2}
+        """)
+    spec = load_sweep(path)  # this job measured before at more memory per rank than this machine has
+    key = memwatch.figure_key(trial_job(spec, {"lr": 0.1, "kind": "good"}, "t", code=None))
+    memwatch.record(emu.home.root, key, memwatch.RankMemory(psutil.virtual_memory().total, "big_run", 1))
+    sweep = emu.submit(path)
+    assert sweep.wait(timeout=STARTUP) is RunStatus.FAILED
+    trials = results.read(sweep.dir)["trials"]  # type: ignore[index]
+    assert [t["status"] for t in trials] == ["Failed", "Failed"] and emu.runs(parent=sweep.id) == []
+    assert trials[0]["reason"].startswith("refused at submit: resources.instance_count: 1 ranks need about")
+    assert "no trial logged the primary metric" in (sweep.record.error or "")

@@ -41,7 +41,8 @@ class ToyTarget(Target):
         return {"name": name, "experiment_name": "toys", "compute": "azureml:toybox", "status": "Completed",
                 "services": {"Studio": {"endpoint": "toy://", "type": "Studio"}}}
 
-    def list_jobs(self, experiment: str | None = None, max_results: int | None = None) -> list[dict[str, Any]]:
+    def list_jobs(self, experiment: str | None = None, max_results: int | None = None,
+                  parent: str | None = None) -> list[dict[str, Any]]:
         return [{"name": "toy_job", "experiment_name": experiment or "toys", "compute": "azureml:toybox",
                  "status": "Completed"}]
 

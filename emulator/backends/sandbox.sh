@@ -30,9 +30,10 @@ for path in "$@"; do
     esac
 done
 # shellcheck disable=SC2086
-mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/run" "$root/etc" "$root/root" "$root/mnt/azureml" \
-    "$root/mnt/amlemu/cache" "$root/var" $dirs
+mkdir "$root/var"  # /tmp first: a software path under /tmp (a home there) makes it too, with mode 0755
 mkdir -m 1777 "$root/tmp" "$root/var/tmp"
+mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/run" "$root/etc" "$root/root" "$root/mnt/azureml" \
+    "$root/mnt/amlemu/cache" $dirs
 # shellcheck disable=SC2086
 [ -z "$links" ] || cp -P $links "$root/"
 for path in $files; do : >"$root$path"; done

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from amlemu.api import Emulator
+from amlemu.errors import AmlEmuError
 from amlemu.runs.metrics import metric_history
 from amlemu.specs import RunStatus
 from amlemu.sweeps import policies, results
@@ -54,8 +55,13 @@ class SweepDriver:
             self.exhausted = True
             return False
         name = f"{self.run_id}_{len(self.trials)}"
-        job = trial_job(self.spec, values, name, code=None)  # the record's trial code is the sweep's snapshot
-        self.emu.submit(job, parent=self.run_id)
+        try:
+            job = trial_job(self.spec, values, name, code=None)  # the record's trial code is the sweep's snapshot
+            self.emu.submit(job, parent=self.run_id)
+        except AmlEmuError as exc:  # refused as any job would be (its compute deleted, too big to fit): failed
+            self.trials.append(Trial(name, values, RunStatus.FAILED, reason=f"refused at submit: {exc}"))
+            self.log(f"job id='{name}' refused at submit: {exc}", "SCHEDULER")
+            return True
         self.trials.append(Trial(name, values))
         self.log(f"Scheduling job, id='{name}' with {values}", "SCHEDULER")
         return True
