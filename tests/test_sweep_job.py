@@ -269,8 +269,8 @@ def test_the_examples_sweep_runs_as_a_user_would_run_it(emu: Emulator, mnist_sub
 
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
-def test_a_trial_refused_at_submit_fails_with_its_reason_and_a_sweep_of_none_fails(emu: Emulator, cluster,
-                                                                                   tmp_path: Path) -> None:
+def test_a_sweep_whose_trials_cannot_fit_in_memory_is_refused_before_anything_is_made(emu: Emulator, cluster,
+                                                                                      tmp_path: Path) -> None:
     cluster()
     path = write_sweep(tmp_path, """
         inputs: {steps: 1}
@@ -279,12 +279,10 @@ def test_a_trial_refused_at_submit_fails_with_its_reason_and_a_sweep_of_none_fai
         objective: {goal: maximize, primary_metric: accuracy}
         limits: {max_total_trials: 2}
         """)
-    spec = load_sweep(path)  # this job measured before at more memory per rank than this machine has
+    spec = load_sweep(path)  # this trial measured before at more memory per rank than this machine has
     key = memwatch.figure_key(trial_job(spec, {"lr": 0.1, "kind": "good"}, "t", code=None))
     memwatch.record(emu.home.root, key, memwatch.RankMemory(psutil.virtual_memory().total, "big_run", 1))
-    sweep = emu.submit(path)
-    assert sweep.wait(timeout=STARTUP) is RunStatus.FAILED
-    trials = results.read(sweep.dir)["trials"]  # type: ignore[index]
-    assert [t["status"] for t in trials] == ["Failed", "Failed"] and emu.runs(parent=sweep.id) == []
-    assert trials[0]["reason"].startswith("refused at submit: resources.instance_count: 1 ranks need about")
-    assert "no trial logged the primary metric" in (sweep.record.error or "")
+    with pytest.raises(ConfigError) as refused:
+        emu.submit(path)
+    assert str(refused.value).startswith("trial.resources.instance_count: 1 ranks need about")
+    assert "not one such rank fits" in str(refused.value) and emu.runs() == []

@@ -78,9 +78,10 @@ def fit_problem(figure: RankMemory | None, ranks: int, available: int) -> str | 
     """Why `ranks` ranks of a job measured at `figure` cannot fit in `available` bytes (None: they fit)."""
     if figure is None or figure.bytes * ranks <= available * HEADROOM:
         return None
+    fit = int(available * HEADROOM // max(1, figure.bytes))
     return (f"{ranks} ranks need about {figure.bytes * ranks / GIB:.1f} GiB: each held {figure.bytes / MIB:.0f} MiB "
             f"at its peak in run {figure.run_id}, and this machine has {available / GIB:.1f} GiB available; "
-            f"at most {max(1, int(available * HEADROOM // max(1, figure.bytes)))} such ranks fit")
+            + (f"at most {fit} such ranks fit" if fit else "not one such rank fits"))
 
 
 def low_memory(available: int, total: int, job_bytes: int) -> bool:
