@@ -3,6 +3,7 @@ results Azure ML shows, and live sweeps on an emulated cluster: trials as child 
 trial, the early termination policy canceling a trial, a cancel, a primary metric never logged."""
 from __future__ import annotations
 
+import json
 import os
 import signal
 import textwrap
@@ -152,7 +153,10 @@ def test_a_sweep_of_2_node_mpi_trials_runs_each_as_a_child_job_and_names_the_bes
         objective: {goal: maximize, primary_metric: accuracy}
         limits: {max_total_trials: 2, max_concurrent_trials: 2}
         """)
-    sweep = emu.submit(path)
+    created = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "-o", "json"],  # as a user submits it
+                                 env={"AMLEMU_HOME": str(emu.home.root)})
+    assert created.exit_code == 0, created.output
+    sweep = emu.run(json.loads(created.stdout)["name"])
     assert sweep.wait(timeout=STARTUP) is RunStatus.COMPLETED, sweep.record.error
     trials = emu.runs(parent=sweep.id)
     assert [t.id for t in trials] == [f"{sweep.id}_{n}" for n in range(2)]
@@ -286,3 +290,24 @@ def test_a_sweep_whose_trials_cannot_fit_in_memory_is_refused_before_anything_is
         emu.submit(path)
     assert str(refused.value).startswith("trial.resources.instance_count: 1 ranks need about")
     assert "not one such rank fits" in str(refused.value) and emu.runs() == []
+
+
+@FULL
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_limits_timeout_ends_the_sweep_and_cancels_its_active_trials(emu: Emulator, cluster, tmp_path: Path) -> None:
+    """az ml's shortest sweep timeout is 60 s (a shorter one is raised to it): make test-full."""
+    cluster()
+    path = write_sweep(tmp_path, """
+        inputs: {steps: 3000}
+        sampling_algorithm: {type: random, seed: 3}
+        search_space: {lr: {type: uniform, min_value: 0.1, max_value: 0.2}, kind: {type: choice, values: [silent]}}
+        objective: {goal: maximize, primary_metric: accuracy}
+        limits: {max_total_trials: 4, max_concurrent_trials: 2, timeout: 60}
+        """, pause=0.1)
+    started = time.monotonic()
+    sweep = emu.submit(path)
+    assert sweep.wait(timeout=300) is RunStatus.FAILED  # no trial completed before the limit
+    assert 60 <= time.monotonic() - started < 200
+    summary = results.read(sweep.dir)
+    assert summary is not None and {t["status"] for t in summary["trials"]} == {"Canceled"}
+    assert all(t["reason"] == "the sweep stopped: limits.timeout (60 s) reached" for t in summary["trials"])
