@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import psutil
@@ -15,7 +16,7 @@ from amlemu.backends.docker import NODE_EXEC
 from amlemu.backends.process import SANDBOX
 from amlemu.errors import ConfigError
 from amlemu.home import AGENT_CONFIG_VARIABLE
-from amlemu.runs import agent, contract
+from amlemu.runs import agent, contract, v1injector
 from amlemu.runs.agent import AgentError, agent_command
 from amlemu.runs.plan import exec_table
 from amlemu.runs.launchers import node_processes
@@ -246,3 +247,17 @@ def test_data_bindings_paths_default_outputs_and_v1_references() -> None:
     assert env["AZUREML_DATAREFERENCE_data"] == f"{wd}/INPUT_data"
     assert env["AZUREML_DATAREFERENCE_model"] == f"{wd}/model"
 
+
+
+def test_a_v1_jobs_script_runs_through_the_v1_runtimes_injector_and_keeps_its_argv_path_and_exit(tmp_path: Path) -> None:
+    v1 = replace(_job(DistributionType.NONE, nodes=1), command="python train.py --lr 0.1", log_layout="v1")
+    assert contract.resolve_command(v1, "r") == "python azureml-setup/context_manager_injector.py train.py --lr 0.1"
+    assert contract.resolve_command(replace(v1, log_layout="v2"), "r") == "python train.py --lr 0.1"  # as written
+    assert contract.resolve_command(replace(v1, command="python -m pkg.train"), "r") == "python -m pkg.train"
+    (tmp_path / "azureml-setup").mkdir()
+    (tmp_path / "azureml-setup" / "context_manager_injector.py").write_bytes(Path(v1injector.__file__).read_bytes())
+    (tmp_path / "helper.py").write_text("VALUE = 'beside the script'\n")
+    (tmp_path / "train.py").write_text("import sys, helper\nprint(sys.argv, helper.VALUE)\nsys.exit(3)\n")
+    done = subprocess.run(["/bin/bash", "-c", contract.resolve_command(v1, "r")], cwd=tmp_path, capture_output=True,
+                          text=True)
+    assert (done.returncode, done.stdout) == (3, "['train.py', '--lr', '0.1'] beside the script\n")

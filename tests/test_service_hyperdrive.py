@@ -140,7 +140,6 @@ parser.add_argument("--sleep", type=float, default=0)
 args = parser.parse_args()
 run = Run.get_context()
 run.log("accuracy", args.base * args.lr)
-run.flush()  # the metrics batch leaves before the script ends (azureml-core sends it in the background)
 time.sleep(args.sleep)
 """
 

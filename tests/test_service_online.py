@@ -53,7 +53,6 @@ print("online:", type(run).__name__, run.id, run.experiment.name, run.experiment
 if rank == 0:
     import mlflow  # MLflow calls of the same job land as before, in the run's MLflow store
     mlflow.log_metric("mlflow_metric", 3.0)
-run.flush()
 '''
 
 SUBMIT = "import json, sys\n" + V1_CLUSTER_AND_MPI_JOB + '''

@@ -24,6 +24,10 @@ from amlemu.storage.urlinputs import location as url_location
 
 NODE_ROOT = "/mnt/azureml"
 CACHE_ROOT = "/mnt/amlemu/cache"  # the node's blob cache, read-only inside the node
+# Azure ML's v1 runtime runs a script through this file of the working folder (runs/v1injector.py):
+# `python[3[.x]] script.py ...` at the command's start (not `python -m ...`) goes through it.
+V1_INJECTOR = "azureml-setup/context_manager_injector.py"
+PYTHON_SCRIPT_RE = re.compile(r"^(\s*(?:\S*/)?python[\d.]*)\s+(?=[^-\s])")
 LOCAL_SOURCE = "_local"  # the cache folder of inputs given as local paths
 MASTER_PORT = 6105  # what AmlCompute uses for AZ_BATCH_MASTER_NODE and MASTER_PORT
 # Azure Batch's task root and the folder shared by all tasks of a node (learn.microsoft.com, "Azure
@@ -126,10 +130,11 @@ def bindings(job: JobSpec, run_id: str) -> list[Binding]:
 
 def resolve_command(job: JobSpec, run_id: str) -> str:
     """The command with ${{inputs.x}} / ${{outputs.y}} replaced: literals by their value, data by its
-    node path."""
+    node path; a v1 job's `python script.py` run through the v1 runtime's injector, as Azure ML runs it."""
     values = {f"inputs.{name}": str(v) for name, v in job.inputs.items()}
     values.update({b.ref: b.node_path for b in bindings(job, run_id)})
-    return substitute_bindings(job.command, values)
+    command = substitute_bindings(job.command, values)
+    return PYTHON_SCRIPT_RE.sub(rf"\1 {V1_INJECTOR} ", command, count=1) if job.log_layout == "v1" else command
 
 
 def node_tracking_dir(run_id: str) -> str:

@@ -11,15 +11,27 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from amlemu import statefile
+from amlemu.specs import JobSpec
 from amlemu.backends import nodefs
-from amlemu.runs.contract import NODE_MLFLOW_EXPERIMENT_ID, env_file_text, job_rel
+from amlemu.runs import v1injector
+from amlemu.runs.contract import NODE_MLFLOW_EXPERIMENT_ID, V1_INJECTOR, env_file_text, job_rel
 from amlemu.runs.homestore import template_path
 from amlemu.runs.metrics import LIVE_DIR, merge_store, seed_store
 
 ENV_FILE = "amlemu-env.sh"  # contract.node_env_file, as the host sees it
 PLATFORM_LINKS = ("cap/", "mounts/")  # the platform's own links into the node's cache
+
+
+def platform_files(job: JobSpec, link: Any) -> dict[str, bytes]:
+    """What the platform puts in each node's run folder beside the job: the service link's files,
+    and a v1 job's context manager injector in its working folder (runs/v1injector.py)."""
+    files = dict(link.files) if link is not None else {}
+    if job.log_layout == "v1":
+        files[f"exe/wd/{V1_INJECTOR}"] = Path(v1injector.__file__).read_bytes()
+    return files
 
 
 def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[dict[str, str]], restarted: bool,
@@ -36,6 +48,7 @@ def lay_out_nodes(node_dirs: list[Path], run_id: str, run_dir: Path, envs: list[
         for node_dir, env in zip(node_dirs, envs):
             job_dir = lay_out(node_dir, run_id, run_dir, env, restarted, seed)
             for name, data in (files or {}).items():
+                (job_dir / name).parent.mkdir(parents=True, exist_ok=True)
                 (job_dir / name).write_bytes(data)
     finally:
         seed.unlink(missing_ok=True)

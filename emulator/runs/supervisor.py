@@ -148,7 +148,7 @@ class Supervisor:
         rundisk.lay_out_nodes([r.node_dir for r in self.requests], self.run_id, self.run_dir,
                               [{**self.plan.node_environment(n), **online} for n in self.plan.nodes],
                               self.store.run(self.run_id).preemptions > 0, self.job.experiment_name,
-                              self.job.display_name or self.run_id, self.link.files if self.link else None)
+                              self.job.display_name or self.run_id, rundisk.platform_files(self.job, self.link))
         self.mark("node folders and env files laid out")
         self.prepare_data()
         self.mark("inputs ready")
