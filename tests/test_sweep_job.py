@@ -235,6 +235,11 @@ def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing
     assert running.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=running.id)} == {RunStatus.CANCELED}
 
+    at_once = emu.submit(slow)  # canceled as it is queued (or as its first trials start): the same end
+    emu.cancel(at_once.id)
+    assert at_once.wait(timeout=STARTUP) is RunStatus.CANCELED
+    assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=at_once.id)} <= {RunStatus.CANCELED}
+
     orphan = emu.submit(slow)  # its driver killed: the next look at the home ends it and its trials
     first = f"{orphan.id}_0"
     while not (emu.store.run_exists(first) and emu.store.run(first).status is RunStatus.RUNNING):

@@ -111,6 +111,8 @@ class SweepDriver:
 
     def run(self) -> None:
         limits = self.spec.limits
+        if self.store.run(self.run_id).status is RunStatus.CANCEL_REQUESTED:  # canceled while queued
+            return self.finish()
         self.store.set_status(self.run_id, RunStatus.PREPARING, "sampling the first trials")
         self.store.set_status(self.run_id, RunStatus.RUNNING, f"sampling {self.spec.sampling.type}, at most "
                               f"{limits.max_total_trials} trial(s), {limits.concurrency} at once")
@@ -134,9 +136,9 @@ class SweepDriver:
             if not self.active() and (stopped or self.exhausted or len(self.trials) >= limits.max_total_trials):
                 break
             time.sleep(POLL)
-        self.finish(stopped)
+        self.finish()
 
-    def finish(self, stopped: str | None) -> None:
+    def finish(self) -> None:
         summary = results.summarize(self.spec, self.trials)
         results.write(self.run_dir, summary)
         for line in summary["notes"]:
