@@ -20,71 +20,25 @@ only, never to the launch plan, a log or the run's record.
 """
 from __future__ import annotations
 
-import asyncio
 import os
-import socket
 import ssl
 import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from amlemu import servicefile
 from amlemu.backends import NodeBackend, NodeRequest
 from amlemu.backends.base import SERVICE_HOST
 from amlemu.runs.contract import node_job_dir
-from amlemu.runs.relay import pipe
+
+if TYPE_CHECKING:
+    from amlemu.runs import linkrelay
 
 TOKEN_SECONDS = 24 * 3600  # the SDK refreshes it before it ends (the service's token route)
 CERT_DAYS = 7
 BUNDLE = "amlemu-ca-bundle.pem"  # in the run's folder on each node
-LOOPBACK = "127.0.0.1"
-
-
-class ServiceLink:
-    """A TLS relay from a listening socket (where the nodes reach this machine) to the service's
-    link port on this machine's loopback."""
-
-    def __init__(self, listener: socket.socket, service_port: int, server: ssl.SSLContext,
-                 client: ssl.SSLContext) -> None:
-        self.listener, self.service_port, self.server_ctx, self.client_ctx = listener, service_port, server, client
-        self.loop = asyncio.new_event_loop()
-        self.loop.set_exception_handler(lambda loop, context: None)  # a client that hangs up is no error
-        self.port = 0
-        self._server: asyncio.base_events.Server | None = None
-        self._thread = threading.Thread(target=self.loop.run_forever, name="amlemu-service-link", daemon=True)
-
-    def start(self) -> int:
-        self.listener.setblocking(False)
-        self._server = self.loop.run_until_complete(asyncio.start_server(self._relay, sock=self.listener,
-                                                                         ssl=self.server_ctx))
-        self.port = self.listener.getsockname()[1]
-        self._thread.start()
-        return self.port
-
-    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            up_reader, up_writer = await asyncio.open_connection(LOOPBACK, self.service_port, ssl=self.client_ctx,
-                                                                 server_hostname=LOOPBACK)
-        except OSError:
-            writer.close()
-            return
-        await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
-
-    def stop(self) -> None:
-        async def close() -> None:
-            if self._server is not None:
-                self._server.close()
-            for task in asyncio.all_tasks():
-                if task is not asyncio.current_task():
-                    task.cancel()
-        if self._thread.is_alive():
-            asyncio.run_coroutine_threadsafe(close(), self.loop).result(timeout=10)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=10)
-        self.loop.close()
-        self.listener.close()
 
 
 def _server_context(ca_folder: Path, hosts: list[str]) -> ssl.SSLContext | None:
@@ -112,7 +66,7 @@ class RunLink:
 
     env: dict[str, str]
     files: dict[str, bytes]
-    relay: ServiceLink
+    relay: linkrelay.ServiceLink
 
     def stop(self) -> None:
         self.relay.stop()
@@ -135,6 +89,8 @@ def attach(home_root: Path, run_id: str, backend: NodeBackend, request: NodeRequ
     bundle = folder / "ca-bundle.pem"
     if server is None or not bundle.is_file():
         return None
+    from amlemu.runs.linkrelay import ServiceLink  # noqa: PLC0415 - asyncio: online runs only (~30 ms)
+
     relay: ServiceLink | None = None
     try:
         listener = backend.link_listener(request, run_id)

@@ -24,13 +24,15 @@ import signal
 import subprocess
 import threading
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from amlemu import statefile
 from amlemu.jobs.resource import SERVICES_RECORD as RECORD
 from amlemu.runs.plan import AGENT, LaunchPlan
-from amlemu.runs.relay import Relay
 from amlemu.runs.services import MISSING_EXIT, ServicePlan, missing_notice, plan_services
+
+if TYPE_CHECKING:
+    from amlemu.runs import relay
 
 LOGS = "system_logs/services"  # each service's output, per node (Jupyter masks a token it was given)
 POLL = 0.2
@@ -40,7 +42,11 @@ class Services:
     def __init__(self, supervisor: Any, plans: tuple[ServicePlan, ...], env: dict[str, str], gang: Any) -> None:
         self.sup, self.plans, self.gang = supervisor, plans, gang
         self.log = supervisor.logs.platform
-        self.relay = Relay() if plans else None
+        self.relay: relay.Relay | None = None
+        if plans:  # asyncio: only a run with services pays its import (~10 ms)
+            from amlemu.runs.relay import Relay  # noqa: PLC0415
+
+            self.relay = Relay()
         self.state: dict[str, dict[str, Any]] = {}  # by plan key: status, endpoint, error
         self.procs: dict[str, subprocess.Popen] = {}
         self._files: list[IO[str]] = []
