@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from conftest import FULL, REPO, STARTUP, TRAINING
 
 from amlemu.api import Emulator
+from amlemu.runs.handle import Run
 from amlemu.cli import cli
 from amlemu.errors import ConfigError
 from amlemu.runs import memwatch
@@ -199,9 +200,18 @@ def test_the_bandit_policy_cancels_the_trial_that_falls_behind_and_says_why(emu:
     assert results.read(sweep.dir)["best_child_run_id"] == good.id  # type: ignore[index]
 
 
+def first_trial_running(emu: Emulator, sweep: Run) -> Run:
+    """The sweep, once its first trial runs (a deadline, not a wait)."""
+    first, deadline = f"{sweep.id}_0", time.monotonic() + STARTUP
+    while not (emu.store.run_exists(first) and emu.store.run(first).status is RunStatus.RUNNING):
+        assert not sweep.status.is_terminal and time.monotonic() < deadline, sweep.record.error
+        time.sleep(0.1)
+    return sweep
+
+
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
-def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing_metric_is_reported(emu: Emulator, cluster,
-                                                                           tmp_path: Path) -> None:
+def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing_metric_is_reported(
+        emu: Emulator, cluster, tmp_path: Path) -> None:
     cluster()
     path = write_sweep(tmp_path, """
         inputs: {steps: 1}
@@ -225,12 +235,7 @@ def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing
         objective: {goal: maximize, primary_metric: accuracy}
         limits: {max_total_trials: 5, max_concurrent_trials: 2}
         """, pause=0.1)
-    running = emu.submit(slow)
-    first = f"{running.id}_0"
-    deadline = time.monotonic() + STARTUP
-    while not (emu.store.run_exists(first) and emu.store.run(first).status is RunStatus.RUNNING):
-        assert not running.status.is_terminal and time.monotonic() < deadline, running.record.error
-        time.sleep(0.1)
+    running = first_trial_running(emu, emu.submit(slow))
     emu.cancel(running.id)
     assert running.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=running.id)} == {RunStatus.CANCELED}
@@ -240,11 +245,7 @@ def test_a_canceled_sweep_or_one_whose_driver_died_ends_its_trials_and_a_missing
     assert at_once.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert {t.wait(timeout=STARTUP) for t in emu.runs(parent=at_once.id)} <= {RunStatus.CANCELED}
 
-    orphan = emu.submit(slow)  # its driver killed: the next look at the home ends it and its trials
-    first = f"{orphan.id}_0"
-    while not (emu.store.run_exists(first) and emu.store.run(first).status is RunStatus.RUNNING):
-        assert not orphan.status.is_terminal and time.monotonic() < deadline, orphan.record.error
-        time.sleep(0.1)
+    orphan = first_trial_running(emu, emu.submit(slow))  # its driver killed: the next look at the home ends it
     os.kill(orphan.record.supervisor_pid, signal.SIGKILL)  # the driver this test started, by its pid
     deadline = time.monotonic() + STARTUP
     while not emu.reconcile() and time.monotonic() < deadline:  # the pid may linger a moment as a zombie
