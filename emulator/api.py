@@ -39,6 +39,7 @@ from amlemu.specs import ClusterSpec, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage.datastores import Datastores
 from amlemu.sweeps import submit as sweeps
+from amlemu.pipelines import submit as pipelines
 
 
 class Emulator:
@@ -152,6 +153,8 @@ class Emulator:
         started = time.time()  # the run's timeline counts from here (runs/timeline.py)
         if sweeps.is_sweep(job):
             return sweeps.submit(self, sweeps.load(job, overrides))
+        if pipelines.is_pipeline(job):  # to its driver, emulator/pipelines/; each step a child job
+            return pipelines.submit(self, pipelines.load(self, job, overrides))
         job = self._job(job, overrides)
         self._check(job, probe=True)  # before anything is created
         self.reconcile()

@@ -86,6 +86,15 @@ def _print_trials(sweep: dict[str, Any]) -> None:
             console.print(line, highlight=False, markup=False)
 
 
+def _print_steps(pipeline: dict[str, Any]) -> None:
+    """A pipeline's steps in run order: each one's child job and status."""
+    console.print(f"  {'step':<20} {'child job':<40} status", highlight=False)
+    for s in pipeline.get("steps") or []:
+        detail = f"  ({s['detail']})" if s.get("detail") else ""
+        console.print(f"  {s['step']:<20} {s.get('child_job') or '-':<40} {s['status']}{detail}",
+                      highlight=False, markup=False)
+
+
 def _compute(job: dict[str, Any]) -> str:
     """The compute's name in az ml's Job shape (`azureml:<name>`; none: serverless)."""
     return str(job.get("compute") or "serverless").removeprefix("azureml:")
@@ -105,7 +114,7 @@ def _print_metrics(metrics: dict[str, float]) -> None:
 @click.option("-r", "--max-results", type=click.IntRange(min=1), default=MAX_RESULTS, show_default=True,
               help="at most this many: the most recent ones")
 @click.option("--all-results", is_flag=True, help="every job (overrides --max-results)")
-@click.option("-p", "--parent-job-name", "parent", default=None, metavar="SWEEP", help="only this sweep's trials")
+@click.option("-p", "--parent-job-name", "parent", default=None, metavar="PARENT", help="only this sweep's trials or pipeline's steps")
 @target_option
 @output_option
 @click.pass_context
@@ -147,6 +156,8 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
             console.print(f"  {k} = {v:.6g}", highlight=False)
         if own.get("sweep"):
             _print_trials(own["sweep"])
+        if own.get("pipeline"):
+            _print_steps(own["pipeline"])
         studio = ((d.get("services") or {}).get("Studio") or {}).get("endpoint")
         for key, value in (("studio", studio), *((k, own.get(k)) for k in ("outputs", "logs", "plot"))):
             if value is not None:

@@ -41,7 +41,7 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
     }
 
 
-RECORD_ONLY = ("kind", "sweep")  # a sweep's record: its trial's job, and the sweep (emulator/sweeps/sweepspec.py)
+RECORD_ONLY = ("kind", "sweep", "pipeline")  # a sweep's record: its trial's job, and the sweep (emulator/sweeps/sweepspec.py); a pipeline's
 
 
 def job_from_record(data: dict[str, Any]) -> JobSpec:

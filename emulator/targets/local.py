@@ -15,6 +15,7 @@ from amlemu.jobs.sdkjobs import to_job
 from amlemu.runs.contract import bindings, default_output_uri, workspace_arm_id
 from amlemu.runs.metrics import PLOT_NAME
 from amlemu.specs import ClusterSpec
+from amlemu.pipelines import submit as pipelines
 from amlemu.sweeps import results
 from amlemu.sweeps import submit as sweeps
 from amlemu.sweeps.sweepspec import is_sweep_record
@@ -64,6 +65,9 @@ class EmulatorTarget(Target):
         if sweeps.is_sweep(job):
             sweep = sweeps.load(job, overrides)
             return Plan(self.name, "job", sweeps.plan(self.emu, sweep), payload=sweep)
+        if pipelines.is_pipeline(job):
+            pipeline = pipelines.load(self.emu, job, overrides)
+            return Plan(self.name, "job", pipelines.plan(self.emu, pipeline), payload=pipeline)
         spec = to_job(job, overrides)
         findings = [asdict(f) for f in check_job(spec)]
         return Plan(self.name, "job", {**self.emu.plan_job(spec), "findings": findings}, payload=spec)
@@ -85,6 +89,9 @@ class EmulatorTarget(Target):
             summary = results.read(run.dir) or {}
             shown.update(type="sweep", properties={**(shown.get("properties") or {}), **summary.get("properties", {})})
             shown["amlemu"]["sweep"] = summary
+        if pipelines.is_pipeline_record(run.record.job):  # its steps, each with its child job
+            shown.update(type="pipeline")
+            shown["amlemu"]["pipeline"] = pipelines.read_steps(run.dir) or {"steps": []}
         return shown
 
     def list_jobs(self, experiment: str | None = None, max_results: int | None = None,

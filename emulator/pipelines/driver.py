@@ -1,0 +1,142 @@
+"""A pipeline's driver: one process per pipeline job, as a sweep's is
+(`python -m amlemu.pipelines.driver <home> <pipeline id>`, started by pipelines/submit.py).
+
+It starts each step as a child job when graph.ready() names it (independent steps at once, each on
+its compute, queued behind the cluster's nodes like any job), its inputs bound to the outputs its
+upstream steps' child jobs wrote; a failed step stops its dependents and, unless
+settings.continue_on_step_failure, cancels the running steps; a cancel of the pipeline cancels its
+steps. The steps' states are written to pipeline.json as they change (job show, the studio).
+"""
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from amlemu.api import Emulator
+from amlemu.errors import AmlEmuError
+from amlemu.pipelines import graph
+from amlemu.pipelines.submit import child_name, from_record, step_job, write_steps
+from amlemu.specs import RunStatus
+
+POLL = 0.5  # seconds between looks at the steps
+STOPPED = (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.NOT_RESPONDING)
+
+
+class PipelineDriver:
+    def __init__(self, home_root: Path, run_id: str) -> None:
+        self.emu = Emulator(home_root)
+        self.store = self.emu.store
+        self.run_id = run_id
+        self.run_dir = self.emu.home.run_dir(run_id)
+        self.spec = from_record(self.emu, self.store.run(run_id).job)
+        self.children: dict[str, str] = {}  # step -> its child job
+        self.states: dict[str, RunStatus] = {}  # step -> its child job's status (a step not there: not started)
+        self.notes: dict[str, str] = {}  # step -> why it did not run, or was canceled
+        self.handled: set[str] = set()  # stopped steps whose consequences were drawn
+
+    def log(self, line: str) -> None:
+        print(f"[{time.strftime('%Y-%m-%dT%H:%M:%S')}] {line}", flush=True)  # system_logs/driver.txt
+
+    def refresh(self) -> None:
+        for step, child in self.children.items():
+            if not self.states[step].is_terminal:
+                self.states[step] = self.store.run(child).status
+                if self.states[step].is_terminal:
+                    self.log(f"step {step} ({child}) ended {self.states[step].value}")
+
+    def start_ready(self) -> None:
+        for step in graph.ready(self.spec, self.states):
+            try:
+                self.emu.submit(step_job(self.spec, step, self.run_id, self.children), parent=self.run_id)
+            except AmlEmuError as exc:  # refused as any job would be (its compute deleted, too big): failed
+                self.states[step], self.notes[step] = RunStatus.FAILED, f"refused at submit: {exc}"
+                self.log(f"step {step} refused at submit: {exc}")
+                continue
+            self.children[step], self.states[step] = child_name(self.run_id, step), RunStatus.QUEUED
+            self.log(f"step {step} started as {self.children[step]}")
+
+    def cancel(self, step: str, why: str) -> None:
+        self.notes.setdefault(step, why)
+        if step in self.children and not self.store.run(self.children[step]).status.is_terminal:
+            self.log(f"canceling step {step}: {why}")
+            self.store.set_status(self.children[step], RunStatus.CANCEL_REQUESTED, why)
+
+    def after_failures(self) -> None:
+        for step, status in list(self.states.items()):
+            if status in STOPPED and step not in self.handled:
+                self.handled.add(step)
+                plan = graph.after_failure(self.spec, step, self.states)
+                for name in plan.not_run:
+                    self.notes.setdefault(name, f"not run: step {step} {status.value}")
+                for name in plan.cancel:
+                    self.cancel(name, f"step {step} {status.value} (continue_on_step_failure is false)")
+
+    def active(self) -> list[str]:
+        return [s for s, st in self.states.items() if not st.is_terminal]
+
+    def write(self) -> None:
+        steps = [{"step": s, "child_job": self.children.get(s), "status": self.states.get(s, RunStatus.NOT_STARTED).value,
+                  "detail": self.notes.get(s, "")} for s in graph.topological_order(self.spec)]
+        write_steps(self.run_dir, {"steps": steps, "continue_on_step_failure": self.spec.settings.continue_on_step_failure})
+
+    def run(self) -> None:
+        if self.store.run(self.run_id).status is RunStatus.CANCEL_REQUESTED:  # canceled while queued
+            return self.finish()
+        self.store.set_status(self.run_id, RunStatus.PREPARING, "starting the first steps")
+        self.store.set_status(self.run_id, RunStatus.RUNNING, f"{len(self.spec.steps)} step(s)")
+        canceled = False
+        while True:
+            self.refresh()
+            if not canceled and self.store.run(self.run_id).status is RunStatus.CANCEL_REQUESTED:
+                canceled = True
+                self.log("the pipeline was canceled: canceling its steps")
+                for step in self.active():
+                    self.cancel(step, "the pipeline was canceled")
+            if not canceled:
+                self.after_failures()
+                self.start_ready()
+            self.write()
+            if not self.active() and (canceled or graph.finished(self.spec, self.states)):
+                break
+            time.sleep(POLL)
+        self.finish()
+
+    def finish(self) -> None:
+        self.write()
+        shown = graph.pipeline_status(self.spec, self.states)
+        counts = {s: sum(1 for st in self.states.values() if st is s) for s in RunStatus}
+        detail = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n) or "no step ran"
+        if self.store.run(self.run_id).status is RunStatus.CANCEL_REQUESTED:
+            status, detail = RunStatus.CANCELED, f"canceled by request; steps: {detail}"
+        elif shown is RunStatus.CANCELED:  # a step canceled by itself: the pipeline is canceled too
+            self.store.set_status(self.run_id, RunStatus.CANCEL_REQUESTED, "a step was canceled")
+            status = RunStatus.CANCELED
+        else:
+            status = shown
+        self.log(f"pipeline {status.value}: {detail}")
+        if status is not RunStatus.CANCELED:
+            self.store.set_status(self.run_id, RunStatus.FINALIZING, "every step ended")
+        failed = [s for s, st in self.states.items() if st in (RunStatus.FAILED, RunStatus.NOT_RESPONDING)]
+        error = {"error": f"step(s) {', '.join(failed)} failed; steps: {detail}"} if status is RunStatus.FAILED else {}
+        self.store.set_status(self.run_id, status, detail, **error)
+
+
+def main(argv: list[str] | None = None) -> int:
+    home_root, run_id = (argv if argv is not None else sys.argv[1:])[:2]
+    driver = PipelineDriver(Path(home_root), run_id)
+    try:
+        driver.run()
+    except BaseException as exc:  # the pipeline ends whatever failed; its steps are canceled
+        for step in driver.active():
+            driver.cancel(step, "the pipeline's driver failed")
+        reason = f"the pipeline's driver failed: {type(exc).__name__}: {exc}"
+        driver.log(reason)
+        if not driver.store.run(run_id).status.is_terminal:
+            driver.store.set_status(run_id, RunStatus.FAILED, reason, error=reason)
+        raise
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""Submitting a pipeline job (`type: pipeline`): read with the workspace's registered components,
+each step that starts the graph checked as the command job it runs (the workspace's rules), the
+pipeline's record queued, and its driver started in a process group of its own
+(pipelines/driver.py), as a sweep's is. `plan` is the dry run.
+
+Each step runs as a child job named `<pipeline>_<step>` (Azure ML names a step's child job with a
+GUID and shows the step as its display name; a readable unique name serves the same), with the
+step's name as its display name. Not emulated yet: sweep steps, and reuse (every step runs, as with
+settings.force_rerun: true). A step's code is read when the step starts, not at submit.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from amlemu.errors import ConfigError
+from amlemu.home import new_run_id
+from amlemu.jobs.jobspec_io import job_to_record
+from amlemu.jobs.jobyaml import job_from_dict
+from amlemu.pipelines import graph, stepio
+from amlemu.pipelines.pipelinespec import PipelineSpec, is_pipeline_file, load_pipeline, pipeline_from_dict
+from amlemu.pipelines.registry import Components
+from amlemu.runs.handle import Run
+from amlemu.specs import JobSpec, RunStatus
+
+if TYPE_CHECKING:
+    from amlemu.api import Emulator
+
+DRIVER_LOG = "driver.txt"  # in the pipeline's system_logs
+STEPS_FILE = "pipeline.json"  # the steps as the driver last saw them: job show, the studio
+
+
+def is_pipeline(job: Any) -> bool:
+    return isinstance(job, PipelineSpec) or (isinstance(job, (str, Path)) and is_pipeline_file(job))
+
+
+def is_pipeline_record(record: Mapping[str, Any]) -> bool:
+    return record.get("kind") == "pipeline"
+
+
+def _refuse_not_emulated(spec: PipelineSpec) -> PipelineSpec:
+    for name, step in spec.steps.items():
+        if step.type != "command":
+            raise ConfigError(f"jobs.{name}.type", f"a {step.type} step in a pipeline is not emulated yet",
+                              "run it as its own job (amlemu job create -f), or make it a command step")
+    return spec
+
+
+def load(emu: Emulator, job: Any, overrides: list[str] | None = None) -> PipelineSpec:
+    """The pipeline, its registered components resolved from the workspace's registry."""
+    if isinstance(job, PipelineSpec):
+        return _refuse_not_emulated(job)
+    return _refuse_not_emulated(load_pipeline(job, overrides, components=Components(emu.store).resolve))
+
+
+def from_record(emu: Emulator, record: Mapping[str, Any]) -> PipelineSpec:
+    kept = record["pipeline"]
+    return pipeline_from_dict(kept["yaml"], base_dir=Path(kept["base_dir"]), components=Components(emu.store).resolve)
+
+
+def child_name(pipeline: str, step: str) -> str:
+    return f"{pipeline}_{step}"
+
+
+def step_job(spec: PipelineSpec, step: str, pipeline: str, children: Mapping[str, str]) -> JobSpec:
+    """The command job step `step` runs: its inputs bound to the child jobs in `children` (step ->
+    child job) whose outputs it reads, its outputs where Azure ML puts them."""
+    name = child_name(pipeline, step)
+    data = {**stepio.step_job_dict(spec, step, name, children), "name": name}
+    component = spec.steps[step].component
+    base = Path(component.base_dir) if component is not None else Path(spec.base_dir)
+    try:
+        return job_from_dict(data, base_dir=base)
+    except ConfigError as exc:
+        raise ConfigError(f"jobs.{step}.{exc.field}", exc.problem, exc.fix) from None
+
+
+def _first_jobs(emu: Emulator, spec: PipelineSpec, pipeline: str) -> list[JobSpec]:
+    """The jobs of the steps that read no other step, checked by the workspace's rules (their
+    compute, environment, data): what starts first is known to start."""
+    deps = graph.dependencies(spec)
+    jobs = []
+    for step in graph.topological_order(spec):
+        if deps[step]:
+            continue
+        job = emu._job(step_job(spec, step, pipeline, {}))
+        try:
+            emu._check(job, probe=True)
+        except ConfigError as exc:
+            raise ConfigError(f"jobs.{step}.{exc.field}", exc.problem, exc.fix) from None
+        jobs.append(job)
+    return jobs
+
+
+def plan(emu: Emulator, spec: PipelineSpec) -> dict[str, Any]:
+    """Dry run: the steps in run order, each with its child job's name and what it reads."""
+    _first_jobs(emu, spec, spec.name or "pipeline")  # a name that passes the checks; the real one is made at submit
+    name = spec.name or "<pipeline name>"
+    deps = graph.dependencies(spec)
+    return {"pipeline": spec.source, "run_order": graph.topological_order(spec),
+            "steps": [{"step": s, "child_job": child_name(name, s), "after": list(deps[s]),
+                       "compute": spec.steps[s].compute} for s in graph.topological_order(spec)],
+            "continue_on_step_failure": spec.settings.continue_on_step_failure}
+
+
+def submit(emu: Emulator, spec: PipelineSpec) -> Run:
+    run_id = spec.name or new_run_id()
+    first = _first_jobs(emu, spec, run_id)[0]
+    emu.reconcile()
+    cluster = emu.job_cluster(first, emu._make_cluster)  # the pipeline's record names its first step's compute
+    record = {**job_to_record(first), "name": run_id, "display_name": spec.display_name or run_id,
+              "command": "", "inputs": {}, "outputs": {}, "code": None, "kind": "pipeline",
+              "pipeline": {"yaml": spec.source, "base_dir": spec.base_dir}}
+    emu.store.add_run(run_id, spec.experiment_name or first.experiment_name, cluster.spec.name, record)
+    emu.store.set_status(run_id, RunStatus.QUEUED, "submitted: the pipeline's driver starts its steps")
+    run_dir = emu.home.run_dir(run_id)
+    (run_dir / "system_logs").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "system_logs" / DRIVER_LOG, "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "amlemu.pipelines.driver", str(emu.home.root), run_id],
+                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True, env=emu._supervisor_env())
+    emu.store.update_run(run_id, supervisor_pid=proc.pid)
+    return Run(emu.store, emu.home, run_id, emu.reconcile)
+
+
+def read_steps(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((run_dir / STEPS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def write_steps(run_dir: Path, data: dict[str, Any]) -> None:
+    staged = run_dir / (STEPS_FILE + ".tmp")
+    staged.write_text(json.dumps(data, indent=1))
+    staged.replace(run_dir / STEPS_FILE)

@@ -1,0 +1,151 @@
+"""Pipeline jobs (emulator/pipelines/submit.py, driver.py) on an emulated cluster: each step a child
+job started when the steps it reads completed, data passed through default outputs, independent
+steps at once, a failed step with both continue_on_step_failure settings, a cancel, and what
+`job show` / `job list --parent-job-name` print."""
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from conftest import STARTUP
+
+from amlemu.api import Emulator
+from amlemu.cli import cli
+from amlemu.errors import ConfigError
+from amlemu.pipelines import submit as pipelines
+from amlemu.specs import RunStatus
+
+STEP = """
+import pathlib, sys, time
+what, args = sys.argv[1], sys.argv[2:]
+if what == "prepare":
+    pathlib.Path(args[0], "data.txt").write_text(args[1] + " from prepare")
+    time.sleep(float(args[2]))
+elif what == "sleep":
+    time.sleep(float(args[0]))
+elif what == "train":
+    text = pathlib.Path(args[0], "data.txt").read_text()
+    pathlib.Path(args[1], "model.txt").write_text(text + ", trained")
+elif what == "eval":
+    print("eval read:", pathlib.Path(args[0], "model.txt").read_text(), flush=True)
+elif what == "fail":
+    time.sleep(float(args[0]))
+    sys.exit(3)
+"""
+ENV = "environment: azureml:AzureML-sklearn-1.5@latest"
+
+
+def write_pipeline(root: Path, settings: str, jobs: str) -> Path:
+    (root / "src").mkdir(parents=True, exist_ok=True)
+    (root / "src" / "step.py").write_text(STEP)
+    path = root / "pipeline.yml"
+    path.write_text(f"type: pipeline\nexperiment_name: pipe\nsettings: {{default_compute: azureml:c1{settings}}}\n"
+                    "inputs: {greeting: hello}\njobs:\n" + textwrap.indent(textwrap.dedent(jobs), "  "))
+    return path
+
+
+def step(command: str, extra: str = "") -> str:
+    return f"  type: command\n  code: src\n  {ENV}\n  command: python step.py {command}\n" + extra
+
+
+CHAIN = (
+    "prepare:\n" + step("prepare ${{outputs.data}} ${{inputs.greeting}} 2",
+                        "  inputs: {greeting: '${{parent.inputs.greeting}}'}\n  outputs: {data: {type: uri_folder}}\n")
+    + "side:\n" + step("sleep 2")
+    + "train:\n" + step("train ${{inputs.data}} ${{outputs.model}}",
+                        "  inputs: {data: '${{parent.jobs.prepare.outputs.data}}'}\n  outputs: {model: {type: uri_folder}}\n")
+    + "eval:\n" + step("eval ${{inputs.model}}", "  inputs: {model: '${{parent.jobs.train.outputs.model}}'}\n"))
+
+
+def child(emu: Emulator, pipeline: str, name: str):  # type: ignore[no-untyped-def]
+    return emu.run(pipelines.child_name(pipeline, name))
+
+
+def running_at(run) -> float:  # type: ignore[no-untyped-def]
+    return next(t for t, status, _ in run.events() if status is RunStatus.RUNNING)
+
+
+def ended_at(run) -> float:  # type: ignore[no-untyped-def]
+    return next(t for t, status, _ in run.events() if status.is_terminal)
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_chain_passes_data_through_default_outputs_and_independent_steps_run_at_once(
+        emu: Emulator, cluster, tmp_path: Path) -> None:
+    cluster()
+    run = emu.submit(write_pipeline(tmp_path, "", CHAIN))
+    assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
+    steps = {s: child(emu, run.id, s) for s in ("prepare", "side", "train", "eval")}
+    assert {s: r.status for s, r in steps.items()} == dict.fromkeys(steps, RunStatus.COMPLETED)
+    assert "eval read: hello from prepare, trained" in steps["eval"].log_path(0).read_text()
+    assert steps["train"].record.job["display_name"] == "train" and steps["train"].record.parent == run.id
+    # prepare and side read nothing: both ran at once (each Running before the other ended)
+    assert running_at(steps["side"]) < ended_at(steps["prepare"]) and running_at(steps["prepare"]) < ended_at(steps["side"])
+    assert running_at(steps["train"]) >= ended_at(steps["prepare"])  # train waited for what it reads
+    env = {"AMLEMU_HOME": str(emu.home.root)}
+    shown = CliRunner().invoke(cli, ["job", "show", run.id], env=env)
+    assert shown.exit_code == 0, shown.output
+    assert f"eval                 {run.id}_eval" in shown.output and "Completed" in shown.output
+    listed = CliRunner().invoke(cli, ["job", "list", "--parent-job-name", run.id, "-o", "json"], env=env)
+    assert sorted(j["name"] for j in json.loads(listed.output)) == sorted(r.id for r in steps.values())
+    top = CliRunner().invoke(cli, ["job", "list", "-o", "json"], env=env)
+    assert [j["name"] for j in json.loads(top.output)] == [run.id]  # steps only under their parent
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_failed_step_stops_its_dependents_and_without_continue_on_step_failure_cancels_the_running_ones(
+        emu: Emulator, cluster, tmp_path: Path) -> None:
+    cluster()
+    jobs = ("bad:\n" + step("fail 0", "  outputs: {data: {type: uri_folder}}\n")
+            + "after_bad:\n" + step("train ${{inputs.data}} ${{outputs.model}}",
+                                    "  inputs: {data: '${{parent.jobs.bad.outputs.data}}'}\n  outputs: {model: {}}\n"))
+    going = emu.submit(write_pipeline(tmp_path / "on", ", continue_on_step_failure: true",
+                                      jobs + "good:\n" + step("sleep 1")))
+    assert going.wait(timeout=STARTUP) is RunStatus.FAILED
+    assert child(emu, going.id, "good").status is RunStatus.COMPLETED  # the independent branch went on
+    assert child(emu, going.id, "bad").status is RunStatus.FAILED
+    assert not emu.store.run_exists(pipelines.child_name(going.id, "after_bad"))  # it reads the failed step's output
+    after_bad = next(s for s in pipelines.read_steps(going.dir)["steps"] if s["step"] == "after_bad")  # type: ignore[index]
+    assert after_bad["status"] == "NotStarted" and "not run: step bad Failed" in after_bad["detail"]
+
+    stopping = emu.submit(write_pipeline(tmp_path / "off", "", jobs.replace("fail 0", "fail 2")
+                                         + "slow:\n" + step("sleep 300")))
+    assert stopping.wait(timeout=STARTUP) is RunStatus.FAILED
+    assert (stopping.record.error or "").startswith("step(s) bad failed")
+    assert child(emu, stopping.id, "slow").status is RunStatus.CANCELED  # Azure ML's default: the rest is canceled
+    assert "step bad Failed" in " ".join(d for _, _, d in child(emu, stopping.id, "slow").events())
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_canceled_pipeline_cancels_its_steps(emu: Emulator, cluster, tmp_path: Path) -> None:
+    cluster()
+    path = write_pipeline(tmp_path, "", "slow:\n" + step("sleep 300", "  outputs: {out: {}}\n") + "later:\n"
+                          + step("eval ${{inputs.model}}", "  inputs: {model: '${{parent.jobs.slow.outputs.out}}'}\n"))
+    env = {"AMLEMU_HOME": str(emu.home.root)}
+    planned = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "--dry-run", "-o", "json"], env=env)
+    assert json.loads(planned.output)["run_order"] == ["slow", "later"], planned.output
+    created = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "-o", "json"], env=env)
+    assert created.exit_code == 0, created.output
+    run = emu.run(json.loads(created.output)["name"])
+    assert json.loads(created.output)["type"] == "pipeline"
+    slow, deadline = pipelines.child_name(run.id, "slow"), time.monotonic() + STARTUP
+    while not (emu.store.run_exists(slow) and emu.store.run(slow).status is RunStatus.RUNNING):
+        assert not run.status.is_terminal and time.monotonic() < deadline, run.record.error
+        time.sleep(0.1)
+    emu.cancel(run.id)
+    assert run.wait(timeout=STARTUP) is RunStatus.CANCELED
+    assert emu.run(slow).wait(timeout=STARTUP) is RunStatus.CANCELED
+    assert not emu.store.run_exists(pipelines.child_name(run.id, "later"))
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_sweep_steps_are_refused_in_one_line(emu: Emulator, tmp_path: Path) -> None:
+    path = write_pipeline(tmp_path, "", "tune:\n  type: sweep\n  trial: {code: src, command: python step.py sleep 0, "
+                          "environment: azureml:AzureML-sklearn-1.5@latest}\n  search_space: {lr: {type: choice, values: [1]}}\n"
+                          "  objective: {goal: maximize, primary_metric: a}\n  sampling_algorithm: grid\n")
+    with pytest.raises(ConfigError, match="jobs.tune.type: a sweep step in a pipeline is not emulated yet"):
+        emu.submit(path)
