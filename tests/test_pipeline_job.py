@@ -5,6 +5,8 @@ steps at once, a failed step with both continue_on_step_failure settings, a canc
 from __future__ import annotations
 
 import json
+import os
+import signal
 import textwrap
 import time
 from pathlib import Path
@@ -37,11 +39,21 @@ elif what == "fail":
     sys.exit(3)
 """
 ENV = "environment: azureml:AzureML-sklearn-1.5@latest"
+TRAIN = f"""
+type: command
+name: train
+code: src
+{ENV}
+command: python step.py train ${{{{inputs.data}}}} ${{{{outputs.model}}}}
+inputs: {{data: {{type: uri_folder}}}}
+outputs: {{model: {{type: uri_folder}}}}
+"""
 
 
 def write_pipeline(root: Path, settings: str, jobs: str) -> Path:
     (root / "src").mkdir(parents=True, exist_ok=True)
     (root / "src" / "step.py").write_text(STEP)
+    (root / "train.yml").write_text(TRAIN)  # a component from a file: its code folder relative to it
     path = root / "pipeline.yml"
     path.write_text(f"type: pipeline\nexperiment_name: pipe\nsettings: {{default_compute: azureml:c1{settings}}}\n"
                     "inputs: {greeting: hello}\njobs:\n" + textwrap.indent(textwrap.dedent(jobs), "  "))
@@ -56,8 +68,7 @@ CHAIN = (
     "prepare:\n" + step("prepare ${{outputs.data}} ${{inputs.greeting}} 2",
                         "  inputs: {greeting: '${{parent.inputs.greeting}}'}\n  outputs: {data: {type: uri_folder}}\n")
     + "side:\n" + step("sleep 2")
-    + "train:\n" + step("train ${{inputs.data}} ${{outputs.model}}",
-                        "  inputs: {data: '${{parent.jobs.prepare.outputs.data}}'}\n  outputs: {model: {type: uri_folder}}\n")
+    + "train:\n  component: ./train.yml\n  inputs: {data: '${{parent.jobs.prepare.outputs.data}}'}\n"
     + "eval:\n" + step("eval ${{inputs.model}}", "  inputs: {model: '${{parent.jobs.train.outputs.model}}'}\n"))
 
 
@@ -83,6 +94,7 @@ def test_a_chain_passes_data_through_default_outputs_and_independent_steps_run_a
     assert {s: r.status for s, r in steps.items()} == dict.fromkeys(steps, RunStatus.COMPLETED)
     assert "eval read: hello from prepare, trained" in steps["eval"].log_path(0).read_text()
     assert steps["train"].record.job["display_name"] == "train" and steps["train"].record.parent == run.id
+    assert steps["train"].record.job["command"].startswith("python step.py train ")  # its component's command
     # prepare and side read nothing: both ran at once (each Running before the other ended)
     assert running_at(steps["side"]) < ended_at(steps["prepare"]) and running_at(steps["prepare"]) < ended_at(steps["side"])
     assert running_at(steps["train"]) >= ended_at(steps["prepare"])  # train waited for what it reads
@@ -132,14 +144,29 @@ def test_a_canceled_pipeline_cancels_its_steps(emu: Emulator, cluster, tmp_path:
     assert created.exit_code == 0, created.output
     run = emu.run(json.loads(created.output)["name"])
     assert json.loads(created.output)["type"] == "pipeline"
-    slow, deadline = pipelines.child_name(run.id, "slow"), time.monotonic() + STARTUP
-    while not (emu.store.run_exists(slow) and emu.store.run(slow).status is RunStatus.RUNNING):
-        assert not run.status.is_terminal and time.monotonic() < deadline, run.record.error
-        time.sleep(0.1)
+    slow = first_step_running(emu, run)
     emu.cancel(run.id)
     assert run.wait(timeout=STARTUP) is RunStatus.CANCELED
     assert emu.run(slow).wait(timeout=STARTUP) is RunStatus.CANCELED
     assert not emu.store.run_exists(pipelines.child_name(run.id, "later"))
+
+    orphan = emu.submit(path)  # its driver killed: the next look at the home ends it and its steps
+    slow = first_step_running(emu, orphan)
+    os.kill(orphan.record.supervisor_pid, signal.SIGKILL)  # the driver this test started, by its pid
+    deadline = time.monotonic() + STARTUP
+    while not emu.reconcile() and time.monotonic() < deadline:  # the pid may linger a moment as a zombie
+        time.sleep(0.1)
+    assert orphan.status is RunStatus.FAILED
+    assert emu.run(slow).wait(timeout=STARTUP) is RunStatus.CANCELED
+
+
+def first_step_running(emu: Emulator, run) -> str:  # type: ignore[no-untyped-def]
+    """The pipeline's first step's child job, once it runs (a deadline, not a wait)."""
+    slow, deadline = pipelines.child_name(run.id, "slow"), time.monotonic() + STARTUP
+    while not (emu.store.run_exists(slow) and emu.store.run(slow).status is RunStatus.RUNNING):
+        assert not run.status.is_terminal and time.monotonic() < deadline, run.record.error
+        time.sleep(0.1)
+    return slow
 
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
