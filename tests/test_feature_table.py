@@ -21,7 +21,6 @@ PROBES: dict[str, tuple[dict[str, Any], str | None]] = {
     "registry-asset": ({**BASE, "command": "python t.py ${{inputs.m}}",
                         "inputs": {"m": {"type": "uri_folder", "path": "azureml://registries/r/data/d/versions/1"}}},
                        "inputs.m.path"),
-    "pipeline": ({"type": "pipeline", "jobs": {}}, "type"),
 }
 
 
