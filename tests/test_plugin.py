@@ -34,10 +34,11 @@ def _pytest(*args: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> 
 def _made_by(homes: list[Path]) -> set[str]:
     """The containers and networks of these homes (other tests may run beside this one, under xdist)."""
     ids = {Home(home.resolve()).id for home in homes}
-    client = docker.from_env()
-    found = [*client.containers.list(all=True, filters={"label": "amlemu"}), *client.networks.list(filters={"label": "amlemu"})]
-    return {item.name for item in found if (item.attrs.get("Config", {}).get("Labels") or item.attrs.get("Labels")
-                                             or {}).get("amlemu.home") in ids}
+    api = docker.from_env().api  # list entries as they are: the SDK's list() inspects each one, and raises
+    # NotFound when another test removes one in between
+    containers = [(c["Names"][0].lstrip("/"), c.get("Labels")) for c in api.containers(all=True, filters={"label": "amlemu"})]
+    networks = [(n["Name"], n.get("Labels")) for n in api.networks(filters={"label": "amlemu"})]
+    return {name for name, labels in containers + networks if (labels or {}).get("amlemu.home") in ids}
 
 
 def test_the_plugin_is_registered_by_the_package() -> None:
