@@ -1,6 +1,6 @@
 """Pipeline jobs (emulator/pipelines/submit.py, driver.py) on an emulated cluster: each step a child
 job started when the steps it reads completed, data passed through default outputs, independent
-steps at once, a failed step with both continue_on_step_failure settings, a cancel, and what
+steps at once, a failed step with both continue_on_step_failure settings, a cancel, a 2-node MPI step, and what
 `job show` / `job list --parent-job-name` print."""
 from __future__ import annotations
 
@@ -34,6 +34,11 @@ elif what == "train":
     pathlib.Path(args[1], "model.txt").write_text(text + ", trained")
 elif what == "eval":
     print("eval read:", pathlib.Path(args[0], "model.txt").read_text(), flush=True)
+elif what == "ranks":  # each MPI rank writes its own file into the step's output
+    import os
+    pathlib.Path(args[0], f"rank-{os.environ['OMPI_COMM_WORLD_RANK']}.txt").write_text(os.uname().nodename)
+elif what == "list":
+    print("listed:", sorted(p.name for p in pathlib.Path(args[0]).iterdir()), flush=True)
 elif what == "fail":
     time.sleep(float(args[0]))
     sys.exit(3)
@@ -176,3 +181,18 @@ def test_sweep_steps_are_refused_in_one_line(emu: Emulator, tmp_path: Path) -> N
                           "  objective: {goal: maximize, primary_metric: a}\n  sampling_algorithm: grid\n")
     with pytest.raises(ConfigError, match="jobs.tune.type: a sweep step in a pipeline is not emulated yet"):
         emu.submit(path)
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_a_steps_2_node_mpi_job_writes_one_output_the_next_step_reads_whole(emu: Emulator, cluster,
+                                                                            tmp_path: Path) -> None:
+    cluster()
+    jobs = ("train:\n" + step("ranks ${{outputs.model}}", "  outputs: {model: {type: uri_folder}}\n"
+                              "  distribution: {type: mpi, process_count_per_instance: 1}\n"
+                              "  resources: {instance_count: 2}\n")
+            + "eval:\n" + step("list ${{inputs.model}}", "  inputs: {model: '${{parent.jobs.train.outputs.model}}'}\n"))
+    run = emu.submit(write_pipeline(tmp_path, "", jobs))
+    assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
+    train = child(emu, run.id, "train")
+    assert len(train.record.nodes) == 2  # the step ran on two nodes, one rank each
+    assert "listed: ['rank-0.txt', 'rank-1.txt']" in child(emu, run.id, "eval").log_path(0).read_text()
