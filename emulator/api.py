@@ -171,13 +171,21 @@ class Emulator:
         cluster = self.job_cluster(job, self._make_cluster)  # a serverless pool is made now, after every check
         self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job), parent=parent)
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
-        with open(run_dir / "system_logs" / "supervisor.txt", "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "amlemu.runs.supervisor", str(self.home.root), run_id],
+        self.start_owner(run_id, "amlemu.runs.supervisor", "supervisor.txt")
+        timeline.mark("submit: queued, supervisor started")
+        return Run(self.store, self.home, run_id, self.reconcile)
+
+    def start_owner(self, run_id: str, module: str, log_name: str) -> None:
+        """The process that carries a queued run to its end (`python -m <module> <home> <run id>`: a run's
+        supervisor, a sweep's or pipeline's driver), in a session of its own, its output in the run's
+        system_logs/<log_name>; recorded as the run's supervisor_pid (reconcile and cleanup find it there)."""
+        logs = self.home.run_dir(run_id) / "system_logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / log_name, "ab") as log:
+            proc = subprocess.Popen([sys.executable, "-m", module, str(self.home.root), run_id],
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True, env=self._supervisor_env())
         self.store.update_run(run_id, supervisor_pid=proc.pid)
-        timeline.mark("submit: queued, supervisor started")
-        return Run(self.store, self.home, run_id, self.reconcile)
 
     def _supervisor_env(self) -> dict[str, str]:
         """The submitter's environment less every variable holding a datastore secret: the

@@ -17,6 +17,7 @@ from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError
 from amlemu.pipelines import graph
 from amlemu.pipelines.submit import child_name, from_record, step_job, write_steps
+from amlemu.runs import recovery
 from amlemu.specs import RunStatus
 
 POLL = 0.5  # seconds between looks at the steps
@@ -125,16 +126,8 @@ class PipelineDriver:
 def main(argv: list[str] | None = None) -> int:
     home_root, run_id = (argv if argv is not None else sys.argv[1:])[:2]
     driver = PipelineDriver(Path(home_root), run_id)
-    try:
+    with recovery.ending_on_failure(driver.store, run_id, driver.log, "pipeline"):
         driver.run()
-    except BaseException as exc:  # the pipeline ends whatever failed; its steps are canceled
-        for step in driver.active():
-            driver.cancel(step, "the pipeline's driver failed")
-        reason = f"the pipeline's driver failed: {type(exc).__name__}: {exc}"
-        driver.log(reason)
-        if not driver.store.run(run_id).status.is_terminal:
-            driver.store.set_status(run_id, RunStatus.FAILED, reason, error=reason)
-        raise
     return 0
 
 

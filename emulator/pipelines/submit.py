@@ -11,12 +11,11 @@ settings.force_rerun: true). A step's code is read when the step starts, not at 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from amlemu import statefile
 from amlemu.errors import ConfigError
 from amlemu.home import new_run_id
 from amlemu.jobs.jobspec_io import job_to_record
@@ -117,13 +116,7 @@ def submit(emu: Emulator, spec: PipelineSpec) -> Run:
               "pipeline": {"yaml": spec.source, "base_dir": spec.base_dir}}
     emu.store.add_run(run_id, spec.experiment_name or first.experiment_name, cluster.spec.name, record)
     emu.store.set_status(run_id, RunStatus.QUEUED, "submitted: the pipeline's driver starts its steps")
-    run_dir = emu.home.run_dir(run_id)
-    (run_dir / "system_logs").mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "system_logs" / DRIVER_LOG, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "amlemu.pipelines.driver", str(emu.home.root), run_id],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=emu._supervisor_env())
-    emu.store.update_run(run_id, supervisor_pid=proc.pid)
+    emu.start_owner(run_id, "amlemu.pipelines.driver", DRIVER_LOG)
     return Run(emu.store, emu.home, run_id, emu.reconcile)
 
 
@@ -135,6 +128,4 @@ def read_steps(run_dir: Path) -> dict[str, Any] | None:
 
 
 def write_steps(run_dir: Path, data: dict[str, Any]) -> None:
-    staged = run_dir / (STEPS_FILE + ".tmp")
-    staged.write_text(json.dumps(data, indent=1))
-    staged.replace(run_dir / STEPS_FILE)
+    statefile.write_json(run_dir / STEPS_FILE, data, indent=1)

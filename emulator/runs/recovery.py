@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 from amlemu.backends import get_backend
 from amlemu.cluster import autoscale
@@ -51,9 +53,7 @@ def recover(home: Home, store: Store, record: RunRecord) -> None:
             os.killpg(record.launch_pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    for child in store.runs(parent=record.id):  # a sweep's trials: no driver is left to end them
-        if not child.status.is_terminal:
-            store.set_status(child.id, RunStatus.CANCEL_REQUESTED, "the sweep's driver died")
+    cancel_children(store, record.id, "the driver of their parent job died")  # a sweep's or pipeline's
     try:
         _collect_and_release(home, store, record, log)
     finally:  # whatever failed above, the run ends
@@ -61,6 +61,28 @@ def recover(home: Home, store: Store, record: RunRecord) -> None:
         homestore.end_run(run_dir, RunStatus.FAILED.value, log)
         log(f"status {RunStatus.FAILED.value}: {reason}")
         store.set_status(record.id, RunStatus.FAILED, reason, error=reason)
+
+
+def cancel_children(store: Store, run_id: str, why: str) -> None:
+    """A sweep's trials or a pipeline's steps, when nothing is left to end them."""
+    for child in store.runs(parent=run_id):
+        if not child.status.is_terminal:
+            store.set_status(child.id, RunStatus.CANCEL_REQUESTED, why)
+
+
+@contextmanager
+def ending_on_failure(store: Store, run_id: str, log: Callable[[str], None], what: str) -> Iterator[None]:
+    """Around a driver's run (a sweep's, a pipeline's): whatever fails in it, its child jobs are canceled
+    and the job fails with the reason, then the error goes on (to the driver's log)."""
+    try:
+        yield
+    except BaseException as exc:
+        cancel_children(store, run_id, f"the {what}'s driver failed")
+        reason = f"the {what}'s driver failed: {type(exc).__name__}: {exc}"
+        log(reason)
+        if not store.run(run_id).status.is_terminal:
+            store.set_status(run_id, RunStatus.FAILED, reason, error=reason)
+        raise
 
 
 def _collect_and_release(home: Home, store: Store, record: RunRecord, log) -> None:  # type: ignore[no-untyped-def]

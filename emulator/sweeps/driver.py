@@ -16,6 +16,7 @@ from pathlib import Path
 
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError
+from amlemu.runs import recovery
 from amlemu.runs.metrics import metric_history
 from amlemu.specs import RunStatus
 from amlemu.sweeps import policies, results
@@ -158,16 +159,8 @@ class SweepDriver:
 def main(argv: list[str] | None = None) -> int:
     home_root, run_id = (argv if argv is not None else sys.argv[1:])[:2]
     driver = SweepDriver(Path(home_root), run_id)
-    try:
+    with recovery.ending_on_failure(driver.store, run_id, driver.log, "sweep"):
         driver.run()
-    except BaseException as exc:  # the sweep ends whatever failed; its trials are canceled
-        for trial in driver.active():
-            driver.cancel(trial.name, "the sweep's driver failed")
-        reason = f"the sweep's driver failed: {type(exc).__name__}: {exc}"
-        driver.log(reason)
-        if not driver.store.run(run_id).status.is_terminal:
-            driver.store.set_status(run_id, RunStatus.FAILED, reason, error=reason)
-        raise
     return 0
 
 

@@ -4,8 +4,6 @@ group of its own (sweeps/driver.py), as a run's supervisor is. `plan` is the dry
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -66,10 +64,5 @@ def submit(emu: Emulator, spec: SweepSpec) -> Run:
     cluster = emu.job_cluster(spec.template, emu._make_cluster)
     emu.store.add_run(run_id, spec.experiment_name, cluster.spec.name, sweep_to_record(spec, run_id, snapshot))
     emu.store.set_status(run_id, RunStatus.QUEUED, "submitted: the sweep's driver samples its trials")
-    (run_dir / "system_logs").mkdir(parents=True, exist_ok=True)
-    with open(run_dir / "system_logs" / DRIVER_LOG, "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "amlemu.sweeps.driver", str(emu.home.root), run_id],
-                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True, env=emu._supervisor_env())
-    emu.store.update_run(run_id, supervisor_pid=proc.pid)
+    emu.start_owner(run_id, "amlemu.sweeps.driver", DRIVER_LOG)
     return Run(emu.store, emu.home, run_id, emu.reconcile)
