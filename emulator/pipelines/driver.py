@@ -31,7 +31,10 @@ class PipelineDriver:
         self.run_id = run_id
         self.run_dir = self.emu.home.run_dir(run_id)
         self.spec = from_record(self.emu, self.store.run(run_id).job)
-        self.children: dict[str, str] = {}  # step -> its child job
+        self.children: dict[str, str] = {}  # step -> its child job (shown in job show, the studio)
+        # step -> the job whose outputs its dependents read: its child job, or the run it reuses, or a
+        # sweep step's best trial
+        self.sources: dict[str, str] = {}
         self.states: dict[str, RunStatus] = {}  # step -> its child job's status (a step not there: not started)
         self.notes: dict[str, str] = {}  # step -> why it did not run, or was canceled
         self.handled: set[str] = set()  # stopped steps whose consequences were drawn
@@ -49,12 +52,13 @@ class PipelineDriver:
     def start_ready(self) -> None:
         for step in graph.ready(self.spec, self.states):
             try:
-                self.emu.submit(step_job(self.spec, step, self.run_id, self.children), parent=self.run_id)
+                self.emu.submit(step_job(self.spec, step, self.run_id, self.sources), parent=self.run_id)
             except AmlEmuError as exc:  # refused as any job would be (its compute deleted, too big): failed
                 self.states[step], self.notes[step] = RunStatus.FAILED, f"refused at submit: {exc}"
                 self.log(f"step {step} refused at submit: {exc}")
                 continue
             self.children[step], self.states[step] = child_name(self.run_id, step), RunStatus.QUEUED
+            self.sources[step] = self.children[step]
             self.log(f"step {step} started as {self.children[step]}")
 
     def cancel(self, step: str, why: str) -> None:
