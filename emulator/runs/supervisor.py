@@ -65,8 +65,9 @@ class Supervisor:
         return self.store.run(self.run_id).status
 
     def set(self, status: RunStatus, detail: str = "", **fields) -> None:  # type: ignore[no-untyped-def]
-        if status.is_terminal:  # plotted first: whoever sees the run ended also finds its plot
+        if status.is_terminal:  # plotted first, ports closed first: whoever sees the run ended finds them so
             self.ending = (status, detail, fields)  # the job's own outcome: no later error replaces it
+            self.close_ports()
             homestore.end_run(self.run_dir, status.value, self.logs.platform)
             plot_run(self.run_dir, f"{self.run_id} ({self.job.experiment_name}): {status.value}", self.logs.platform)
         statuswrite.write_status(self.store, self.run_id, status, detail, self.logs.platform, **fields)
@@ -75,6 +76,10 @@ class Supervisor:
     def mark(self, stage: str, at: float | None = None) -> None:
         if self.timeline is not None:
             self.timeline.mark(stage, at)
+
+    def close_ports(self) -> None:
+        if self.requests:  # the run's service link and mpirun's port (backends' open_port)
+            self.backend.close_ports(self.requests[0], self.run_id)
 
     def canceled(self) -> bool:
         return self.status() is RunStatus.CANCEL_REQUESTED
@@ -96,8 +101,7 @@ class Supervisor:
         finally:
             if self.link:
                 self.link.stop()
-            if self.requests:
-                self.backend.close_ports(self.requests[0], self.run_id)
+            self.close_ports()
             self.logs.close()
         self.linger()
 
@@ -257,7 +261,7 @@ class Supervisor:
     def stop(self, gang: Gang) -> None:
         """End the launch on the host, then every job process left on the nodes."""
         gang.stop(grace=KILL_GRACE)
-        self._each_node(self.backend.stop_processes)
+        nodework.each_node(self.requests, self.backend.stop_processes)
 
     def node_states(self) -> list[bool]:
         alive = {n.name: n.running for n in self.backend.list_nodes() if n.cluster == self.cluster.spec.name}
@@ -317,9 +321,6 @@ class Supervisor:
     def quiesce(self) -> None:
         nodework.quiesce(self.backend, self.requests, self.run_id, self.run_dir, self.logs.platform)
         self.quiesced = True
-
-    def _each_node(self, action) -> None:  # type: ignore[no-untyped-def]
-        nodework.each_node(self.requests, action)
 
     def collect(self) -> None:
         nodework.collect(self.requests, self.run_id, self.run_dir, self.logs.platform)
