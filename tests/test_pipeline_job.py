@@ -17,7 +17,6 @@ from conftest import STARTUP
 
 from amlemu.api import Emulator
 from amlemu.cli import cli
-from amlemu.errors import ConfigError
 from amlemu.pipelines import submit as pipelines
 from amlemu.specs import RunStatus
 
@@ -172,15 +171,6 @@ def first_step_running(emu: Emulator, run) -> str:  # type: ignore[no-untyped-de
         assert not run.status.is_terminal and time.monotonic() < deadline, run.record.error
         time.sleep(0.1)
     return slow
-
-
-@pytest.mark.parametrize("backend", ["process"], indirect=True)
-def test_sweep_steps_are_refused_in_one_line(emu: Emulator, tmp_path: Path) -> None:
-    path = write_pipeline(tmp_path, "", "tune:\n  type: sweep\n  trial: {code: src, command: python step.py sleep 0, "
-                          "environment: azureml:AzureML-sklearn-1.5@latest}\n  search_space: {lr: {type: choice, values: [1]}}\n"
-                          "  objective: {goal: maximize, primary_metric: a}\n  sampling_algorithm: grid\n")
-    with pytest.raises(ConfigError, match="jobs.tune.type: a sweep step in a pipeline is not emulated yet"):
-        emu.submit(path)
 
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError
-from amlemu.pipelines import graph
+from amlemu.pipelines import graph, sweepstep
 from amlemu.pipelines.submit import child_name, from_record, step_job, write_steps
 from amlemu.runs import recovery
 from amlemu.specs import RunStatus
@@ -48,18 +48,33 @@ class PipelineDriver:
                 self.states[step] = self.store.run(child).status
                 if self.states[step].is_terminal:
                     self.log(f"step {step} ({child}) ended {self.states[step].value}")
+                    if self.spec.steps[step].type == "sweep" and self.states[step] is RunStatus.COMPLETED:
+                        self.sweep_completed(step, child)
 
     def start_ready(self) -> None:
         for step in graph.ready(self.spec, self.states):
             try:
-                self.emu.submit(step_job(self.spec, step, self.run_id, self.sources), parent=self.run_id)
+                if self.spec.steps[step].type == "sweep":  # its sources entry: its best trial, when it completes
+                    sweepstep.submit(self.emu, self.spec, step, self.run_id, self.sources)
+                else:
+                    self.emu.submit(step_job(self.spec, step, self.run_id, self.sources), parent=self.run_id)
             except AmlEmuError as exc:  # refused as any job would be (its compute deleted, too big): failed
                 self.states[step], self.notes[step] = RunStatus.FAILED, f"refused at submit: {exc}"
                 self.log(f"step {step} refused at submit: {exc}")
                 continue
             self.children[step], self.states[step] = child_name(self.run_id, step), RunStatus.QUEUED
-            self.sources[step] = self.children[step]
+            if self.spec.steps[step].type != "sweep":
+                self.sources[step] = self.children[step]
             self.log(f"step {step} started as {self.children[step]}")
+
+    def sweep_completed(self, step: str, sweep: str) -> None:
+        """A sweep step's outputs are its best trial's, as on Azure ML: its dependents read that trial's."""
+        best = sweepstep.best_trial(self.emu, sweep)
+        if best is None:
+            self.states[step], self.notes[step] = RunStatus.FAILED, sweepstep.NO_BEST
+        else:
+            self.sources[step], self.notes[step] = best, f"best trial {best}"
+        self.log(f"step {step}: {self.notes[step]}")
 
     def cancel(self, step: str, why: str) -> None:
         self.notes.setdefault(step, why)

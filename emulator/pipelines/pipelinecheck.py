@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from amlemu.errors import ConfigError
-from amlemu.pipelines import stepcomponent
+from amlemu.pipelines import stepcomponent, sweepstep
 from amlemu.pipelines.bindings import ParentInput, StepInput, StepOutputRef, Template, compatible
 from amlemu.pipelines.graph import find_cycle
 
@@ -56,6 +56,8 @@ def check_pipeline(spec: PipelineSpec) -> None:
     """The bindings between steps and the pipeline: one line each, naming the step and field."""
     bound: dict[str, str] = {}
     for step in spec.steps.values():
+        if step.type == "sweep":  # its search space, sampling, objective, limits, early termination
+            sweepstep.check_step(step)
         declared_in = stepcomponent.input_types(step.component)
         for name, item in step.inputs.items():
             where = f"jobs.{step.name}.inputs.{name}"

@@ -5,8 +5,9 @@ pipeline's record queued, and its driver started in a process group of its own
 
 Each step runs as a child job named `<pipeline>_<step>` (Azure ML names a step's child job with a
 GUID and shows the step as its display name; a readable unique name serves the same), with the
-step's name as its display name. Not emulated yet: sweep steps, and reuse (every step runs, as with
-settings.force_rerun: true). A step's code is read when the step starts, not at submit.
+step's name as its display name; a sweep step is a sweep job of that name (pipelines/sweepstep.py).
+Not emulated yet: reuse (every step runs, as with settings.force_rerun: true). A step's code is read
+when the step starts, not at submit.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from amlemu.errors import ConfigError
 from amlemu.home import new_run_id
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
-from amlemu.pipelines import graph, stepio
+from amlemu.pipelines import graph, stepio, sweepstep
 from amlemu.pipelines.pipelinespec import PipelineSpec, is_pipeline_file, load_pipeline, pipeline_from_dict
 from amlemu.pipelines.registry import Components
 from amlemu.runs.handle import Run
@@ -41,19 +42,11 @@ def is_pipeline_record(record: Mapping[str, Any]) -> bool:
     return record.get("kind") == "pipeline"
 
 
-def _refuse_not_emulated(spec: PipelineSpec) -> PipelineSpec:
-    for name, step in spec.steps.items():
-        if step.type != "command":
-            raise ConfigError(f"jobs.{name}.type", f"a {step.type} step in a pipeline is not emulated yet",
-                              "run it as its own job (amlemu job create -f), or make it a command step")
-    return spec
-
-
 def load(emu: Emulator, job: Any, overrides: list[str] | None = None) -> PipelineSpec:
     """The pipeline, its registered components resolved from the workspace's registry."""
     if isinstance(job, PipelineSpec):
-        return _refuse_not_emulated(job)
-    return _refuse_not_emulated(load_pipeline(job, overrides, components=Components(emu.store).resolve))
+        return job
+    return load_pipeline(job, overrides, components=Components(emu.store).resolve)
 
 
 def from_record(emu: Emulator, record: Mapping[str, Any]) -> PipelineSpec:
@@ -85,6 +78,9 @@ def _first_jobs(emu: Emulator, spec: PipelineSpec, pipeline: str) -> list[JobSpe
     jobs = []
     for step in graph.topological_order(spec):
         if deps[step]:
+            continue
+        if spec.steps[step].type == "sweep":  # its trial's job, checked as its sweep's submit checks it
+            jobs.append(sweepstep.first_job(emu, spec, step, pipeline))
             continue
         job = emu._job(step_job(spec, step, pipeline, {}))
         try:

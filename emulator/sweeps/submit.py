@@ -29,7 +29,7 @@ def load(job: Any, overrides: list[str] | None = None) -> SweepSpec:
     return job if isinstance(job, SweepSpec) else load_sweep(job, overrides)
 
 
-def _checked(emu: Emulator, spec: SweepSpec) -> SweepSpec:
+def checked(emu: Emulator, spec: SweepSpec) -> SweepSpec:
     """The trial job through the workspace's rules (compute, environment, data), as submit applies them."""
     assert spec.template is not None
     try:
@@ -41,7 +41,7 @@ def _checked(emu: Emulator, spec: SweepSpec) -> SweepSpec:
 
 def plan(emu: Emulator, spec: SweepSpec) -> dict[str, Any]:
     """Dry run: the sweep as it will run, and its first trial's launch as a command job's dry run."""
-    _checked(emu, spec)
+    checked(emu, spec)
     values = make_sampler(spec.sampling, spec.space, spec.objective.goal, seed=0).suggest([])  # a seedless sweep's differ
     first = emu.plan_job(trial_job(spec, values or {}, f"{spec.name or 'sweep'}_0", code=None))
     return {"sweep": spec.to_dict(), "max_total_trials": spec.limits.max_total_trials,
@@ -49,8 +49,9 @@ def plan(emu: Emulator, spec: SweepSpec) -> dict[str, Any]:
             "first_trial_values": values, "first_trial": first}
 
 
-def submit(emu: Emulator, spec: SweepSpec) -> Run:
-    _checked(emu, spec)
+def submit(emu: Emulator, spec: SweepSpec, parent: str | None = None) -> Run:
+    """`parent`: the pipeline whose sweep step this sweep is (pipelines/sweepstep.py)."""
+    checked(emu, spec)
     emu.reconcile()
     assert spec.template is not None
     run_id = spec.name or new_run_id()
@@ -62,7 +63,8 @@ def submit(emu: Emulator, spec: SweepSpec) -> Run:
         raise
     snapshot = run_dir / "snapshot" if spec.template.code is not None else None
     cluster = emu.job_cluster(spec.template, emu._make_cluster)
-    emu.store.add_run(run_id, spec.experiment_name, cluster.spec.name, sweep_to_record(spec, run_id, snapshot))
+    emu.store.add_run(run_id, spec.experiment_name, cluster.spec.name, sweep_to_record(spec, run_id, snapshot),
+                      parent=parent)
     emu.store.set_status(run_id, RunStatus.QUEUED, "submitted: the sweep's driver samples its trials")
     emu.start_owner(run_id, "amlemu.sweeps.driver", DRIVER_LOG)
     return Run(emu.store, emu.home, run_id, emu.reconcile)

@@ -176,6 +176,9 @@ def trial_job(spec: SweepSpec, values: dict[str, Any], name: str, code: Path | N
     limits.timeout the sweep's trial_timeout."""
     command = SPACE_RE.sub(lambda m: format_value(lookup(values, m.group(1))), str(spec.job["command"]))
     data = {**spec.job, "command": command, "name": name, "display_name": name}
+    if spec.job.get("outputs"):  # `${{name}}` in an output's path is the trial's name, as Azure ML expands it
+        data["outputs"] = {k: {**v, "path": v["path"].replace("${{name}}", name)} if isinstance(v, dict)
+                           and isinstance(v.get("path"), str) else v for k, v in spec.job["outputs"].items()}
     if code is not None:
         data["code"] = str(code)
     if spec.limits.trial_timeout:
