@@ -1,8 +1,9 @@
 """The studio: a small live web page of one home, what a user looks at instead of Azure ML studio.
 
 `studio_app(home)` is a self-contained Starlette app: server-rendered pages (the overview, a job,
-with its launch plan, secret values masked, and a sweep, with its trials: sweeppage), JSON
-endpoints that a little script polls every second, and the run's files to download. It only reads the home. Everything a job wrote is
+with its launch plan, secret values masked, a sweep, with its trials: sweeppage, and a pipeline,
+with its steps' graph: pipelinepage), JSON endpoints that a little script polls every second, and
+the run's files to download. It only reads the home. Everything a job wrote is
 escaped (studio_html), files come only from the run's own folder and never its private ones
 (runfiles.open_in_run), and every answer forbids inline script: a `<script>` a job printed stays
 text. `studio_mount` puts it at /studio behind its login (studiogate: no route answers without
@@ -30,6 +31,7 @@ from amlemu.home import Home
 from amlemu.studio import pages
 from amlemu.studio.data import StudioData
 from amlemu.studio.gate import LOOPBACK_NAMES, StudioGate
+from amlemu.studio.pipelinepage import pipeline_page
 from amlemu.studio.sweeppage import sweep_page
 
 # The page's own script and style sheet, beside this module (package data), served from memory.
@@ -107,6 +109,8 @@ class _Handlers:
         run_id = request.path_params["run_id"]
         if await run_in_threadpool(self.data.is_sweep, run_id):  # a sweep's page: its trials and chart
             return HTMLResponse(sweep_page(await run_in_threadpool(self.data.sweep, run_id), _base(request)))
+        if await run_in_threadpool(self.data.is_pipeline, run_id):  # a pipeline's page: its steps' graph
+            return HTMLResponse(pipeline_page(await run_in_threadpool(self.data.pipeline, run_id), _base(request)))
         found, logs, plan = await run_in_threadpool(self._job_page, run_id)
         return HTMLResponse(pages.job_page(found, logs, _base(request), plan))
 
@@ -118,6 +122,9 @@ class _Handlers:
 
     async def api_sweep(self, request: Request) -> Response:
         return JSONResponse(await run_in_threadpool(self.data.sweep, request.path_params["run_id"]))
+
+    async def api_pipeline(self, request: Request) -> Response:
+        return JSONResponse(await run_in_threadpool(self.data.pipeline, request.path_params["run_id"]))
 
     async def api_log(self, request: Request) -> Response:
         try:
@@ -160,6 +167,7 @@ def studio_app(home: Home) -> Starlette:
         Route("/api/jobs/{run_id}", handlers.api_job),
         Route("/api/jobs/{run_id}/logs/{rank:int}", handlers.api_log),
         Route("/api/sweeps/{run_id}", handlers.api_sweep),
+        Route("/api/pipelines/{run_id}", handlers.api_pipeline),
         Route("/files/{run_id}/{path:path}", handlers.download),
         Route("/static/{name}", handlers.asset),
     ]

@@ -23,6 +23,7 @@ from amlemu.home import Home
 from amlemu.runs.metrics import metric_history
 from amlemu.runs.runlogs import LOG_FOLDERS, rank_log_name
 from amlemu.runs.runfiles import list_files, open_in_run, shown_plan
+from amlemu.studio.pipelinedata import is_pipeline, pipeline_view
 from amlemu.studio.sweepdata import is_sweep, sweep_view
 
 LOG_CHUNK = 64 * 1024  # bytes of log per poll: the first poll of a long log gets its tail
@@ -50,6 +51,10 @@ def _thin(points: list[tuple[int, float]]) -> list[list[float | None]]:
         stride = len(points) / MAX_POINTS
         points = [points[int(i * stride)] for i in range(MAX_POINTS - 1)] + [points[-1]]
     return [[step, _finite(value)] for step, value in points]
+
+
+def _kind(record: RunRecord) -> str:
+    return "sweep" if is_sweep(record) else "pipeline" if is_pipeline(record) else "command"
 
 
 class StudioData:
@@ -104,7 +109,7 @@ class StudioData:
                 "display_name": record.job.get("display_name") or "", "status": record.status.value,
                 "terminal": record.status.is_terminal, "created_at": record.created_at,
                 "nodes": list(record.nodes), "processes": _processes(record.job),
-                "type": "sweep" if is_sweep(record) else "command", "parent": record.parent}
+                "type": _kind(record), "parent": record.parent}
 
     def job(self, run_id: str) -> dict[str, Any]:
         """Everything the job page polls, but the logs (each rank's has its own endpoint)."""
@@ -112,6 +117,7 @@ class StudioData:
             record = self.store.run(run_id)
             events = self.store.events(run_id)
             faults = self.store.faults(run_id)
+            parent = self.store.run(record.parent) if record.parent and self.store.run_exists(record.parent) else None
         run_dir = self.home.run_dir(run_id)
         try:
             history = metric_history(run_dir, active=not record.status.is_terminal) if run_dir.is_dir() else {}
@@ -121,7 +127,7 @@ class StudioData:
         return {**self._job_row(record), "error": record.error, "exit_code": record.exit_code,
                 "preemptions": record.preemptions, "command": record.job.get("command", ""),
                 "events": [{"ts": ts, "status": status.value, "detail": detail} for ts, status, detail in events],
-                "faults": faults,
+                "faults": faults, "parent_type": _kind(parent) if parent else None,
                 "metrics": metrics,
                 "files": list_files(run_dir) if run_dir.is_dir() else []}
 
@@ -141,6 +147,22 @@ class StudioData:
         job = self.job(run_id)
         job.pop("metrics")  # a sweep logs none itself: its trials do
         return {**job, **sweep_view(record, children, results.read(self.home.run_dir(run_id)))}
+
+    def is_pipeline(self, run_id: str) -> bool:
+        return is_pipeline(self._run(run_id))
+
+    def pipeline(self, run_id: str) -> dict[str, Any]:
+        """A pipeline's page data: what every job has, and its steps, data edges and layers (pipelinedata)."""
+        from amlemu.pipelines.submit import read_steps  # noqa: PLC0415 - the job machinery: only for a pipeline's page
+
+        with self._lock:
+            record = self.store.run(run_id)
+            children = self.store.runs(parent=run_id) if is_pipeline(record) else []
+        if not is_pipeline(record):
+            raise NotFoundError("pipeline", run_id, f"{run_id} is a {_kind(record)} job: /api/jobs/{run_id} has it")
+        job = self.job(run_id)
+        job.pop("metrics")  # a pipeline logs none itself: its steps do
+        return {**job, **pipeline_view(record, read_steps(self.home.run_dir(run_id)), children)}
 
     def plan(self, run_id: str) -> dict[str, Any] | None:
         """The run's launch plan, its secret values masked (for the job page; the polled JSON

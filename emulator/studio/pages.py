@@ -75,17 +75,19 @@ def compute_block(compute: dict[str, Any], base: str) -> str:
 JOB_HEADS = ("job", "type", "display name", "experiment", "compute", "status", "created")
 
 
-def job_row(job: dict[str, Any], base: str, trial: bool = False) -> str:
-    """A job's row; a sweep's trials follow it, nested (as Azure ML studio shows child jobs)."""
-    cls, nest, kind = (' class="trial"', '<span class="nest">&#8627; </span>', "trial") if trial else ("", "", job["type"])
+def job_row(job: dict[str, Any], base: str, trial: str = "") -> str:
+    """A job's row; a sweep's trials (a pipeline's steps: `trial` says which) follow it, nested (as
+    Azure ML studio shows child jobs)."""
+    cls, nest, kind = (' class="trial"', '<span class="nest">&#8627; </span>', trial) if trial else ("", "", job["type"])
     row = (f'<tr{cls}><td>{nest}{job_link(base, job["id"])}</td><td>{esc(kind)}</td><td>{esc(job["display_name"])}</td>'
            f'<td>{esc(job["experiment"])}</td><td>{esc(job["compute"])}</td><td>{status(job["status"])}</td>'
            f'<td>{esc(when(job["created_at"]))}</td></tr>')
-    trials = "".join(job_row(t, base, trial=True) for t in job.get("trials", []))
+    child = "step" if job["type"] == "pipeline" else "trial"
+    trials = "".join(job_row(t, base, trial=child) for t in job.get("trials", []))
     more = job.get("trials_total", 0) - len(job.get("trials", []))
     if more > 0:
         trials += (f'<tr class="trial more"><td colspan="{len(JOB_HEADS)}"><span class="nest">&#8627; </span>'
-                   f'{more} more trials on the page of sweep {job_link(base, job["id"])}</td></tr>')
+                   f'{more} more {child}s on the page of {esc(job["type"])} {job_link(base, job["id"])}</td></tr>')
     return row + trials
 
 
@@ -142,8 +144,9 @@ def job_page(job: dict[str, Any], logs: list[dict[str, Any]], base: str, plan: d
     facts = [("experiment", job["experiment"]), ("display name", job["display_name"]),
              ("compute", job["compute"]), ("processes", job["processes"]), ("command", job["command"])]
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)
-    if job.get("parent"):  # a sweep's trial
-        dl = f'<dt>trial of sweep</dt><dd id="parent">{job_link(base, job["parent"])}</dd>' + dl
+    if job.get("parent"):  # a sweep's trial, or a pipeline's step
+        of = "step of pipeline" if job.get("parent_type") == "pipeline" else "trial of sweep"
+        dl = f'<dt>{of}</dt><dd id="parent">{job_link(base, job["parent"])}</dd>' + dl
     nodes = f'<dt>nodes</dt><dd id="job-nodes">{esc(", ".join(job["nodes"]))}</dd>'
     error = f'<p id="error" class="error">{esc(job["error"] or "")}</p>'
     events = _table("events", ("time", "status", "detail"), [event_row(e) for e in job["events"]], "")

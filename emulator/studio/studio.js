@@ -1,5 +1,5 @@
 // amlemu studio: keeps the server-rendered page current from its JSON endpoints (once a second)
-// and draws the metric charts and a sweep's parallel coordinates as inline SVG. A job is untrusted
+// and draws the metric charts, a sweep's parallel coordinates and a pipeline's graph as inline SVG. A job is untrusted
 // code and it wrote the logs, file names, metric names and a sweep's values: they are only ever set
 // as text (text nodes, textContent, attribute values), never as HTML.
 "use strict";
@@ -89,11 +89,12 @@
   }
   function jobRows(j) {
     const trials = j.trials || [];
-    const rows = [jobRow(j, j.type, false), ...trials.map((t) => jobRow(t, "trial", true))];
+    const child = j.type === "pipeline" ? "step" : "trial";
+    const rows = [jobRow(j, j.type, false), ...trials.map((t) => jobRow(t, child, true))];
     const more = (j.trials_total || 0) - trials.length;
     if (more > 0) {
       rows.push(el("tr", { class: "trial more" }, el("td", { colspan: 7 }, nest(),
-        `${more} more trials on the page of sweep `, jobLink(j.id))));
+        `${more} more ${child}s on the page of ${j.type} `, jobLink(j.id))));
     }
     return rows;
   }
@@ -256,6 +257,94 @@
     renderFiles(d);
   }
 
+  // --- a pipeline: a box per step in columns by depth, an arrow per data edge, recoloured live -----
+  const BOX = { w: 210, h: 66, gapX: 150, gapY: 30, margin: 16 };
+  const clip = (s, n) => (s.length > n ? `${s.slice(0, n - 1)}\u2026` : s);
+  function svgText(attrs, text) {
+    const node = svg("text", attrs);
+    node.textContent = text;
+    return node;
+  }
+  function stepBox(s, at) {
+    const cls = ["step", `s-${s.status}`, s.reused_from ? "reused" : "", s.not_run ? "not-run" : ""];
+    const box = svg("g", { class: cls.filter(Boolean).join(" "), "data-step": s.step, "data-status": s.status,
+      transform: `translate(${at.x},${at.y})` });
+    const tip = svg("title");
+    tip.textContent = [`${s.step} (${s.type}): ${s.status}`, s.reused_from ? `reused ${s.reused_from}` : "", s.detail]
+      .filter(Boolean).join("\n");
+    box.append(tip, svg("rect", { class: "box", width: BOX.w, height: BOX.h, rx: 6 }),
+      svgText({ class: "step-name", x: 10, y: 19 }, clip(s.step, s.reused_from ? 20 : 28)),
+      svgText({ class: "step-status", x: 10, y: 37 }, s.not_run ? `not run (${s.status})` : s.status));
+    if (s.child_job) {
+      const link = svg("a", { class: "child-link", href: `${base}/jobs/${encodeURIComponent(s.child_job)}` });
+      link.append(svgText({ x: 10, y: 56 }, clip(s.child_job, 32)));
+      box.append(link);
+    }
+    if (s.reused_from) {
+      box.append(svg("rect", { class: "reused-mark", x: BOX.w - 60, y: 7, width: 52, height: 16, rx: 4 }),
+        svgText({ class: "reused-mark", x: BOX.w - 34, y: 19, "text-anchor": "middle" }, "reused"));
+    }
+    return box;
+  }
+  function edgeLines(d, at) { // one arrow per pair of steps, labelled with each output -> input it carries
+    const pairs = new Map();
+    for (const e of d.edges) {
+      const key = JSON.stringify([e.from, e.to]);
+      if (!pairs.has(key)) pairs.set(key, { from: e.from, to: e.to, labels: [] });
+      pairs.get(key).labels.push(clip(`${e.output} \u2192 ${e.input}`, 30));
+    }
+    return [...pairs.values()].filter((p) => at.has(p.from) && at.has(p.to)).flatMap((p) => {
+      const a = at.get(p.from), b = at.get(p.to);
+      const x1 = a.x + BOX.w, y1 = a.y + BOX.h / 2, x2 = b.x - 2, y2 = b.y + BOX.h / 2, mid = (x1 + x2) / 2;
+      const path = svg("path", { class: "edge", "data-from": p.from, "data-to": p.to, "marker-end": "url(#arrow)",
+        d: `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}` });
+      const label = svg("text", { class: "edge-label", "data-from": p.from, "data-to": p.to, "text-anchor": "middle" });
+      p.labels.forEach((text, i) => {
+        const line = svg("tspan", { x: mid, y: (y1 + y2) / 2 - 5 - 12 * (p.labels.length - 1 - i) });
+        line.textContent = text;
+        label.append(line);
+      });
+      return [path, label];
+    });
+  }
+  function pipelineGraph(d) {
+    const at = new Map();
+    d.layers.forEach((column, i) => column.forEach((name, j) =>
+      at.set(name, { x: BOX.margin + i * (BOX.w + BOX.gapX), y: BOX.margin + 12 + j * (BOX.h + BOX.gapY) })));
+    const rows = Math.max(1, ...d.layers.map((c) => c.length));
+    const W = 2 * BOX.margin + d.layers.length * BOX.w + (d.layers.length - 1) * BOX.gapX;
+    const H = 2 * BOX.margin + 12 + rows * BOX.h + (rows - 1) * BOX.gapY;
+    const plot = svg("svg", { viewBox: `0 0 ${W} ${H}`, width: W, height: H, role: "img",
+      "aria-label": "the pipeline's steps and the data passed between them" });
+    const marker = svg("marker", { id: "arrow", viewBox: "0 0 10 10", refX: 10, refY: 5, markerWidth: 8,
+      markerHeight: 8, orient: "auto" });
+    marker.append(svg("path", { d: "M0,0 L10,5 L0,10 z" }));
+    const defs = svg("defs");
+    defs.append(marker);
+    plot.append(defs, ...edgeLines(d, at));
+    for (const s of d.steps) if (at.has(s.step)) plot.append(stepBox(s, at.get(s.step)));
+    return el("figure", { class: "pipeline-chart" }, plot, el("figcaption", {},
+      "each box a step and its child job; an arrow: an output of one step read by another, output \u2192 input"));
+  }
+  let pipelineDrawn = "";
+  function renderPipeline(d) {
+    document.getElementById("status").replaceChildren(status(d.status));
+    document.getElementById("error").textContent = d.error || "";
+    document.getElementById("step-counts").textContent =
+      Object.entries(d.counts).map(([s, n]) => `${n} ${s}`).join(", ") || "no steps";
+    const key = JSON.stringify([d.steps, d.edges, d.layers]);
+    if (key !== pipelineDrawn) { // the graph and table redrawn only when a step changed
+      fillRows(document.getElementById("steps"), d.steps.map((s) => el("tr", { "data-step": s.step },
+        [s.step, jobLink(s.child_job), status(s.status), jobLink(s.reused_from), s.detail].map((c) => el("td", {}, c)))),
+      "no steps");
+      document.getElementById("pipeline-graph").replaceChildren(d.steps.length ? pipelineGraph(d)
+        : el("p", { class: "empty" }, "no steps"));
+      pipelineDrawn = key;
+    }
+    fillBody(document.getElementById("events"), d.events.map((e) => [stamp(e.ts), status(e.status), e.detail]), "");
+    renderFiles(d);
+  }
+
   // --- polling -----------------------------------------------------------------------------------
   async function tick() {
     if (body.dataset.page === "overview") {
@@ -266,6 +355,11 @@
       const sweep = await getJSON(`/api/sweeps/${encodeURIComponent(body.dataset.job)}`);
       renderSweep(sweep);
       return !sweep.terminal;
+    }
+    if (body.dataset.page === "pipeline") {
+      const pipeline = await getJSON(`/api/pipelines/${encodeURIComponent(body.dataset.job)}`);
+      renderPipeline(pipeline);
+      return !pipeline.terminal;
     }
     const job = await getJSON(`/api/jobs/${encodeURIComponent(body.dataset.job)}`);
     renderJob(job);
@@ -286,5 +380,5 @@
     }
     if (again) setTimeout(loop, POLL_MS);
   }
-  if (["overview", "job", "sweep"].includes(body.dataset.page)) loop();
+  if (["overview", "job", "sweep", "pipeline"].includes(body.dataset.page)) loop();
 })();
