@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Azure's own examples as a yardstick: every command job of cli/jobs/basics in an
+# Azure's own examples as a yardstick: every command and pipeline job of cli/jobs/basics in an
 # Azure/azureml-examples checkout, run through the examples' own cli/run-job.sh with `az ml ...`
 # going to amlemu, in a fresh emulator home (process backend) set up as the examples' bootstrap sets
-# up a workspace. Prints a table: file, outcome (Completed, or Failed and its one-line reason),
-# seconds. Pipeline, sweep and automl files are listed as skipped (separate issues).
+# up a workspace. Prints a table: file, outcome (Completed, or Failed and its one-line reason; for a
+# pipeline, each step's status and a failed step's reason), seconds. Sweep and automl files are
+# listed as skipped (separate issues).
 #
 #   bench/examples_yardstick.sh [--home DIR] [--timeout S] [--only GLOB] PATH/TO/azureml-examples
 #
@@ -98,6 +99,18 @@ EOF
 # The job's one-line reason: its exit code and the last line of the error amlemu recorded (the
 # exception a log tail ends with, or amlemu's notice after it), else the error's first line.
 reason() {
+    local steps
+    steps=$(pipeline_steps "$1")
+    if [[ -n "$steps" ]]; then
+        local row step child status out=""
+        while IFS=$'\t' read -r step child status; do
+            row="$step $status"
+            [[ $status == Failed* && -n "$child" && "$child" != - ]] && row="$row ($(reason "$child"))"
+            out="${out:+$out; }$row"
+        done <<<"$steps"
+        printf 'steps: %s\n' "$out"
+        return
+    fi
     "$AMLEMU" job show -n "$1" -o json 2>/dev/null | python3 -c '
 import json, re, sys
 error = (json.load(sys.stdin).get("amlemu") or {}).get("error") or "no error recorded"
@@ -105,6 +118,15 @@ lines = [l.strip() for l in error.splitlines() if l.strip()]
 code = re.match(r"the job exited with code (\d+)", lines[0])
 text = (f"exit {code.group(1)}: " + lines[-1]) if code and len(lines) > 1 else lines[0]
 print(text[:200])'
+}
+
+pipeline_steps() {  # a pipeline's steps (amlemu job show: amlemu.pipeline.steps): step<TAB>child<TAB>status
+    "$AMLEMU" job show -n "$1" -o json 2>/dev/null | python3 -c '
+import json, sys
+pipeline = (json.load(sys.stdin).get("amlemu") or {}).get("pipeline") or {}
+for s in pipeline.get("steps") or []:
+    detail = s.get("detail") or ""
+    print(s["step"], s.get("child_job") or "-", s["status"] + (" (" + detail + ")" if detail else ""), sep="\t")'
 }
 
 run_one() {  # file -> prints "outcome<TAB>seconds"
@@ -116,7 +138,10 @@ run_one() {  # file -> prints "outcome<TAB>seconds"
     local seconds
     seconds=$(python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1]):.1f}')" "$start" "$(date +%s.%N)")
     after=$("$AMLEMU" job list --all-results --query "[].name" -o tsv 2>/dev/null | sort)
-    name=$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | head -n 1)
+    # the job run-job.sh created (bash -x shows its run_id), else the first new name (a
+    # pipeline's step jobs are <pipeline>_<step>: they sort after it)
+    name=$(grep -m1 -oE '^\+ run_id=[A-Za-z0-9_-]+$' "$log" | cut -c10-)
+    [[ -n "$name" ]] || name=$(comm -13 <(printf '%s\n' "$before") <(printf '%s\n' "$after") | head -n 1)
     status=""
     [[ -n "$name" ]] && status=$("$AMLEMU" job show -n "$name" --query status -o tsv 2>/dev/null)
     case "$rc:$status" in
@@ -142,22 +167,24 @@ main() {
     echo "$("$AMLEMU" --version 2>&1 | tail -n 1); examples at $EXAMPLES ($(git -C "$EXAMPLES" rev-parse --short HEAD 2>/dev/null || echo 'not a git checkout'))" >&2
     echo "setting up the workspace (home $HOME_DIR, process backend) ..." >&2
     setup >"$WORK/logs/setup.log" 2>&1 || { cat "$WORK/logs/setup.log" >&2; echo "examples_yardstick: setup failed" >&2; exit 1; }
-    local rows=() skipped=() file kind result completed=0 failed=0
+    local rows=() skipped=() file kind result completed=0 failed=0 pipelines=0 pipelines_done=0
     while IFS= read -r path; do
         file=${path#"$BASICS"/}
         # shellcheck disable=SC2053 - ONLY is a glob
         [[ $file == $ONLY ]] || continue
         kind=$(kind_of "$path")
         case "$kind" in
-            command) ;;
-            pipeline) skipped+=("$file	skipped: pipeline job (issue 29)"); continue ;;
+            command|pipeline) ;;
             sweep) skipped+=("$file	skipped: sweep job (issue 28)"); continue ;;
             *) skipped+=("$file	skipped: $kind job (not a command job)"); continue ;;
         esac
         echo "running $file ..." >&2
         result=$(run_one "$file")
         rows+=("$file	$result")
-        if [[ $result == Completed* ]]; then completed=$((completed + 1)); else failed=$((failed + 1)); fi
+        if [[ $kind == pipeline ]]; then
+            pipelines=$((pipelines + 1))
+            [[ $result == Completed* ]] && pipelines_done=$((pipelines_done + 1))
+        elif [[ $result == Completed* ]]; then completed=$((completed + 1)); else failed=$((failed + 1)); fi
     done < <(find "$BASICS" -name '*.yml' -not -path '*/src/*' | sort)
     printf '\n| file | outcome | seconds |\n|---|---|---|\n'
     for row in "${rows[@]}"; do
@@ -168,8 +195,9 @@ main() {
         IFS=$'\t' read -r file result <<<"$row"
         printf '| %s | %s | - |\n' "$file" "$result"
     done
-    printf '\n%d command jobs: %d Completed, %d not; %d files skipped\n' \
-        $((completed + failed)) "$completed" "$failed" "${#skipped[@]}"
+    printf '\n%d command jobs: %d Completed, %d not; %d pipeline jobs: %d Completed, %d not; %d files skipped\n' \
+        $((completed + failed)) "$completed" "$failed" "$pipelines" "$pipelines_done" \
+        $((pipelines - pipelines_done)) "${#skipped[@]}"
 }
 
 main
