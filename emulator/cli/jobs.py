@@ -87,11 +87,12 @@ def _print_trials(sweep: dict[str, Any]) -> None:
 
 
 def _print_steps(pipeline: dict[str, Any]) -> None:
-    """A pipeline's steps in run order: each one's child job and status."""
+    """A pipeline's steps in run order: each one's child job and status, and the run a reused step reused."""
     console.print(f"  {'step':<20} {'child job':<40} status", highlight=False)
     for s in pipeline.get("steps") or []:
         detail = f"  ({s['detail']})" if s.get("detail") else ""
-        console.print(f"  {s['step']:<20} {s.get('child_job') or '-':<40} {s['status']}{detail}",
+        reused = f"  reused {s['reused_from']}" if s.get("reused_from") else ""
+        console.print(f"  {s['step']:<20} {s.get('child_job') or '-':<40} {s['status']}{reused}{detail}",
                       highlight=False, markup=False)
 
 
@@ -147,6 +148,10 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
         console.print(f"{d['name']} ({d.get('experiment_name')}) on {_compute(d)}: {d.get('status')}", highlight=False)
         if own.get("error"):
             console.print(f"error: {own['error']}", highlight=False, markup=False)
+        props = d.get("properties") or {}
+        if props.get("azureml.isreused") == "true":  # a pipeline step that reused an earlier run's outputs
+            console.print(f"reused: {props.get('azureml.reusedrunid')} (azureml.isreused: true; not run)",
+                          highlight=False, markup=False)
         history = own.get("history") or []
         for h in history:
             detail = h["detail"].splitlines()[0] if h["detail"] else ""

@@ -41,7 +41,8 @@ CREATE TABLE IF NOT EXISTS preemption_policies (
 # A database of a newer version is refused with a way out, never half-read.
 SCHEMA_VERSION = 1
 MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
-              ("runs", "parent"): "ALTER TABLE runs ADD COLUMN parent TEXT"}  # a sweep's trial: the sweep
+              ("runs", "parent"): "ALTER TABLE runs ADD COLUMN parent TEXT",  # a sweep's trial: the sweep
+              ("runs", "reuse_key"): "ALTER TABLE runs ADD COLUMN reuse_key TEXT"}  # a pipeline step's run
 
 WORKSPACE_DEFAULTS = {
     "workspace_name": "amlemu-ws",
@@ -86,6 +87,7 @@ class RunRecord:
     exit_code: int | None = None
     preemptions: int = 0
     parent: str | None = None  # the sweep a trial belongs to
+    reuse_key: str | None = None  # a pipeline step's run: the key a later step may reuse it under
 
 
 def cluster_to_json(spec: ClusterSpec) -> str:

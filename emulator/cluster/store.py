@@ -221,6 +221,12 @@ class Store:
         data["nodes"] = json.loads(data["nodes"])
         return RunRecord(**data)
 
+    def runs_with_reuse_key(self, key: str) -> list[RunRecord]:
+        """Completed runs recorded under a pipeline step's reuse key, newest first (pipelines/reuse.py)."""
+        rows = self._db.execute("SELECT id FROM runs WHERE reuse_key = ? AND status = ? ORDER BY seq DESC",
+                                (key, RunStatus.COMPLETED.value)).fetchall()
+        return [self.run(r["id"]) for r in rows]
+
     def run_exists(self, run_id: str) -> bool:
         return self._db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is not None
 

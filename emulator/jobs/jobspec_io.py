@@ -41,7 +41,9 @@ def job_to_record(job: JobSpec) -> dict[str, Any]:
     }
 
 
-RECORD_ONLY = ("kind", "sweep", "pipeline")  # a sweep's record: its trial's job, and the sweep (emulator/sweeps/sweepspec.py); a pipeline's
+# A sweep's record: its trial's job, and the sweep (emulator/sweeps/sweepspec.py); a pipeline's; a
+# reused pipeline step's properties (pipelines/reuse.py).
+RECORD_ONLY = ("kind", "sweep", "pipeline", "properties")
 
 
 def job_from_record(data: dict[str, Any]) -> JobSpec:

@@ -108,7 +108,7 @@ def command_properties(name: str, job: dict[str, Any], *, workspace_id: str, com
         "inputs": {k: _rest_data(v, False) for k, v in (job.get("inputs") or {}).items()},
         "outputs": {k: _rest_data(v, True, output_uris.get(k)) for k, v in (job.get("outputs") or {}).items()},
         "resources": resources, "distribution": _distribution(job.get("distribution") or {}),
-        "tags": {}, "properties": {},
+        "tags": {}, "properties": dict(job.get("properties") or {}),  # a reused pipeline step's (pipelines/reuse.py)
         "queueSettings": {"jobTier": str(job["job_tier"]).capitalize()} if job.get("job_tier") else None,
     }
     if job.get("max_run_duration_seconds"):

@@ -3,9 +3,10 @@
 
 It starts each step as a child job when graph.ready() names it (independent steps at once, each on
 its compute, queued behind the cluster's nodes like any job), its inputs bound to the outputs its
-upstream steps' child jobs wrote; a failed step stops its dependents and, unless
-settings.continue_on_step_failure, cancels the running steps; a cancel of the pipeline cancels its
-steps. The steps' states are written to pipeline.json as they change (job show, the studio).
+upstream steps' child jobs wrote (or the runs they reuse: pipelines/reuse.py, a step whose key
+matches an earlier successful run is recorded Completed without running); a failed step stops its
+dependents and, unless settings.continue_on_step_failure, cancels the running steps; a cancel of the
+pipeline cancels its steps. The steps' states are written to pipeline.json as they change (job show, the studio).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError
-from amlemu.pipelines import graph, sweepstep
+from amlemu.pipelines import graph, reuse, sweepstep
 from amlemu.pipelines.submit import child_name, from_record, step_job, write_steps
 from amlemu.runs import recovery
 from amlemu.specs import RunStatus
@@ -37,6 +38,8 @@ class PipelineDriver:
         self.sources: dict[str, str] = {}
         self.states: dict[str, RunStatus] = {}  # step -> its child job's status (a step not there: not started)
         self.notes: dict[str, str] = {}  # step -> why it did not run, or was canceled
+        self.keys: dict[str, str | None] = {}  # step -> its reuse key (None: not reused, nor reusable)
+        self.reused: dict[str, str] = {}  # step -> the earlier run it reused
         self.handled: set[str] = set()  # stopped steps whose consequences were drawn
 
     def log(self, line: str) -> None:
@@ -53,6 +56,8 @@ class PipelineDriver:
 
     def start_ready(self) -> None:
         for step in graph.ready(self.spec, self.states):
+            if self.reuse(step):
+                continue
             try:
                 if self.spec.steps[step].type == "sweep":  # its sources entry: its best trial, when it completes
                     sweepstep.submit(self.emu, self.spec, step, self.run_id, self.sources)
@@ -65,7 +70,29 @@ class PipelineDriver:
             self.children[step], self.states[step] = child_name(self.run_id, step), RunStatus.QUEUED
             if self.spec.steps[step].type != "sweep":
                 self.sources[step] = self.children[step]
+            if self.keys.get(step):  # a later pipeline's same step may reuse this run once it completed
+                self.store.update_run(self.children[step], reuse_key=self.keys[step])
             self.log(f"step {step} started as {self.children[step]}")
+
+    def reuse(self, step: str) -> bool:
+        """The step's reuse key; when an earlier successful run has it (its outputs still there), the
+        step's child job is recorded Completed as reusing it, and its dependents read that run's outputs."""
+        found = reuse.step_key(self.emu, self.spec, step, self.run_id, self.sources, self.keys)
+        self.keys[step] = found.key
+        original = reuse.find_reusable(self.emu, found.key) if found.key else None
+        if original is None:
+            if found.why:
+                self.log(f"step {step} runs: {found.why}")
+            return False
+        try:
+            child = reuse.record_reused(self.emu, self.spec, step, self.run_id, self.sources, original)
+        except AmlEmuError as exc:  # recorded by a racing driver, say: the step runs, and the log says why
+            self.log(f"step {step} not reused: {exc}")
+            return False
+        self.children[step], self.states[step], self.sources[step] = child, RunStatus.COMPLETED, original.id
+        self.reused[step] = original.id
+        self.log(f"step {step} reused {original.id} (pipeline {original.parent}): recorded as {child}, not run")
+        return True
 
     def sweep_completed(self, step: str, sweep: str) -> None:
         """A sweep step's outputs are its best trial's, as on Azure ML: its dependents read that trial's."""
@@ -97,7 +124,8 @@ class PipelineDriver:
 
     def write(self) -> None:
         steps = [{"step": s, "child_job": self.children.get(s), "status": self.states.get(s, RunStatus.NOT_STARTED).value,
-                  "detail": self.notes.get(s, "")} for s in graph.topological_order(self.spec)]
+                  "detail": self.notes.get(s, ""), "reused_from": self.reused.get(s)}
+                 for s in graph.topological_order(self.spec)]
         write_steps(self.run_dir, {"steps": steps, "continue_on_step_failure": self.spec.settings.continue_on_step_failure})
 
     def run(self) -> None:
