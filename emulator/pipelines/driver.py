@@ -16,7 +16,7 @@ from pathlib import Path
 
 from amlemu.api import Emulator
 from amlemu.errors import AmlEmuError
-from amlemu.pipelines import graph, reuse, sweepstep
+from amlemu.pipelines import graph, reuse, stepartifacts, sweepstep
 from amlemu.pipelines.submit import child_name, from_record, step_job, write_steps
 from amlemu.runs import recovery
 from amlemu.specs import RunStatus
@@ -53,6 +53,11 @@ class PipelineDriver:
                     self.log(f"step {step} ({child}) ended {self.states[step].value}")
                     if self.spec.steps[step].type == "sweep" and self.states[step] is RunStatus.COMPLETED:
                         self.sweep_completed(step, child)
+                    elif self.states[step] is RunStatus.COMPLETED:  # its `artifacts` output, before dependents start
+                        problem = stepartifacts.publish(self.emu, self.spec, step, child)
+                        if problem:
+                            self.states[step], self.notes[step] = RunStatus.FAILED, problem
+                            self.log(f"step {step}: {problem}")
 
     def start_ready(self) -> None:
         for step in graph.ready(self.spec, self.states):
