@@ -24,6 +24,7 @@ from amlemu.pipelines import graph
 from amlemu.pipelines.pipelinespec import pipeline_from_dict
 from amlemu.pipelines.submit import write_steps
 from amlemu.specs import ClusterSpec, Priority, RunStatus
+from amlemu.storage.datastores import DatastoreSpec
 from amlemu.studio.app import standalone_app
 from amlemu.studio.gate import home_key, login_url
 from amlemu.studio.pipelinedata import edges, layers, pipeline_view
@@ -163,8 +164,9 @@ BOXES = "return [...document.querySelectorAll('#pipeline-graph g.step')].map(g =
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_the_pipeline_page_turns_its_boxes_green_step_by_step(emu, cluster, tmp_path: Path) -> None:
-    cluster()
-    path = write_pipeline(tmp_path / "pipe", "", CHAIN)
+    cluster(idle_seconds_before_scaledown=60)  # a node kept for the next step
+    emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))  # no Azurite to start
+    path = write_pipeline(tmp_path / "pipe", ", default_datastore: azureml:steps", CHAIN)
     src = path.parent / "src" / "step.py"  # the middle step takes ~2 s: the page sees it run
     src.write_text(src.read_text().replace('elif what == "train":', 'elif what == "train":\n    time.sleep(2)'))
     key = home_key(emu.home.root)

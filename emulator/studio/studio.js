@@ -274,7 +274,8 @@
       .filter(Boolean).join("\n");
     box.append(tip, svg("rect", { class: "box", width: BOX.w, height: BOX.h, rx: 6 }),
       svgText({ class: "step-name", x: 10, y: 19 }, clip(s.step, s.reused_from ? 20 : 28)),
-      svgText({ class: "step-status", x: 10, y: 37 }, s.not_run ? `not run (${s.status})` : s.status));
+      svgText({ class: "step-status", x: 10, y: 37 }, (s.not_run ? `not run (${s.status})` : s.status) +
+        (s.type === "sweep" ? ", a sweep" : "")));
     if (s.child_job) {
       const link = svg("a", { class: "child-link", href: `${base}/jobs/${encodeURIComponent(s.child_job)}` });
       link.append(svgText({ x: 10, y: 56 }, clip(s.child_job, 32)));
@@ -286,21 +287,49 @@
     }
     return box;
   }
+  // Where each arrow leaves and enters its boxes: spread down the box's side in the order of the other
+  // ends; an arrow in gets room for the lines of its label (stacked above it).
+  function ports(pairs, at) {
+    for (const [end, other] of [["from", "to"], ["to", "from"]]) {
+      const byBox = new Map();
+      for (const p of pairs) byBox.set(p[end], [...(byBox.get(p[end]) || []), p]);
+      for (const [name, list] of byBox) {
+        list.sort((a, b) => at.get(a[other]).y - at.get(b[other]).y || at.get(a[other]).x - at.get(b[other]).x);
+        const room = list.map((p) => (end === "to" ? p.labels.length : 1));
+        const total = room.reduce((x, y) => x + y, 1);
+        let used = 0;
+        list.forEach((p, i) => {
+          used += room[i];
+          p[`${end}Y`] = at.get(name).y + (BOX.h * used) / total;
+        });
+      }
+    }
+  }
+  // An arrow to the next column is one curve; one that skips columns runs along the gap between two
+  // rows (no box is there), so that it never crosses a box.
+  function edgePath(a, b, y1, y2) {
+    const x1 = a.x + BOX.w, x2 = b.x - 2, half = BOX.gapX / 2;
+    if (b.x - a.x <= BOX.w + BOX.gapX + 1) return `M${x1},${y1} C${x1 + half},${y1} ${x2 - half},${y2} ${x2},${y2}`;
+    const lane = b.y > a.y ? a.y + BOX.h + BOX.gapY / 2 : a.y - BOX.gapY / 2;
+    const xa = x1 + BOX.gapX, xb = x2 - BOX.gapX;
+    return `M${x1},${y1} C${x1 + half},${y1} ${x1 + half},${lane} ${xa},${lane} L${xb},${lane} ` +
+      `C${xb + half},${lane} ${xb + half},${y2} ${x2},${y2}`;
+  }
   function edgeLines(d, at) { // one arrow per pair of steps, labelled with each output -> input it carries
     const pairs = new Map();
     for (const e of d.edges) {
+      if (!at.has(e.from) || !at.has(e.to)) continue;
       const key = JSON.stringify([e.from, e.to]);
       if (!pairs.has(key)) pairs.set(key, { from: e.from, to: e.to, labels: [] });
-      pairs.get(key).labels.push(clip(`${e.output} \u2192 ${e.input}`, 30));
+      pairs.get(key).labels.push(clip(`${e.output} \u2192 ${e.input}`, 24));
     }
-    return [...pairs.values()].filter((p) => at.has(p.from) && at.has(p.to)).flatMap((p) => {
-      const a = at.get(p.from), b = at.get(p.to);
-      const x1 = a.x + BOX.w, y1 = a.y + BOX.h / 2, x2 = b.x - 2, y2 = b.y + BOX.h / 2, mid = (x1 + x2) / 2;
+    ports([...pairs.values()], at);
+    return [...pairs.values()].flatMap((p) => {
       const path = svg("path", { class: "edge", "data-from": p.from, "data-to": p.to, "marker-end": "url(#arrow)",
-        d: `M${x1},${y1} C${mid},${y1} ${mid},${y2} ${x2},${y2}` });
-      const label = svg("text", { class: "edge-label", "data-from": p.from, "data-to": p.to, "text-anchor": "middle" });
-      p.labels.forEach((text, i) => {
-        const line = svg("tspan", { x: mid, y: (y1 + y2) / 2 - 5 - 12 * (p.labels.length - 1 - i) });
+        d: edgePath(at.get(p.from), at.get(p.to), p.fromY, p.toY) });
+      const label = svg("text", { class: "edge-label", "data-from": p.from, "data-to": p.to, "text-anchor": "end" });
+      p.labels.forEach((text, i) => { // above the arrow's end, the last binding nearest it
+        const line = svg("tspan", { x: at.get(p.to).x - 8, y: p.toY - 4 - 12 * (p.labels.length - 1 - i) });
         line.textContent = text;
         label.append(line);
       });
