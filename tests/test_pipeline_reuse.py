@@ -181,16 +181,20 @@ def eval_read(emu: Emulator, run) -> str:  # type: ignore[no-untyped-def]
     return emu.run(pipelines.child_name(run.id, "eval")).logs().strip()
 
 
+def first_run(emu: Emulator, cluster, root: Path):  # type: ignore[no-untyped-def]
+    """The pipeline's first run, every step run (on nodes kept warm between steps: faster), and its steps' child jobs."""
+    cluster(max_nodes=4, idle_seconds_before_scaledown=120)
+    path = write_pipeline(root)
+    first = emu.submit(path)
+    assert first.wait(timeout=STARTUP) is RunStatus.COMPLETED, first.record.error
+    assert reused_from(emu, first) == dict.fromkeys(STEPS) and eval_read(emu, first) == "eval read: R prepared, C1 trained | N1"
+    return path, first, {s: pipelines.child_name(first.id, s) for s in STEPS}
+
+
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_a_second_run_reuses_every_step_and_a_changed_file_reruns_that_step_and_its_dependents_only(
         emu: Emulator, cluster, tmp_path: Path) -> None:
-    cluster(max_nodes=4)
-    path = write_pipeline(tmp_path / "p")
-    first = emu.submit(path)
-    assert first.wait(timeout=STARTUP) is RunStatus.COMPLETED, first.record.error
-    ran = {s: pipelines.child_name(first.id, s) for s in STEPS}
-    assert reused_from(emu, first) == dict.fromkeys(STEPS) and eval_read(emu, first) == "eval read: R prepared, C1 trained | N1"
-
+    path, first, ran = first_run(emu, cluster, tmp_path / "p")
     again = emu.submit(path)
     assert again.wait(timeout=STARTUP) is RunStatus.COMPLETED, again.record.error
     assert reused_from(emu, again) == ran  # each step names the run that did the work
@@ -206,22 +210,29 @@ def test_a_second_run_reuses_every_step_and_a_changed_file_reruns_that_step_and_
     assert json.loads(child.output)["properties"] == {"azureml.isreused": "true", "azureml.reusedrunid": ran["eval"],
                                                       "azureml.reusedpipelinerunid": first.id}
 
-    # At once: note.txt changed in place (eval only reads it), a copy with cfg.txt changed (train
-    # reads it, eval reads train), force_rerun, and train made non-deterministic.
-    forced_path, loose_path = (shutil.copytree(tmp_path / "p", tmp_path / n) for n in ("forced", "loose"))
-    changed_cfg = write_pipeline(tmp_path / "cfg", cfg="C2")
+    # At once: a copy with cfg.txt changed (train reads it, eval reads train), and note.txt changed
+    # in place (only eval reads it).
+    changed_cfg = emu.submit(write_pipeline(tmp_path / "cfg", cfg="C2"))
     (tmp_path / "p" / "note.txt").write_text("N2")
-    (Path(loose_path) / "train.yml").write_text(TRAIN + "is_deterministic: false\n")
     note = emu.submit(path)
-    cfg = emu.submit(changed_cfg)
-    forced = emu.submit(Path(forced_path) / "pipeline.yml", ["settings.force_rerun=true"])
-    loose = emu.submit(Path(loose_path) / "pipeline.yml")
-    for run in (note, cfg, forced, loose):
+    for run in (note, changed_cfg):
         assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
     assert reused_from(emu, note) == {**ran, "eval": None}
     assert eval_read(emu, note) == "eval read: R prepared, C1 trained | N2"  # it read the reused run's model
-    assert reused_from(emu, cfg) == {"prepare": ran["prepare"], "train": None, "eval": None}
-    assert eval_read(emu, cfg) == "eval read: R prepared, C2 trained | N1"
+    assert reused_from(emu, changed_cfg) == {"prepare": ran["prepare"], "train": None, "eval": None}
+    assert eval_read(emu, changed_cfg) == "eval read: R prepared, C2 trained | N1"
+
+
+@pytest.mark.full  # each is a key unit-tested above (None); make test-full runs them on nodes
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+def test_force_rerun_and_a_non_deterministic_component_rerun(emu: Emulator, cluster, tmp_path: Path) -> None:
+    _, _, ran = first_run(emu, cluster, tmp_path / "p")
+    forced_path, loose_path = (Path(shutil.copytree(tmp_path / "p", tmp_path / n)) for n in ("forced", "loose"))
+    (loose_path / "train.yml").write_text(TRAIN + "is_deterministic: false\n")
+    forced = emu.submit(forced_path / "pipeline.yml", ["settings.force_rerun=true"])
+    loose = emu.submit(loose_path / "pipeline.yml")
+    for run in (forced, loose):
+        assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
     assert reused_from(emu, forced) == dict.fromkeys(STEPS)
     assert all(r.reuse_key is None for r in steps_of(emu, forced).values())  # a forced run is never reused either
-    assert reused_from(emu, loose) == {"prepare": ran["prepare"], "train": None, "eval": None}
+    assert reused_from(emu, loose) == {"prepare": ran["prepare"], "train": None, "eval": None}  # eval reads train

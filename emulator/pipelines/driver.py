@@ -60,8 +60,10 @@ class PipelineDriver:
                             self.log(f"step {step}: {problem}")
 
     def start_ready(self) -> None:
+        reused = False
         for step in graph.ready(self.spec, self.states):
             if self.reuse(step):
+                reused = True
                 continue
             try:
                 if self.spec.steps[step].type == "sweep":  # its sources entry: its best trial, when it completes
@@ -78,6 +80,8 @@ class PipelineDriver:
             if self.keys.get(step):  # a later pipeline's same step may reuse this run once it completed
                 self.store.update_run(self.children[step], reuse_key=self.keys[step])
             self.log(f"step {step} started as {self.children[step]}")
+        if reused:  # a reused step is Completed now: its dependents may start without waiting a poll
+            self.start_ready()
 
     def reuse(self, step: str) -> bool:
         """The step's reuse key; when an earlier successful run has it (its outputs still there), the
