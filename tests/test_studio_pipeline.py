@@ -114,12 +114,14 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     store = Store(home.db)
     store.add_cluster(ClusterSpec("c1", "STANDARD_D2_V2", Priority.LOW_PRIORITY, max_nodes=2), "process")
     store.add_run("r1", "exp", "c1", {"command": "python plain.py", "instance_count": 1})
-    yaml = {**YAML, "jobs": {**YAML["jobs"], "right": inline(SCRIPT, data=bound("prep"))}}
+    tune = {"type": "sweep", "trial": "./train.yml", "inputs": {"data": bound("prep")}}  # a sweep step
+    yaml = {**YAML, "jobs": {**YAML["jobs"], "right": inline(SCRIPT, data=bound("prep")), "tune": tune}}
     store.add_run("p", "exp", "c1", {"command": "", "instance_count": 1, "kind": "pipeline", "display_name": "pipe",
                                      "pipeline": {"yaml": yaml, "base_dir": "/nowhere"}})
     walk_to(store, "p", RunStatus.RUNNING)
-    for name, status in (("prep", RunStatus.COMPLETED), ("right", RunStatus.RUNNING)):
-        store.add_run(f"p_{name}", "exp", "c1", {"command": "echo", "display_name": name}, parent="p")
+    for name, status in (("prep", RunStatus.COMPLETED), ("right", RunStatus.RUNNING), ("tune", RunStatus.RUNNING)):
+        kind = {"kind": "sweep"} if name == "tune" else {}
+        store.add_run(f"p_{name}", "exp", "c1", {"command": "echo", "display_name": name, **kind}, parent="p")
         walk_to(store, f"p_{name}", status)
     store.close()
     write_steps(home.run_dir("p"), {"continue_on_step_failure": True, "steps": [
@@ -133,10 +135,10 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
 def test_the_pipeline_endpoint_and_page_show_its_steps_and_escape_what_the_user_wrote(client: TestClient) -> None:
     data = client.get("/studio/api/pipelines/p").json()
     assert (data["type"], data["status"], data["terminal"]) == ("pipeline", "Running", False)
-    assert [(s["step"], s["status"]) for s in data["steps"]] == [
-        ("prep", "Completed"), ("alone", "NotStarted"), ("right", "Running"), ("left", "NotStarted"),
-        ("join", "NotStarted")]
-    assert data["layers"] == [["prep", "alone"], ["right", "left"], ["join"]]
+    assert [(s["step"], s["type"], s["status"]) for s in data["steps"]] == [
+        ("prep", "command", "Completed"), ("alone", "command", "NotStarted"), ("right", "command", "Running"),
+        ("left", "command", "NotStarted"), ("join", "command", "NotStarted"), ("tune", "sweep", "Running")]
+    assert data["layers"] == [["prep", "alone"], ["right", "tune", "left"], ["join"]]  # tune reads row 0 only
     assert client.get("/studio/api/pipelines/r1").status_code == 404
     assert "r1 is a command job" in client.get("/studio/api/pipelines/r1").json()["error"]["message"]
     page = client.get("/studio/jobs/p")
@@ -144,11 +146,12 @@ def test_the_pipeline_endpoint_and_page_show_its_steps_and_escape_what_the_user_
     assert SCRIPT not in page.text and "&lt;script&gt;window.pwned = 1&lt;/script&gt;" in page.text
     assert re.findall(r"<script[^>]*>", page.text) == ['<script src="/studio/static/studio.js">']
     assert re.search(r'<tr data-step="prep"><td>prep</td><td><a href="/studio/jobs/p_prep">p_prep</a></td>', page.text)
-    step_page = client.get("/studio/jobs/p_right").text  # a step's child job links back to its pipeline
-    assert '<dt>step of pipeline</dt><dd id="parent"><a href="/studio/jobs/p">p</a></dd>' in step_page
+    back = '<dt>step of pipeline</dt><dd id="parent"><a href="/studio/jobs/p">p</a></dd>'
+    assert back in client.get("/studio/jobs/p_right").text  # a step's child job links back to its pipeline
+    assert back in client.get("/studio/jobs/p_tune").text  # a sweep step's page too
     overview = client.get("/studio/api/overview").json()
     assert [(j["id"], j["type"], [t["id"] for t in j["trials"]]) for j in overview["jobs"]] == [
-        ("p", "pipeline", ["p_prep", "p_right"]), ("r1", "command", [])]
+        ("p", "pipeline", ["p_prep", "p_right", "p_tune"]), ("r1", "command", [])]
     assert re.search(r'<a href="/studio/jobs/p_prep">p_prep</a></td><td>step</td>', client.get("/studio/").text)
 
 

@@ -45,6 +45,8 @@ def sweep_page(sweep: dict[str, Any], base: str) -> str:
              ("sampling", sweep["sampling"]), ("early termination", sweep["early_termination"] or "none"),
              ("limits", limits)]
     dl = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in facts)
+    if sweep.get("parent"):  # a pipeline's sweep step
+        dl = f'<dt>step of pipeline</dt><dd id="parent">{job_link(base, sweep["parent"])}</dd>' + dl
     notes = "".join(f"<li>{esc(n)}</li>" for n in sweep["notes"])
     trials = _table("trials", tuple(trial_heads(sweep)), [trial_row(t, sweep, base) for t in sweep["trials"]],
                     "no trial yet")
