@@ -6,8 +6,8 @@ pipeline's record queued, and its driver started in a process group of its own
 Each step runs as a child job named `<pipeline>_<step>` (Azure ML names a step's child job with a
 GUID and shows the step as its display name; a readable unique name serves the same), with the
 step's name as its display name; a sweep step is a sweep job of that name (pipelines/sweepstep.py).
-Not emulated yet: reuse (every step runs, as with settings.force_rerun: true). A step's code is read
-when the step starts, not at submit.
+A step whose earlier run can stand for it is reused, not run (pipelines/reuse.py). A step's code is
+read when the step starts, not at submit.
 """
 from __future__ import annotations
 
