@@ -195,6 +195,9 @@ def first_run(emu: Emulator, cluster, root: Path):  # type: ignore[no-untyped-de
 def test_a_second_run_reuses_every_step_and_a_changed_file_reruns_that_step_and_its_dependents_only(
         emu: Emulator, cluster, tmp_path: Path) -> None:
     path, first, ran = first_run(emu, cluster, tmp_path / "p")
+    written = {"type": "uri_folder", "path": emu.store.run(ran["prepare"]).job["outputs"]["data"]["path"]}
+    held = reuse.input_hash(emu, written, "x")  # a blob datastore's files (Azurite's), by their ETags
+    assert held == reuse.input_hash(emu, written, "x") != reuse.input_hash(emu, {**written, "path": written["path"] + "none/"}, "x")
     again = emu.submit(path)
     assert again.wait(timeout=STARTUP) is RunStatus.COMPLETED, again.record.error
     assert reused_from(emu, again) == ran  # each step names the run that did the work
