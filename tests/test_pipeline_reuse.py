@@ -209,6 +209,8 @@ def test_a_second_run_reuses_every_step_and_a_changed_file_reruns_that_step_and_
     env = {"AMLEMU_HOME": str(emu.home.root)}
     shown = CliRunner().invoke(cli, ["job", "show", again.id], env=env)
     assert f"{again.id}_train" in shown.output and f"Completed  reused {ran['train']}" in shown.output, shown.output
+    human = CliRunner().invoke(cli, ["job", "show", f"{again.id}_eval"], env=env)
+    assert f"reused: {ran['eval']} (azureml.isreused: true; not run)" in human.output, human.output
     child = CliRunner().invoke(cli, ["job", "show", f"{again.id}_eval", "-o", "json"], env=env)
     assert json.loads(child.output)["properties"] == {"azureml.isreused": "true", "azureml.reusedrunid": ran["eval"],
                                                       "azureml.reusedpipelinerunid": first.id}
