@@ -19,6 +19,7 @@ from amlemu.pipelines import submit as pipelines
 from amlemu.pipelines import sweepstep
 from amlemu.pipelines.pipelinespec import load_pipeline
 from amlemu.specs import RunStatus
+from amlemu.storage.datastores import DatastoreSpec
 from amlemu.sweeps import results
 from amlemu.sweeps.sweepspec import trial_job
 
@@ -65,12 +66,12 @@ use:
 """
 
 
-def write_pipeline(root: Path, jobs: str = SWEEP) -> Path:
+def write_pipeline(root: Path, jobs: str = SWEEP, settings: str = "") -> Path:
     (root / "src").mkdir(parents=True, exist_ok=True)
     (root / "src" / "step.py").write_text(SCRIPT)
     (root / "train.yml").write_text(TRAIN)
     path = root / "pipeline.yml"
-    path.write_text("type: pipeline\nexperiment_name: pipe\nsettings: {default_compute: azureml:c1}\njobs:\n"
+    path.write_text("type: pipeline\nexperiment_name: pipe\nsettings: {default_compute: azureml:c1" + settings + "}\njobs:\n"
                     + textwrap.indent(textwrap.dedent(jobs), "  "))
     return path
 
@@ -130,8 +131,10 @@ def test_each_invalid_sweep_step_is_refused_in_one_line_naming_the_field(tmp_pat
 def test_a_pipelines_sweep_step_runs_its_trials_and_the_next_step_reads_the_best_trials_output(
         emu: Emulator, cluster, tmp_path: Path) -> None:
     cluster(max_nodes=3)
+    emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))  # no Azurite to start
+    path = write_pipeline(tmp_path, settings=", default_datastore: azureml:steps")
     env = {"AMLEMU_HOME": str(emu.home.root)}
-    created = CliRunner().invoke(cli, ["job", "create", "-f", str(write_pipeline(tmp_path)), "-o", "json"], env=env)
+    created = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "-o", "json"], env=env)
     assert created.exit_code == 0, created.output
     run = emu.run(json.loads(created.output)["name"])
     assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
@@ -143,6 +146,9 @@ def test_a_pipelines_sweep_step_runs_its_trials_and_the_next_step_reads_the_best
     assert summary is not None and summary["best_child_run_id"] == f"{sweep.id}_1"  # grid: lr 0.7 is the 2nd
     use = emu.run(pipelines.child_name(run.id, "use"))
     assert f"read: lr=0.7 by {sweep.id}_1" in use.log_path(0).read_text()  # the best trial's output
+    assert (tmp_path / "steps" / "azureml" / f"{sweep.id}_0" / "model" / "model.txt").is_file()  # each trial its own
+    steps = {s["step"]: s for s in pipelines.read_steps(run.dir)["steps"]}  # type: ignore[index]
+    assert steps["tune"]["child_job"] == sweep.id and steps["tune"]["outputs_from"] == f"{sweep.id}_1"
     shown = CliRunner().invoke(cli, ["job", "show", run.id], env=env)
     assert shown.exit_code == 0 and f"tune                 {sweep.id}" in shown.output, shown.output
     assert f"best trial {sweep.id}_1" in shown.output

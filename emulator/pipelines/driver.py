@@ -133,7 +133,8 @@ class PipelineDriver:
 
     def write(self) -> None:
         steps = [{"step": s, "child_job": self.children.get(s), "status": self.states.get(s, RunStatus.NOT_STARTED).value,
-                  "detail": self.notes.get(s, ""), "reused_from": self.reused.get(s)}
+                  "detail": self.notes.get(s, ""), "reused_from": self.reused.get(s),
+                  "outputs_from": self.sources.get(s)}  # the job whose outputs its dependents read
                  for s in graph.topological_order(self.spec)]
         write_steps(self.run_dir, {"steps": steps, "continue_on_step_failure": self.spec.settings.continue_on_step_failure})
 
