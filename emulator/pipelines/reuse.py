@@ -34,6 +34,7 @@ from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.snapshot import plan_snapshot
 from amlemu.pipelines import stepio
 from amlemu.pipelines.bindings import StepOutputRef
+from amlemu.pipelines.submit import child_name, step_job
 from amlemu.specs import RunStatus
 from amlemu.storage.assets import default_output_uri, is_asset_ref
 from amlemu.storage.datastores import parse_uri
@@ -141,8 +142,6 @@ def step_key(emu: Emulator, spec: PipelineSpec, step: str, pipeline: str, source
              keys: Mapping[str, str | None]) -> StepKey:
     """The step's reuse key, its inputs bound to `sources` (step -> the run whose outputs stand for
     it) and upstream steps' `keys`; StepKey(None, why) when it is not to be reused."""
-    from amlemu.pipelines.submit import step_job  # noqa: PLC0415 - submit imports the driver's modules
-
     item = spec.steps[step]
     if item.type != "command":
         return StepKey(None, f"a {item.type} step is not reused")
@@ -200,8 +199,6 @@ def record_reused(emu: Emulator, spec: PipelineSpec, step: str, pipeline: str, s
                   original: RunRecord) -> str:
     """The step's child job `<pipeline>_<step>`, Completed at once with the reuse properties: nothing
     runs (no supervisor, no node); its outputs are the reused run's, and its log says so."""
-    from amlemu.pipelines.submit import child_name, step_job  # noqa: PLC0415
-
     child, job = child_name(pipeline, step), step_job(spec, step, pipeline, sources)
     record = {**job_to_record(job), "outputs": dict(original.job.get("outputs") or {}),
               "properties": reuse_properties(original)}
