@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -97,6 +98,17 @@ def test_a_value_the_step_binds_for_a_hyperparameter_is_the_search_spaces_to_giv
     assert "lr" not in sweep.job["inputs"] and "--depth" not in sweep.job["command"]  # depth: no value, part dropped
 
 
+def test_the_step_reads_the_best_trial_only_when_it_completed_with_the_primary_metric(tmp_path: Path) -> None:
+    emu = SimpleNamespace(home=SimpleNamespace(run_dir=lambda name: tmp_path / name))
+    trials = [{"name": "s_0", "status": "Completed"}, {"name": "s_1", "status": "Canceled"}]
+    results.write(tmp_path / "s", {"best_child_run_id": "s_0", "trials": trials})
+    assert sweepstep.best_trial(emu, "s") == "s_0"  # type: ignore[arg-type]
+    results.write(tmp_path / "s", {"best_child_run_id": "s_1", "trials": trials})  # scored, but canceled
+    assert sweepstep.best_trial(emu, "s") is None  # type: ignore[arg-type]
+    results.write(tmp_path / "s", {"best_child_run_id": None, "trials": trials})  # no metric logged
+    assert sweepstep.best_trial(emu, "s") is None  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("  search_space: {lr: {type: choice, values: [0.2, 0.7, 0.4]}}\n", "",
      "jobs.tune.search_space: missing"),
@@ -134,6 +146,8 @@ def test_a_pipelines_sweep_step_runs_its_trials_and_the_next_step_reads_the_best
     emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))  # no Azurite to start
     path = write_pipeline(tmp_path, settings=", default_datastore: azureml:steps")
     env = {"AMLEMU_HOME": str(emu.home.root)}
+    planned = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "--dry-run", "-o", "json"], env=env)
+    assert json.loads(planned.output)["run_order"] == ["tune", "use"], planned.output  # the trial job checked
     created = CliRunner().invoke(cli, ["job", "create", "-f", str(path), "-o", "json"], env=env)
     assert created.exit_code == 0, created.output
     run = emu.run(json.loads(created.output)["name"])
