@@ -181,7 +181,8 @@ def job_show(ctx: click.Context, name: str, target_name: str | None, output: str
 @click.pass_context
 @handle_errors
 def job_stream(ctx: click.Context, name: str, target_name: str | None) -> None:
-    """Print the job's log until it ends; exit 0 when it completed, 1 otherwise."""
+    """Print the job's log until it ends (a pipeline: each step's, headed by its name, as the steps
+    start); exit 0 when it completed, 1 otherwise."""
     target = target_of(ctx, target_name)
     status = target.stream(name)
     _print_metrics(target.metrics(name))
@@ -220,12 +221,14 @@ def job_cancel(ctx: click.Context, name: str, dry_run: bool, target_name: str | 
 def job_download(ctx: click.Context, name: str, download_path: Path, output_name: str | None, everything: bool,
                  dry_run: bool, target_name: str | None, output: str) -> None:
     """Copy the job's logs and default output (outputs/, logs/) to <download-path>/<name>; named
-    outputs go to <download-path>/<name>/named-outputs/<output>."""
+    outputs go to <download-path>/<name>/named-outputs/<output>. A pipeline's --output-name is one
+    of its pipeline-level outputs; its --all adds each step's child job, as its own --all lays it out."""
     target = target_of(ctx, target_name)
     plan = target.plan_download(name, download_path, output_name, everything)
     if dry_run:
         show_plan(plan, output)
         return
     execute(plan)
-    copied = next((a.detail["to"] for a in plan if a.what == "run files"), str(download_path / name))  # a sweep's: its best trial's
-    report([copied], output, lambda d: console.print(f"downloaded to {d[0]}", highlight=False))
+    # a sweep's: its best trial's; a pipeline's with --all: its own and each step's child job's
+    copied = [a.detail["to"] for a in plan if a.what == "run files"] or [str(download_path / name)]
+    report(copied, output, lambda d: console.print(f"downloaded to {', '.join(d)}", highlight=False))

@@ -15,10 +15,12 @@ from amlemu.jobs.sdkjobs import to_job
 from amlemu.runs.contract import bindings, default_output_uri, workspace_arm_id
 from amlemu.runs.metrics import PLOT_NAME
 from amlemu.specs import ClusterSpec
+from amlemu.pipelines import follow
 from amlemu.pipelines import submit as pipelines
 from amlemu.sweeps import results
 from amlemu.sweeps import submit as sweeps
 from amlemu.sweeps.sweepspec import is_sweep_record
+from amlemu.targets import pipelinedownload
 from amlemu.targets.base import JobSource, Plan, Target, WorkspaceOptions
 from amlemu.validate import check_job
 
@@ -114,6 +116,8 @@ class EmulatorTarget(Target):
         return self.emu.run(name).metrics()
 
     def stream(self, name: str) -> str:
+        if pipelines.is_pipeline_record(self.emu.run(name).record.job):  # its steps' logs, in the order they start
+            return follow.stream(self.emu, name).value
         return self.emu.run(name).wait(show_output=True).value
 
     def plan_cancel(self, name: str) -> list[Action]:
@@ -140,22 +144,28 @@ class EmulatorTarget(Target):
         target = Path(dest) / name
         if target.exists() and not target.is_dir():
             raise ConfigError("--download-path", f"{target} is a file", "move it away or download elsewhere")
+        if pipelines.is_pipeline_record(run.record.job):  # its own files, its outputs, with --all its steps'
+            return pipelinedownload.plan(self, run, Path(dest), output_name, everything)
         outputs = {} if output_name in (None, DEFAULT_OUTPUT) and not everything else \
             {b.ref.split(".", 1)[1]: b.uri for b in bindings(run.job, name) if b.ref.startswith("outputs.")}
         if output_name not in (None, DEFAULT_OUTPUT, *outputs):
             raise NotFoundError("output", output_name, f"job {name} has: {', '.join([DEFAULT_OUTPUT, *outputs])}")
         plan = []
         if output_name in (None, DEFAULT_OUTPUT) or everything:
-            parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "azureml-logs", "system_logs", PLOT_NAME)
-                     if (run.dir / sub).exists()]
-            plan.append(Action("copy", "run files", name, {"from": parts, "to": str(target)},
-                               run=lambda: run.download(dest)))
+            plan.append(self.run_files(run, Path(dest)))
         wanted = outputs if everything else {k: v for k, v in outputs.items() if k == output_name}
         for out, uri in wanted.items():
-            plan.append(self._named_output(out, uri, target / "named-outputs" / out, required=not everything))
+            plan.append(self.named_output(out, uri, target / "named-outputs" / out, required=not everything))
         return plan
 
-    def _named_output(self, out: str, uri: str, to: Path, required: bool) -> Action:
+    @staticmethod
+    def run_files(run: Run, dest: Path) -> Action:
+        """The run's logs and default output, copied by Run.download into dest/<run>."""
+        parts = [str(run.dir / sub) for sub in ("outputs", "logs", "user_logs", "azureml-logs", "system_logs", PLOT_NAME)
+                 if (run.dir / sub).exists()]
+        return Action("copy", "run files", run.id, {"from": parts, "to": str(dest / run.id)}, run=lambda: run.download(dest))
+
+    def named_output(self, out: str, uri: str, to: Path, required: bool) -> Action:
         """A named output's download; one the job never wrote is an error when asked for by name,
         and skipped by --all (az ml skips it too)."""
         try:
