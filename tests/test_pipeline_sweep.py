@@ -109,6 +109,16 @@ def test_the_step_reads_the_best_trial_only_when_it_completed_with_the_primary_m
     assert sweepstep.best_trial(emu, "s") is None  # type: ignore[arg-type]
 
 
+def test_a_sweep_steps_data_input_is_bound_to_the_upstream_steps_output(tmp_path: Path) -> None:
+    prep = ("prep:\n  code: src\n  environment: azureml:AzureML-sklearn-1.5@latest\n"
+            "  command: python step.py read ${{outputs.data}}\n  outputs: {data: {type: uri_folder}}\n")
+    spec = load_pipeline(write_pipeline(tmp_path, prep + SWEEP.replace(
+        "inputs: {depth: 3}", "inputs: {data: '${{parent.jobs.prep.outputs.data}}'}")))
+    assert spec.steps["tune"].upstream == ("prep",)
+    sweep = sweepstep.sweep_job(spec, "tune", "p1", {"prep": "p1_prep"})
+    assert sweep.job["inputs"]["data"]["path"] == "azureml://datastores/workspaceblobstore/paths/azureml/p1_prep/data/"
+
+
 @pytest.mark.parametrize("old, new, message", [
     ("  search_space: {lr: {type: choice, values: [0.2, 0.7, 0.4]}}\n", "",
      "jobs.tune.search_space: missing"),
@@ -168,3 +178,5 @@ def test_a_pipelines_sweep_step_runs_its_trials_and_the_next_step_reads_the_best
     assert f"best trial {sweep.id}_1" in shown.output
     listed = CliRunner().invoke(cli, ["job", "list", "--parent-job-name", run.id, "-o", "json"], env=env)
     assert sorted(j["name"] for j in json.loads(listed.output)) == sorted([sweep.id, use.id])  # not the trials
+    top = CliRunner().invoke(cli, ["job", "list", "-o", "json"], env=env)
+    assert [j["name"] for j in json.loads(top.output)] == [run.id]
