@@ -129,6 +129,7 @@ def test_a_sweep_steps_data_input_is_bound_to_the_upstream_steps_output(tmp_path
     ("values: [0.2, 0.7, 0.4]", "values: [0.2, 1.5]", "jobs.tune.search_space.lr: "),
     ("{lr: {type: choice, values: [0.2, 0.7, 0.4]}}", "{kind: {type: choice, values: [a, c]}}",
      "jobs.tune.search_space.kind: "),
+    ("values: [0.2, 0.7, 0.4]", "values: [{a: 1}]", "jobs.tune.search_space.lr: a conditional choice's option"),
     ("{type: choice, values: [0.2, 0.7, 0.4]}", "{type: uniform, min_value: 0.1, max_value: 0.9}",
      "jobs.tune.sampling_algorithm: "),
     ("sampling_algorithm: grid", "sampling_algorithm: bayesian\n  early_termination: {type: median_stopping}",

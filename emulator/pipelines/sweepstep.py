@@ -22,7 +22,7 @@ from amlemu.pipelines.porttypes import PARAM_TYPES, check_value
 from amlemu.sweeps import policies
 from amlemu.sweeps.limits import Objective, SweepLimits
 from amlemu.sweeps.sampling import parse_sampling, validate_sampling
-from amlemu.sweeps.space import Choice, SearchSpace, parse_space
+from amlemu.sweeps.space import Branch, Choice, SearchSpace, parse_space
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -88,6 +88,9 @@ def check_step(step: Step) -> None:
             raise ConfigError(field, f"'{name}' is a {port.type} input: a search space samples values, not data",
                               f"sweep over its {', '.join(PARAM_TYPES)} inputs")
         for value in dist.values if isinstance(dist, Choice) else ():
+            if isinstance(value, Branch):
+                raise ConfigError(field, "a conditional choice's option is a mapping: an input takes one value",
+                                  "give the choice scalar values, or one hyperparameter per input")
             check_value(name, port.type, value, low=port.min, high=port.max, enum=port.enum, field=field)
 
 
