@@ -24,11 +24,13 @@ from starlette.routing import Route
 from amlemu.jobs import resource
 from amlemu.service.protocol import assetroutes
 from amlemu.service.protocol import bodies
+from amlemu.service.protocol import componentroutes
 from amlemu.service.protocol import datablobs
 from amlemu.service.protocol import endpoint
 from amlemu.service.protocol import health
 from amlemu.service.protocol import hyperdriveroutes
 from amlemu.service.protocol import linkguard
+from amlemu.service.protocol import pipelineroutes
 from amlemu.service.protocol import sweeproutes
 from amlemu.service.protocol import v1online
 from amlemu.service.protocol import v1routes
@@ -154,15 +156,16 @@ def blob(call: Call) -> Reply:
 
 # --- jobs and their run history ------------------------------------------------------------------
 def job_resource(call: Call, name: str, props: dict[str, Any]) -> dict[str, Any]:
-    # The one serializer `amlemu job show` prints through too (emulator/jobs/resource.py); a sweep's as a Sweep.
-    return resource.rest_resource(name, sweeproutes.shown(call, name, props), workspace_id=call.st.workspace.id,
+    # The one serializer `amlemu job show` prints through too (emulator/jobs/resource.py); a sweep's as a
+    # Sweep, a pipeline's as a Pipeline.
+    return resource.rest_resource(name, pipelineroutes.shown(call, name, props), workspace_id=call.st.workspace.id,
                                   created_at=call.st.job_created(name), service_url=call.base)
 
 
 def job(call: Call) -> Reply:
     name = call.params["name"]
     if call.method == "PUT":
-        return Reply(201, job_resource(call, name, sweeproutes.put_job(call, name)))
+        return Reply(201, job_resource(call, name, pipelineroutes.put_job(call, name)))
     return Reply(body=job_resource(call, name, call.st.get_job(name)))
 
 
@@ -278,6 +281,7 @@ ROUTES: list[tuple[str, str, Callable[[Call], Reply], bool | str]] = [
     ("GET", WS + "/environments/{name}/versions", environment_versions, True),
     ("GET|PUT", WS + "/environments/{name}/versions/{version}", versioned("environments"), True),
     *assetroutes.routes(WS),  # data and model assets: ml_client.data.*, ml_client.models.*
+    *componentroutes.routes(WS),  # ml_client.components.*, a pipeline's anonymous components
     ("GET", WS + "/jobs", job_list, True),
     ("GET|PUT", WS + "/jobs/{name}", job, True),
     ("POST", WS + "/jobs/{name}/cancel", job_cancel, True),

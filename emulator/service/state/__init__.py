@@ -304,6 +304,7 @@ class State(Protocol):
     v1: Any | None  # SDK v1 runs: experiments, startrun, run history (state/v1.py's EmulatorV1)
     assets: Any | None  # data and model assets (amlemu.storage.assets.Assets)
     sweeps: Any | None  # sweep jobs: their PUT, their Sweep resource, their trials (state/sweepstate.py)
+    pipelines: Any | None  # pipeline jobs and the components they run (state/pipelinestate.py, componentstate.py)
 
     def run_active(self, name: str) -> bool: ...  # a run's token opens its routes while the run is active
 

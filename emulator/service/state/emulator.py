@@ -36,7 +36,7 @@ from amlemu.service.state import (
     bad_request,
     not_found,
 )
-from amlemu.service.state import jobrest, runblobs, sweepstate
+from amlemu.service.state import jobrest, pipelinestate, runblobs, sweepstate
 from amlemu.service.state.computerest import NODE_STATES, cluster_from_rest, compute_props
 from amlemu.service.state.v1 import EmulatorV1
 from amlemu.specs import ClusterSpec, JobSpec
@@ -61,7 +61,7 @@ class EmulatorState:
         self._creating: dict[str, Future[Any]] = {}
         self._lock = threading.Lock()
         self.v1 = EmulatorV1(self, folder)
-        self.sweeps = sweepstate.SweepState(self)  # sweep jobs: their PUT, their results, their trials
+        self.sweeps, self.pipelines = sweepstate.SweepState(self), pipelinestate.PipelineState(self)  # and components
 
     @property
     def workspace(self) -> Workspace:
@@ -224,7 +224,7 @@ class EmulatorState:
         self.emu.reconcile()
         record = self.emu.store.run(name)
         events = self.emu.store.events(name)
-        files = log_files(self.home.run_dir(name))
+        files = log_files(self.home.run_dir(name)) + list(self.pipelines.log_aliases(record.job))  # its driver's
         started = next((ts for ts, status, _ in events if status.value == "Running"), None)
         error = record.error
         if record.status.value == "Failed" and record.exit_code is not None and "exit" not in (error or ""):
@@ -244,7 +244,7 @@ class EmulatorState:
         """A file of the run's record (a signed log URL's): never through a link, never a private
         one (the launch plans, an owner-only file: runfiles.open_in_run)."""
         run_dir = self.home.run_dir(name)
-        found = runfiles.open_in_run(run_dir, path, runblobs.RUN_FOLDERS) or \
+        found = runfiles.open_in_run(run_dir, self.pipelines.log_path(name, path), runblobs.RUN_FOLDERS) or \
             runfiles.open_in_run(run_dir, f"{runhistory.ARTIFACTS}/{path}", runblobs.RUN_FOLDERS)  # an upload's name
         if found is None:
             raise not_found(f"log {path} of job {name}")
@@ -333,7 +333,7 @@ class EmulatorState:
 
     def run_outputs(self, name: str) -> dict[str, str]:
         self._props(name)
-        return runblobs.run_outputs(self.emu, name)
+        return {**runblobs.run_outputs(self.emu, name), **self.pipelines.output_uris(name)}  # a pipeline's: steps'
 
     def list_blobs(self, container: str, prefix: str) -> list[tuple[str, int]]:
         return runblobs.list_blobs(self.emu, container, prefix)

@@ -27,6 +27,8 @@ def run_outputs(emu: Any, name: str) -> dict[str, str]:
     """Output name -> azureml:// URI: "default" (logs and outputs/) and each named output."""
     record = emu.store.run(name)
     found = {"default": f"azureml://datastores/{ARTIFACT_STORE}/paths/ExperimentRun/dcid.{name}"}
+    if record.job.get("kind") == "pipeline":  # no command of its own: its outputs are its steps' (pipelinestate.py)
+        return found
     for b in bindings(job_from_record(record.job), name):
         if b.is_output:
             found[b.name] = b.uri.rstrip("/")
