@@ -17,6 +17,9 @@ from amlemu.errors import ConfigError
 from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
+from amlemu.pipelines import submit as pipelines
+from amlemu.pipelines.bindings import StepOutputRef
+from amlemu.pipelines.pipelinespec import is_pipeline_file, load_pipeline
 from amlemu.specs import DistributionType, JobSpec
 from amlemu.sweeps.sweepspec import SweepSpec, is_sweep_file, load_sweep, trial_field
 from amlemu.workspacerules import Finding, check_links
@@ -70,7 +73,7 @@ def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emu
     finding per problem, so a field the emulator already named is not named twice."""
     try:
         findings = _sweep_findings(load_sweep(path, overrides), emu) if is_sweep_file(path) else \
-            check_job(load_job(path, overrides), emu)
+            _pipeline_findings(path, overrides, emu) if is_pipeline_file(path) else check_job(load_job(path, overrides), emu)
     except ConfigError as exc:
         findings = [Finding(exc.field, exc.problem, exc.fix or "see the Azure ML job schema")]
         if exc.field.startswith("--set"):
@@ -85,6 +88,23 @@ def _sweep_findings(spec: SweepSpec, emu: Emulator | None) -> list[Finding]:
     """A sweep's rules hold by loading it; its trial is checked as the command job it runs."""
     assert spec.template is not None
     return [replace(f, field=trial_field(f.field)) for f in check_job(spec.template, emu)]
+
+
+def _pipeline_findings(path: str | Path, overrides: list[str] | None, emu: Emulator | None) -> list[Finding]:
+    """A pipeline's own rules hold by loading it (each refusal names jobs.<step>.<field>); each
+    command step is checked as the command job it runs (jobs.<step>.<field>), less the data the
+    steps before it will write. A sweep step's trials are checked as they start."""
+    spec = pipelines.load(emu, path, overrides) if emu is not None else load_pipeline(path, overrides)
+    children = {name: pipelines.child_name(spec.name or "pipeline", name) for name in spec.steps}
+    findings = []
+    for name, step in spec.steps.items():
+        if step.type != "command":
+            continue
+        written = [f"inputs.{k}" for k, i in step.inputs.items() if isinstance(i.binding, StepOutputRef)]
+        job = pipelines.step_job(spec, name, spec.name or "pipeline", children)
+        findings += [replace(f, field=f"jobs.{name}.{f.field}") for f in check_job(job, emu)
+                     if not any(_same_field(f.field, w) for w in written)]
+    return findings
 
 
 def _a_command_job(path: Path) -> bool:
