@@ -7,6 +7,7 @@ its steps as child jobs and its output downloaded, a pipeline the Python API sub
 PipelineJob and canceled with its running step, and a bad body's one-line 400 naming the field."""
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -96,9 +97,15 @@ def _body(root: Path) -> dict[str, Any]:
     return job._to_rest_object().as_dict()
 
 
-def test_the_sdks_pipeline_body_becomes_the_pipeline_yaml(tmp_path: Path) -> None:
-    root = _files(tmp_path)
-    body = _body(root)
+@pytest.fixture(scope="module")
+def sdk_body(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, Any]]:
+    """The project's files and the pipeline body the SDK makes of them, made once for these tests."""
+    root = _files(tmp_path_factory.mktemp("project"))
+    return root, _body(root)
+
+
+def test_the_sdks_pipeline_body_becomes_the_pipeline_yaml(sdk_body: tuple[Path, dict[str, Any]]) -> None:
+    root, body = sdk_body[0], copy.deepcopy(sdk_body[1])
     step = body["properties"]["jobs"]["trained"]["inputs"]["data"]
     assert step == {"value": "${{parent.jobs.made.outputs.out_dir}}", "job_input_type": "literal", "mode": "Download"}
     asked: list[tuple[str, str]] = []
@@ -137,8 +144,9 @@ def _yaml(path: Path) -> dict[str, Any]:
     (lambda p: p["jobs"]["made"]["inputs"].update(word={"job_input_type": "mlflow_thing", "uri": "x"}),
      r"^jobs\.made\.inputs\.word\.job_input_type: 'mlflow_thing' inputs are not emulated"),
 ])
-def test_a_bad_pipeline_body_is_refused_in_one_line_naming_the_field(tmp_path: Path, change: Any, message: str) -> None:
-    body = _body(_files(tmp_path))
+def test_a_bad_pipeline_body_is_refused_in_one_line_naming_the_field(sdk_body: tuple[Path, dict[str, Any]], change: Any,
+                                                                    message: str) -> None:
+    body = copy.deepcopy(sdk_body[1])
     change(body["properties"])
     with pytest.raises(ServiceError, match=message) as err:
         pipelinerest.to_yaml("p1", body, lambda ref, field: "azureml:prep_q3:1")
@@ -164,8 +172,9 @@ def test_a_component_body_becomes_the_component_yaml(tmp_path: Path) -> None:
 
 # --- the unchanged SDK against the service ----------------------------------------------------------
 def test_azure_ai_ml_pipelines_and_components_through_the_service(live, tmp_path: Path, capsys) -> None:  # noqa: F811
-    from azure.ai.ml import MLClient, dsl, load_component  # noqa: PLC0415
+    from azure.ai.ml import MLClient, load_component  # noqa: PLC0415
     from azure.ai.ml.entities import AmlCompute  # noqa: PLC0415
+    from azure.core.exceptions import ResourceExistsError  # noqa: PLC0415
     from azure.identity import DefaultAzureCredential  # noqa: PLC0415
 
     url, bearer, ca = live
@@ -179,8 +188,12 @@ def test_azure_ai_ml_pipelines_and_components_through_the_service(live, tmp_path
     slow = ml_client.components.create_or_update(load_component(root / "slow.yml"))  # no version: the next, 1
     assert (prep.name, prep.version, slow.version) == ("prep_q3", "1", "1")
     assert Components(emu.store).lookup("slow_q3", "1")["command"].startswith("python -c")
-    assert ml_client.components.get("prep_q3", version="1").version == "1"
+    assert ml_client.components.get("prep_q3", version="1").version == ml_client.components.get("prep_q3").version == "1"
     assert ml_client.components.get("slow_q3", label="latest").inputs["seconds"].default == 120
+    changed = load_component(root / "prep.yml")
+    changed.command += " --again"
+    with pytest.raises(ResourceExistsError, match="prep_q3 version 1 already exists with other content"):
+        ml_client.components.create_or_update(changed)  # a version never changes
 
     # A pipeline the Python API submits from a YAML naming the registered component: a PipelineJob to the SDK.
     (root / "slow_pipeline.yml").write_text("type: pipeline\nsettings: {default_compute: azureml:c1}\n"

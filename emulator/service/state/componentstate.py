@@ -67,8 +67,10 @@ class ComponentState:
         if not anonymous:
             try:
                 self.registry.create(loaded)
-            except StateError as exc:
-                raise ServiceError(409, "Conflict", str(exc), target="version") from None
+            except StateError:  # the registry's words name the CLI's --version
+                raise ServiceError(409, "Conflict", f"component {name} version {version} already exists with other "
+                                   "content; a version never changes: register it under another version",
+                                   target="version") from None
             except ConfigError as exc:
                 raise bad_request(exc.field, str(exc)) from None
         statefile.write_json(path, kept)
