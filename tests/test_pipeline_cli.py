@@ -17,6 +17,7 @@ from amlemu.errors import NotFoundError
 from amlemu.pipelines import follow
 from amlemu.pipelines.pipelinespec import pipeline_from_dict
 from amlemu.specs import RunStatus
+from amlemu.storage.datastores import DatastoreSpec
 from amlemu.targets import pipelinedownload
 from pytest_amlemu.pipelines import PipelineFailed, PipelineRunner, with_compute
 from pytest_amlemu.plugin import JobRunner
@@ -47,7 +48,13 @@ def pipeline(settings: dict | None = None, extra: dict | None = None) -> dict:
                           inputs={"data": "${{parent.jobs.make.outputs.data}}"},
                           outputs={"report": "${{parent.outputs.report}}"})}
     return {"type": "pipeline", "experiment_name": "pipecli", "outputs": {"report": {"type": "uri_folder"}},
-            "settings": {"default_compute": "azureml:c1", **(settings or {})}, "jobs": {**jobs, **(extra or {})}}
+            "settings": {"default_compute": "azureml:c1", "default_datastore": "azureml:steps", **(settings or {})},
+            "jobs": {**jobs, **(extra or {})}}
+
+
+def local_datastore(emu: Emulator, tmp_path: Path) -> None:
+    """The steps' outputs go to a local datastore: no Azurite to start (seconds in make test)."""
+    emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))
 
 
 def write(root: Path, data: dict) -> Path:
@@ -72,7 +79,7 @@ def test_the_steps_that_never_ran_are_named_with_why() -> None:
 def test_a_pipeline_output_comes_from_the_step_bound_to_it_or_the_run_that_step_reused(tmp_path: Path) -> None:
     spec = pipeline_from_dict(pipeline(), base_dir=tmp_path)
     steps = [{"step": "make", "child_job": "p_make"}, {"step": "check", "child_job": "p_check"}]
-    uri = "azureml://datastores/workspaceblobstore/paths/azureml/{}/report/"
+    uri = "azureml://datastores/steps/paths/azureml/{}/report/"
     assert pipelinedownload.output_uris(spec, steps) == {"report": uri.format("p_check")}
     assert pipelinedownload.output_uris(spec, [steps[0], {**steps[1], "outputs_from": "q_check"}]) == \
         {"report": uri.format("q_check")}
@@ -96,6 +103,7 @@ def test_the_plugin_puts_every_step_on_the_tests_cluster() -> None:
 def test_stream_follows_each_step_in_order_and_download_lays_out_the_pipeline_and_its_steps(
         emu: Emulator, cluster, tmp_path: Path) -> None:
     cluster()
+    local_datastore(emu, tmp_path)
     env = {"AMLEMU_HOME": str(emu.home.root)}
     streamed = CliRunner().invoke(cli, ["job", "create", "-f", str(write(tmp_path, pipeline())), "-n", "pipe1",
                                         "--stream"], env=env)
@@ -128,6 +136,7 @@ def test_stream_follows_each_step_in_order_and_download_lays_out_the_pipeline_an
 @pytest.mark.parametrize("backend", ["process"], indirect=True)
 def test_the_plugin_helper_gives_each_steps_outputs_and_names_the_failed_step_with_its_log(
         emu: Emulator, cluster, tmp_path: Path) -> None:
+    local_datastore(emu, tmp_path)
     runner = PipelineRunner(JobRunner(emu, lambda **_: cluster(), {"timeout": STARTUP}, tmp_path))
     bad = {"type": "command", "code": "src", "environment": ENV, "command": "python step.py bad"}
     write(tmp_path, {})  # its code folder
