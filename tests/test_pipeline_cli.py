@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from click.testing import CliRunner
@@ -74,6 +75,19 @@ def test_the_steps_that_never_ran_are_named_with_why() -> None:
     steps = [{"step": "make", "child_job": "p_make", "status": "Completed", "detail": ""},
              {"step": "check", "child_job": None, "status": "NotStarted", "detail": "not run: step make Failed"}]
     assert follow.not_run_lines(steps) == ["=== step check: NotStarted (not run: step make Failed)\n"]
+
+
+def test_a_sweep_steps_stream_is_its_decisions_and_a_command_steps_its_rank_0_log(tmp_path: Path) -> None:
+    class Child:  # the parts of a Run that step_log reads
+        def __init__(self, kind: str) -> None:
+            self.record, self.dir = SimpleNamespace(job={"kind": kind}), tmp_path
+
+        def logs(self, process: int = 0) -> str:
+            return "rank 0 says hi\n"
+    (tmp_path / "azureml-logs").mkdir()
+    (tmp_path / "azureml-logs" / "hyperdrive.txt").write_text("[GENERATOR][INFO] trial 1: lr=0.1\n")
+    assert follow.step_log(Child("sweep")) == "[GENERATOR][INFO] trial 1: lr=0.1\n"  # type: ignore[arg-type]
+    assert follow.step_log(Child("command")) == "rank 0 says hi\n"  # type: ignore[arg-type]
 
 
 def test_a_pipeline_output_comes_from_the_step_bound_to_it_or_the_run_that_step_reused(tmp_path: Path) -> None:

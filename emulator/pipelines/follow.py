@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from amlemu.pipelines.submit import read_steps
 from amlemu.runs.handle import Run
 from amlemu.specs import RunStatus
+from amlemu.sweeps.sweepspec import is_sweep_record
 
 if TYPE_CHECKING:
     from amlemu.api import Emulator
@@ -33,6 +34,15 @@ def footer(step: str, child: Run) -> str:
     record = child.record
     why = f": {record.error.splitlines()[0]}" if record.error else ""
     return f"=== step {step}: {record.status.value}{why}\n"
+
+
+def step_log(child: Run) -> str:
+    """What a step's stream shows: its child job's rank 0 log; a sweep step's, the sweep's decisions
+    (azureml-logs/hyperdrive.txt: what az ml streams for a sweep job; each trial's log is its own)."""
+    if is_sweep_record(child.record.job):
+        path = child.dir / "azureml-logs" / "hyperdrive.txt"
+        return path.read_text(errors="replace") if path.exists() else ""
+    return child.logs(0)
 
 
 def not_run_lines(steps: list[Mapping[str, Any]]) -> list[str]:
@@ -67,7 +77,7 @@ class StepFollower:
                 self.out.write(header(step, child.id))
                 self.offsets[child.id] = 0
             ended = child.status.is_terminal  # read before the log: a log read after its end is whole
-            text = child.logs(0)
+            text = step_log(child)
             self.out.write(text[self.offsets[child.id]:])
             self.offsets[child.id] = len(text)
             if not (ended or to_the_end):
