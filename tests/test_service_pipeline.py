@@ -20,6 +20,7 @@ from amlemu.api import Emulator
 from amlemu.pipelines.pipelinespec import pipeline_from_dict
 from amlemu.pipelines.registry import Components
 from amlemu.service.state import ServiceError, componentrest, pipelinerest
+from amlemu.storage.datastores import DatastoreSpec
 
 PREP = """name: prep_q3
 type: command
@@ -202,14 +203,18 @@ def test_azure_ai_ml_pipelines_and_components_through_the_service(live, tmp_path
     shown = ml_client.jobs.get(napping)
     assert type(shown).__name__ == "PipelineJob" and list(shown.jobs) == ["nap"]
 
-    # The @dsl.pipeline: its first step the registered prep, its second an anonymous component.
-    job = ml_client.jobs.create_or_update(_pipeline(root, prep=prep))
+    # The @dsl.pipeline: its first step the registered prep, its second an anonymous component; its
+    # outputs on a local datastore (no Azurite to start).
+    emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))
+    job = _pipeline(root, prep=prep)
+    job.settings.default_datastore = "azureml:steps"
+    job = ml_client.jobs.create_or_update(job)
     assert type(job).__name__ == "PipelineJob" and job.status in ("Queued", "Preparing", "Running")
     ml_client.jobs.stream(job.name)  # ends with the pipeline; prints its execution log
     assert f"step trained started as {job.name}_trained" in capsys.readouterr().out
     done = ml_client.jobs.get(job.name)
     assert (done.status, done.settings.default_compute) == ("Completed", "c1")
-    assert done.outputs["final"].path == f"azureml://datastores/workspaceblobstore/paths/azureml/{job.name}_trained/model/"
+    assert done.outputs["final"].path == f"azureml://datastores/steps/paths/azureml/{job.name}_trained/model/"
     children = list(ml_client.jobs.list(parent_job_name=job.name))
     assert [(c.name, c.display_name, c.status) for c in children] == [
         (f"{job.name}_made", "made", "Completed"), (f"{job.name}_trained", "trained", "Completed")]
