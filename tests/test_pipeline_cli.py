@@ -129,6 +129,13 @@ def test_stream_follows_each_step_in_order_and_download_lays_out_the_pipeline_an
         [out.find(line) for line in order], out
 
     dest = tmp_path / "dl"
+    planned = CliRunner().invoke(cli, ["job", "download", "pipe1", "--all", "-p", str(dest), "--dry-run", "-o", "json"],
+                                 env=env)
+    assert planned.exit_code == 0, planned.output
+    assert [(a["what"], a["name"]) for a in json.loads(planned.output)["actions"]] == [
+        ("run files", "pipe1"), ("named output", "report"), ("run files", "pipe1_make"), ("named output", "data"),
+        ("run files", "pipe1_check"), ("named output", "report")]
+    assert not dest.exists()
     done = CliRunner().invoke(cli, ["job", "download", "pipe1", "--all", "-p", str(dest), "-o", "json"], env=env)
     assert done.exit_code == 0, done.output
     assert json.loads(done.output)["done"] == [str(dest / name) for name in ("pipe1", "pipe1_make", "pipe1_check")]
