@@ -131,6 +131,37 @@ def test_the_sdks_pipeline_body_becomes_the_pipeline_yaml(sdk_body: tuple[Path, 
     assert spec.bound_outputs() == {"final": ("trained", "model")} and spec.steps["trained"].compute == "c2"
 
 
+def test_a_sweep_step_of_the_sdk_becomes_the_yamls_sweep_step(sdk_body: tuple[Path, dict[str, Any]]) -> None:
+    from azure.ai.ml import dsl, load_component  # noqa: PLC0415
+    from azure.ai.ml.sweep import BanditPolicy, Choice  # noqa: PLC0415
+
+    root = sdk_body[0]
+    train = load_component(root / "train.yml")
+
+    @dsl.pipeline(default_compute="c1")
+    def tuned(data):  # type: ignore[no-untyped-def] # noqa: ANN001, ANN202
+        sweep = train(data=data, n=Choice([1, 2])).sweep(
+            primary_metric="acc", goal="maximize", sampling_algorithm="grid",
+            early_termination_policy=BanditPolicy(slack_factor=0.5, evaluation_interval=1))
+        sweep.set_limits(max_total_trials=2, timeout=600)
+        return {"best": sweep.outputs.model}
+
+    job = tuned(data="azureml://datastores/workspaceblobstore/paths/d/")
+    job.jobs["sweep"]._component = COMPONENT_ID
+    body = job._to_rest_object().as_dict()
+    assert body["properties"]["jobs"]["sweep"]["early_termination"]["policy_type"] == "Bandit"  # REST's word
+    data = pipelinerest.to_yaml("p1", body, lambda ref, field: "azureml:train_q3:1")
+    assert data["jobs"]["sweep"] == {
+        "type": "sweep", "trial": "azureml:train_q3:1", "inputs": {"data": "${{parent.inputs.data}}"},
+        "outputs": {"model": "${{parent.outputs.best}}"}, "search_space": {"n": {"type": "choice", "values": [1, 2]}},
+        "sampling_algorithm": "grid", "objective": {"goal": "maximize", "primary_metric": "acc"},
+        "limits": {"max_total_trials": 2, "timeout": 600},
+        "early_termination": {"type": "bandit", "slack_factor": 0.5, "evaluation_interval": 1, "delay_evaluation": 0}}
+    registered = {"azureml:train_q3:1": {**_yaml(root / "train.yml"), "code": str(root / "src")}}
+    spec = pipeline_from_dict(data, base_dir=root, components=registered.__getitem__)
+    assert spec.steps["sweep"].type == "sweep" and spec.bound_outputs() == {"best": ("sweep", "model")}
+
+
 def _yaml(path: Path) -> dict[str, Any]:
     import yaml  # noqa: PLC0415
 
@@ -140,6 +171,11 @@ def _yaml(path: Path) -> dict[str, Any]:
 @pytest.mark.parametrize(("change", "message"), [
     (lambda p: p.pop("jobs"), r"^jobs: missing"),
     (lambda p: p["jobs"]["made"].update(type="parallel"), r"^jobs\.made\.type: parallel steps are not emulated"),
+    (lambda p: p["jobs"]["made"].update(type="sweep", early_termination={"policy_type": "Quick"}),
+     r"^jobs\.made\.trial\.componentId: missing"),
+    (lambda p: p["jobs"]["made"].update(type="sweep", trial={"componentId": COMPONENT_ID},
+                                        early_termination={"policy_type": "Quick"}),
+     r"^jobs\.made\.early_termination\.policyType: unknown early termination policy 'Quick'"),
     (lambda p: p["jobs"]["made"].pop("componentId"), r"^jobs\.made\.componentId: missing"),
     (lambda p: p["jobs"]["made"].update(task={"x": 1}), r"^jobs\.made\.task: not emulated"),
     (lambda p: p["jobs"]["made"]["inputs"].update(word={"job_input_type": "mlflow_thing", "uri": "x"}),

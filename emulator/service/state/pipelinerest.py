@@ -10,7 +10,10 @@ own); `jobs`, each step a node dict in the SDK's spelling: `componentId` (the AR
 version it registered), `computeId`, `inputs` (`job_input_type: literal` whose value is a binding
 string, `${{parent.inputs.x}}` / `${{parent.jobs.s.outputs.o}}`, or a plain value; or a data input),
 `outputs` (`{"value": "${{parent.outputs.o}}", "type": "literal"}` bound up, or type, uri and mode),
-and its run settings (display_name, environment_variables, resources, distribution, limits).
+and its run settings (display_name, environment_variables, resources, distribution, limits). A
+sweep step (`command(...).sweep(...)` in the function: `type: sweep`) has its component under
+`trial.componentId` and its search_space, sampling_algorithm, objective and limits as the YAML
+writes them; only its early_termination is in REST's words.
 """
 from __future__ import annotations
 
@@ -18,16 +21,20 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from amlemu.errors import ConfigError
 from amlemu.service.state import bad_request, jobrest
+from amlemu.sweeps import policies
 
 # A step's node fields and the YAML fields they become (as they are, or through the functions below).
 STEP_AS_IS = {"display_name": "display_name", "tags": "tags", "properties": "properties",
               "environment_variables": "environment_variables", "comment": "comment"}
 STEP_HANDLED = {"name", "type", "componentId", "computeId", "inputs", "outputs", "resources", "distribution",
                 "limits", "queue_settings", *STEP_AS_IS}
+SWEEP_AS_IS = ("search_space", "sampling_algorithm", "objective", "limits")  # a sweep step's, as the YAML's
 SETTINGS = ("default_compute", "default_datastore", "continue_on_step_failure", "force_rerun")
 # Fields of the node that are empty in a plain step (the SDK sends them as null or {}).
 _CAMEL = re.compile(r"(?<!^)(?=[A-Z])")
+_SNAKE = re.compile(r"_([a-z])")
 
 
 def is_pipeline_body(body: Any) -> bool:
@@ -104,28 +111,56 @@ def _run_settings(where: str, node: dict[str, Any]) -> dict[str, Any]:
     return found
 
 
+def _component_of(where: str, node: dict[str, Any], kind: str,
+                  component: Callable[[str, str], str | dict[str, Any]]) -> str | dict[str, Any]:
+    """The step's component (a sweep step's trial): what its componentId names here."""
+    trial = node.get("trial") if kind == "sweep" else node
+    field = f"{where}.trial.componentId" if kind == "sweep" else f"{where}.componentId"
+    ref = trial.get("componentId") if isinstance(trial, dict) else trial
+    if not ref:
+        raise bad_request(field, f"{field}: missing; a step runs a component (azure-ai-ml registers it and "
+                          "sends its id)")
+    return component(str(ref), field)
+
+
+def _sweep_fields(where: str, node: dict[str, Any]) -> dict[str, Any]:
+    """A sweep step's own fields: the node has them as the YAML does, but its early termination
+    policy in REST's words (policy_type: Bandit), read by the sweeps' REST parser."""
+    found = {k: node[k] for k in SWEEP_AS_IS if node.get(k) is not None}
+    policy = _object(node.get("early_termination"), f"{where}.early_termination")
+    if policy:
+        camel = {_SNAKE.sub(lambda m: m.group(1).upper(), str(k)): v for k, v in policy.items() if v is not None}
+        try:
+            parsed = policies.policy_from_rest(camel, f"{where}.early_termination")
+        except ConfigError as exc:
+            raise jobrest.config_error(exc) from None
+        if parsed is not None:
+            found["early_termination"] = parsed.to_yaml()
+    return found
+
+
 def _step(name: str, node: Any, component: Callable[[str, str], str | dict[str, Any]]) -> dict[str, Any]:
     where = f"jobs.{name}"
     node = _object(node, where)
     kind = str(node.get("type") or "command").lower()
-    if kind != "command":
+    if kind not in ("command", "sweep"):
         raise bad_request(f"{where}.type", f"{where}.type: {kind} steps are not emulated through the service; "
-                          "use command steps (a component called in the @dsl.pipeline function)")
-    unknown = sorted(k for k, v in node.items() if k not in STEP_HANDLED and not k.startswith("_") and v not in (None, {}, []))
+                          "use command or sweep steps")
+    handled = STEP_HANDLED | ({"trial", "early_termination", *SWEEP_AS_IS} if kind == "sweep" else set())
+    unknown = sorted(k for k, v in node.items()
+                     if k not in handled and not k.startswith("_") and v not in (None, {}, []))
     if unknown:
         raise bad_request(f"{where}.{unknown[0]}", f"{where}.{unknown[0]}: not emulated in a pipeline step; "
                           "leave it unset")
-    if not node.get("componentId"):
-        raise bad_request(f"{where}.componentId", f"{where}.componentId: missing; a step runs a component "
-                          "(azure-ai-ml registers it and sends its id)")
-    step: dict[str, Any] = {"type": "command", "component": component(str(node["componentId"]), f"{where}.componentId"),
-                            "compute": _last(node.get("computeId")),
-                            **{yaml: node[rest] for rest, yaml in STEP_AS_IS.items() if node.get(rest) not in (None, {})},
+    ref_field = "trial" if kind == "sweep" else "component"
+    own = {yaml: node[rest] for rest, yaml in STEP_AS_IS.items() if node.get(rest) not in (None, {})}
+    step: dict[str, Any] = {"type": kind, ref_field: _component_of(where, node, kind, component),
+                            "compute": _last(node.get("computeId")), **own,
                             "inputs": {k: _step_input(f"{where}.inputs.{k}", v)
                                        for k, v in _object(node.get("inputs"), f"{where}.inputs").items()},
                             "outputs": {k: _step_output(f"{where}.outputs.{k}", v)
                                         for k, v in _object(node.get("outputs"), f"{where}.outputs").items()},
-                            **_run_settings(where, node)}
+                            **(_sweep_fields(where, node) if kind == "sweep" else _run_settings(where, node))}
     return {k: v for k, v in step.items() if v not in (None, {})}
 
 

@@ -15,7 +15,7 @@ from amlemu import statefile
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError, name_taken
 from amlemu.pipelines.pipelinespec import pipeline_from_dict
 from amlemu.pipelines.registry import Components
-from amlemu.pipelines import stepio
+from amlemu.pipelines import stepio, sweepstep
 from amlemu.pipelines.submit import DRIVER_LOG, from_record, is_pipeline_record, read_steps
 from amlemu.service.state import bad_request, componentstate, jobrest, pipelinerest
 
@@ -41,8 +41,8 @@ class PipelineState:
             if saved.exists() and pipelinerest.same_pipeline(json.loads(saved.read_text()), body):
                 return self.st.get_job(name)  # a re-PUT of the same pipeline (the SDK retries): it stands
             raise bad_request("name", str(name_taken(name)))
-        data = pipelinerest.to_yaml(name, body, self.components.step_component)
         try:
+            data = pipelinerest.to_yaml(name, body, self.components.step_component)
             spec = pipeline_from_dict(data, base_dir=self.st.jobs_dir, components=Components(emu.store).resolve)
         except ConfigError as exc:
             raise jobrest.config_error(exc) from None
@@ -98,6 +98,11 @@ class PipelineState:
         if not sources:
             return {}
         try:
-            return stepio.pipeline_outputs(from_record(self.st.emu, record.job), sources)
+            spec = from_record(self.st.emu, record.job)
         except AmlEmuError:  # its component gone from the registry, say: the outputs as declared
             return {}
+        for step in [s["step"] for s in steps if s["step"] in sources and spec.steps[s["step"]].type == "sweep"]:
+            best = sweepstep.best_trial(self.st.emu, sources.pop(step))  # a sweep's outputs: its best trial's
+            if best is not None and step in {s["step"] for s in steps if s.get("status") == "Completed"}:
+                sources[step] = best
+        return stepio.pipeline_outputs(spec, sources)
