@@ -58,7 +58,7 @@ class ComponentState:
     def put(self, name: str, version: str, props: dict[str, Any]) -> dict[str, Any]:
         """A version PUT: checked as `amlemu component create` checks a file, registered (an
         anonymous one kept aside), its body kept; the ComponentVersion."""
-        anonymous = name == componentrest.ANONYMOUS or props.get("isAnonymous") is True
+        anonymous = name == componentrest.ANONYMOUS  # azure-ai-ml names every anonymous one so (isAnonymous)
         path = self._saved_path(name, version)
         spec = componentrest.spec_of(props)
         loaded = componentrest.load(spec, name, version, self.st._code_dir, self.st._environment, anonymous=anonymous)
