@@ -124,6 +124,9 @@ def test_the_sdks_pipeline_body_becomes_the_pipeline_yaml(sdk_body: tuple[Path, 
                              "inputs": {"data": {"path": "${{parent.jobs.made.outputs.out_dir}}", "mode": "download"},
                                         "n": "3"},
                              "outputs": {"model": "${{parent.outputs.final}}"}}}}
+    for spelled in (body["properties"]["inputs"]["word"], body["properties"]["jobs"]["made"]["inputs"]["word"]):
+        spelled.update({k: "Literal" for k in ("jobInputType", "job_input_type") if k in spelled})  # REST's other spelling
+    assert pipelinerest.to_yaml("p1", body, lambda ref, field: "azureml:prep_q3:1") == data
     data["jobs"]["trained"]["component"] = "azureml:train_q3:1"
     registered = {f"azureml:{n}_q3:1": {**_yaml(root / f"{n}.yml"), "code": str(root / "src")} for n in ("prep", "train")}
     spec = pipeline_from_dict(data, base_dir=root, components=registered.__getitem__)  # as `job validate` reads it
