@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from amlemu.api import Emulator
-from amlemu.backends import BACKENDS, backend_class, hostguard, netns
+from amlemu.backends import BACKENDS, backend_class, cpugroup, hostguard, netns
 from amlemu.home import default_cache
 from amlemu.lazydeps import defer_rfc3987_syntax
 from amlemu.runs.contract import job_rel
@@ -170,6 +170,7 @@ def assert_nothing_left(emulator: Emulator, backend: str) -> None:
         assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
         assert client.networks.list(filters=label) == [], "the test left networks behind"
         assert hostguard.rules(hostguard.comment(emulator.home.id)) == [], "the test left firewall rules behind"
+        assert cpugroup.groups(emulator.home.id) == [], "the test left CPU groups behind"
     # Node disks are mounted in the home; process clusters' network namespaces under netns.RUNTIME_ROOT.
     marks = (str(emulator.home.root), str(netns.RUNTIME_ROOT / emulator.home.id))
     mounts = [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if any(m in line for m in marks)]

@@ -235,6 +235,11 @@ class NodeBackend(abc.ABC):
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill every job process still on the node (never the node itself); return how many."""
 
+    def cpu_sharer(self, requests: list[NodeRequest]) -> Any:
+        """What moves a running job's processes on `requests` into one CPU group (a
+        backends.cpugroup.Sharer), where its nodes are CPU groups of their own; None here."""
+        return None
+
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
         """A cheap reader of the node's processes (this machine's pids), sampled while a job runs
         (runs/memwatch.py); found once per run, read each second. Unknown here: none."""

@@ -16,20 +16,17 @@ enumerates only those GPUs, numbered from 0.
 from __future__ import annotations
 
 import functools
-import os
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 from amlemu.actions import Action
-from amlemu.backends import hostguard, nodedisk, nodefs
+from amlemu.backends import cpugroup, hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, listed_name, until_gone
-from amlemu.backends.dockerplan import CPU_PERIOD, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
+from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, listed_name, until_gone
+from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
 
@@ -237,34 +234,21 @@ class DockerBackend(NodeBackend):
             container = self.client.containers.get(self.container_name(request))
         except docker.errors.NotFound:
             return 0
-        if container.status != "running":
-            return 0
-        main = container.attrs["State"]["Pid"]
-        keep = {main}
-        try:
-            keep |= {c.pid for c in psutil.Process(main).children() if c.cmdline()[-2:] == ["/bin/sleep", "infinity"]
-                     or c.cmdline()[-2:] == ["sleep", "infinity"]}
-        except psutil.NoSuchProcess:
-            return 0
-        try:
-            titles = container.top(ps_args="-eo pid").get("Processes") or []
-        except docker.errors.APIError:  # the node died meanwhile (a kill, a preemption): nothing runs on it
-            if self._running(container):
-                raise
-            return 0
-        victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
-        for pid in victims:
-            try:
-                os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
-        return len(victims)
+        return kill_job_processes(container, self._running) if container.status == "running" else 0
 
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
         try:  # found once from the container's init: no engine call per read
             return cgroup_pids(self._container(request).attrs["State"]["Pid"])
         except (BackendError, OSError):
             return list
+
+    def cpu_sharer(self, requests: list[NodeRequest]) -> cpugroup.Sharer | None:
+        try:  # each node's init, its processes, its nominal quota and weight (dockerplan.container_plan)
+            return cpugroup.sharer_for(self.home.id, requests[0].cluster, {
+                (pid := self._container(r).attrs["State"]["Pid"]): (cgroup_pids(pid), int(r.cpus * CPU_PERIOD),
+                                                                   round(CPU_WEIGHT * r.cpu_share)) for r in requests})
+        except (BackendError, OSError):  # a node gone meanwhile: its job is ending
+            return None
 
     @staticmethod
     def _running(container) -> bool:  # type: ignore[no-untyped-def]
@@ -319,6 +303,7 @@ class DockerBackend(NodeBackend):
         for network in self._networks(cluster):
             until_gone(network.remove)
         hostguard.remove(hostguard.comment(self.home.id, cluster))
+        cpugroup.remove(cpugroup.group_dir(self.home.id, cluster))
 
     def _networks(self, cluster: str) -> list[Any]:
         """The cluster's network (Docker's name filter matches parts of names: c1 would find c10's)."""
@@ -339,7 +324,7 @@ class DockerBackend(NodeBackend):
                            run=functools.partial(until_gone, n.remove))
                     for n in self.client.networks.list(filters={"label": label})]
         guards = hostguard.plan_remove(hostguard.comment(None if all_homes else self.home.id))
-        return containers + networks + guards
+        return containers + networks + guards + cpugroup.plan_remove(None if all_homes else self.home.id)
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
         return [Action("remove", "container", self.container_name(request), {"node": request.name},

@@ -2,10 +2,13 @@
 engine answers, container names from list entries, and removals that tolerate a race."""
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from amlemu.errors import BackendError
 from amlemu.lazydeps import import_docker
@@ -67,3 +70,31 @@ def cgroup_pids(pid: int) -> Callable[[], list[int]]:
         unified = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), "/")
         procs = Path("/sys/fs/cgroup") / unified.lstrip("/") / "cgroup.procs"
     return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []
+
+
+def kill_job_processes(container: Any, running: Callable[[Any], bool]) -> int:
+    """Kill, by host pid, every process of a running container but its init and idle sleep; how
+    many. `running`: whether the container still runs (a listing that failed because it died is
+    not an error)."""
+    import docker  # noqa: PLC0415 - loaded by connect() already
+
+    main = container.attrs["State"]["Pid"]
+    keep = {main}
+    try:
+        keep |= {c.pid for c in psutil.Process(main).children() if c.cmdline()[-2:] == ["/bin/sleep", "infinity"]
+                 or c.cmdline()[-2:] == ["sleep", "infinity"]}
+    except psutil.NoSuchProcess:
+        return 0
+    try:
+        titles = container.top(ps_args="-eo pid").get("Processes") or []
+    except docker.errors.APIError:  # the node died meanwhile (a kill, a preemption): nothing runs on it
+        if running(container):
+            raise
+        return 0
+    victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
+    for pid in victims:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return len(victims)

@@ -14,7 +14,7 @@ import threading
 import time
 
 from amlemu import statefile
-from amlemu.backends import NodeRequest, get_backend
+from amlemu.backends import NodeRequest, cpugroup, get_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster.faults import MAX_PREEMPTIONS, PARTITION_TIMEOUT, FaultInjector, policy_schedule
 from amlemu.cluster.store import Store
@@ -198,6 +198,7 @@ class Supervisor:
                                   args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
         memory = memwatch.start(self.backend, self.requests, list(plan.ranks), stop_refresh, self.logs.platform)
+        cpugroup.start(lambda: self.backend.cpu_sharer(self.requests), stop_refresh)  # docker: one CPU group a cluster
         watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()),
                       partitioned=self.partitioned_too_long, preempt=self.policy_preempt,
                       due=policy_schedule(self.store, self.cluster.spec.name, self.run_id,
@@ -218,8 +219,7 @@ class Supervisor:
         if outcome is Outcome.PREEMPTED and not self.canceled():
             self.stop(gang)
             return self.restart()
-        # A node with a kill recorded is lost even if its engine still says running: the fault is
-        # recorded before it is carried out, and a container's state lags its SIGKILL by a moment.
+        # A node with a kill recorded is lost even if its engine still says running (its state lags the SIGKILL).
         killed = {f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since)}
         lost = [r.name for r, alive in zip(self.requests, self.node_states()) if not alive or r.name in killed]
         self.gang_failure = gang.failure
