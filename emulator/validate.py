@@ -18,7 +18,6 @@ from amlemu.jobs import sdkschema
 from amlemu.jobs.jobyaml import load_job
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
 from amlemu.pipelines import submit as pipelines
-from amlemu.pipelines.bindings import StepOutputRef
 from amlemu.pipelines.pipelinespec import is_pipeline_file, load_pipeline
 from amlemu.specs import DistributionType, JobSpec
 from amlemu.sweeps.sweepspec import SweepSpec, is_sweep_file, load_sweep, trial_field
@@ -80,7 +79,7 @@ def validate_file(path: str | Path, overrides: list[str] | None = None, emu: Emu
             return findings
     if _a_command_job(Path(path)) and sdkschema.installed():
         findings += [Finding(e.field, e.problem, e.fix or sdkschema.REFERENCE) for e in sdkschema.schema_errors(path, overrides)
-                     if not any(_same_field(e.field, f.field) for f in findings)]
+                     if not any(pipelines.same_field(e.field, f.field) for f in findings)]
     return findings
 
 
@@ -100,10 +99,10 @@ def _pipeline_findings(path: str | Path, overrides: list[str] | None, emu: Emula
     for name, step in spec.steps.items():
         if step.type != "command":
             continue
-        written = [f"inputs.{k}" for k, i in step.inputs.items() if isinstance(i.binding, StepOutputRef)]
+        written = pipelines.written_inputs(spec, name)
         job = pipelines.step_job(spec, name, spec.name or "pipeline", children)
         findings += [replace(f, field=f"jobs.{name}.{f.field}") for f in check_job(job, emu)
-                     if not any(_same_field(f.field, w) for w in written)]
+                     if not any(pipelines.same_field(f.field, w) for w in written)]
     return findings
 
 
@@ -115,8 +114,3 @@ def _a_command_job(path: Path) -> bool:
     except ConfigError:
         return False
     return isinstance(data, dict) and data.get("type", "command") == "command"
-
-
-def _same_field(a: str, b: str) -> bool:
-    """One field, or one inside the other (`inputs.data` and `inputs.data.path`): one problem."""
-    return a == b or a.startswith(b + ".") or b.startswith(a + ".")

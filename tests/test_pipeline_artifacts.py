@@ -15,6 +15,7 @@ from amlemu.api import Emulator
 from amlemu.pipelines import stepartifacts
 from amlemu.pipelines import submit as pipelines
 from amlemu.pipelines.pipelinespec import load_pipeline
+from amlemu.runs import runfiles
 from amlemu.specs import RunStatus
 
 ENV = "environment: azureml:AzureML-sklearn-1.5@latest"
@@ -67,7 +68,7 @@ def test_a_runs_artifacts_are_its_regular_files_never_a_link_nor_a_private_file(
     (run / "logs").symlink_to(tmp_path)  # a folder swapped for a link: not walked
     (run / "snapshot").mkdir()
     (run / "snapshot" / "train.py").write_text("")  # the code: not an artifact
-    assert stepartifacts.run_artifacts(run) == ["outputs/sub/model.txt", "user_logs/std_log.txt"]
+    assert [rel for rel, _ in runfiles.walk_files(run)] == ["outputs/sub/model.txt", "user_logs/std_log.txt"]
 
 
 @pytest.mark.parametrize("backend", ["process"], indirect=True)

@@ -186,3 +186,21 @@ def test_a_steps_2_node_mpi_job_writes_one_output_the_next_step_reads_whole(emu:
     train = child(emu, run.id, "train")
     assert len(train.record.nodes) == 2  # the step ran on two nodes, one rank each
     assert "listed: ['rank-0.txt', 'rank-1.txt']" in child(emu, run.id, "eval").log_path(0).read_text()
+
+
+@pytest.mark.parametrize("backend", ["process"], indirect=True)
+@pytest.mark.parametrize(("change", "field"), [
+    ("  environment: azureml:no-such-env@latest\n", "jobs.eval.environment"),
+    ("  compute: azureml:no-such-compute\n", "jobs.eval.compute"),
+], ids=["environment", "compute"])
+def test_a_later_step_that_breaks_a_rule_is_refused_at_submit_before_anything_runs(
+        emu: Emulator, cluster, tmp_path: Path, change: str, field: str) -> None:
+    cluster()
+    jobs = CHAIN.replace(f"  {ENV}\n  command: python step.py eval", "  command: python step.py eval")
+    jobs = jobs.replace("eval:\n", "eval:\n" + change) if "environment" in change else \
+        jobs.replace("eval:\n", f"eval:\n  {ENV}\n" + change)
+    path = write_pipeline(tmp_path, "", jobs)
+    with pytest.raises(Exception) as refused:
+        emu.submit(path)
+    assert getattr(refused.value, "field", "") == field, refused.value
+    assert emu.store.runs() == []  # nothing was made: no pipeline, no step

@@ -10,17 +10,14 @@ them (runs/runfiles.py): regular files only, no link followed, no private file.
 """
 from __future__ import annotations
 
-import os
 import posixpath
 import shutil
-import stat
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from amlemu.errors import AmlEmuError
 from amlemu.pipelines.pipelinespec import PipelineSpec
 from amlemu.pipelines.stepio import output_spec
-from amlemu.runs.runfiles import DOWNLOADABLE, open_in_run, private
+from amlemu.runs.runfiles import open_in_run, walk_files
 from amlemu.storage.datastores import parse_uri
 
 if TYPE_CHECKING:
@@ -40,24 +37,6 @@ def artifacts_uri(spec: PipelineSpec, step_name: str, child_job: str) -> str | N
     return str(output_spec(spec, step_name, ARTIFACTS, child_job)["path"])
 
 
-def run_artifacts(run_dir: Path) -> list[str]:
-    """The run's artifact files, relative to its folder: regular files under its downloadable
-    folders, links neither listed nor followed, private files left out."""
-    found: list[str] = []
-    for top in DOWNLOADABLE:
-        root = run_dir / top
-        if root.is_symlink() or not root.is_dir():
-            continue
-        for folder, dirs, files in os.walk(root, followlinks=False):
-            dirs.sort()
-            for name in sorted(files):
-                info = os.lstat(os.path.join(folder, name))
-                rel = Path(folder, name).relative_to(run_dir).as_posix()
-                if stat.S_ISREG(info.st_mode) and not private(rel, info):
-                    found.append(rel)
-    return found
-
-
 def publish(emu: Emulator, spec: PipelineSpec, step_name: str, child_job: str) -> str | None:
     """Copy the completed step's run artifacts to its `artifacts` output, if it has one; returns
     why that failed (the step then fails: its dependents would read nothing), else None."""
@@ -69,7 +48,7 @@ def publish(emu: Emulator, spec: PipelineSpec, step_name: str, child_job: str) -
         datastore, path = parse_uri(uri)
         fs, root = emu.datastores.filesystem(datastore)
         with emu.datastores.guarded(datastore):
-            for rel in run_artifacts(run_dir):
+            for rel, _ in walk_files(run_dir):
                 source = open_in_run(run_dir, rel)
                 if source is None:  # swapped for a link or a special file since it was listed
                     continue

@@ -1,5 +1,5 @@
 """Submitting a pipeline job (`type: pipeline`): read with the workspace's registered components,
-each step that starts the graph checked as the command job it runs (the workspace's rules), the
+each command step checked as the command job it runs (the workspace's rules), the
 pipeline's record queued, and its driver started in a process group of its own
 (pipelines/driver.py), as a sweep's is. `plan` is the dry run.
 
@@ -16,12 +16,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from amlemu import statefile
+from amlemu import statefile, workspacerules
 from amlemu.errors import ConfigError
 from amlemu.home import new_run_id
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.jobyaml import job_from_dict
 from amlemu.pipelines import graph, stepio, sweepstep
+from amlemu.pipelines.bindings import StepOutputRef
 from amlemu.pipelines.pipelinespec import PipelineSpec, is_pipeline_file, load_pipeline, pipeline_from_dict
 from amlemu.pipelines.registry import Components
 from amlemu.runs.handle import Run
@@ -71,23 +72,38 @@ def step_job(spec: PipelineSpec, step: str, pipeline: str, children: Mapping[str
         raise ConfigError(f"jobs.{step}.{exc.field}", exc.problem, exc.fix) from None
 
 
+def written_inputs(spec: PipelineSpec, step: str) -> list[str]:
+    """The step's inputs that the steps before it write (`inputs.<name>`): not there before they run."""
+    return [f"inputs.{k}" for k, i in spec.steps[step].inputs.items() if isinstance(i.binding, StepOutputRef)]
+
+
+def same_field(a: str, b: str) -> bool:
+    """One field, or one inside the other (`inputs.data` and `inputs.data.path`): one problem."""
+    return a == b or a.startswith(b + ".") or b.startswith(a + ".")
+
+
 def _first_jobs(emu: Emulator, spec: PipelineSpec, pipeline: str) -> list[JobSpec]:
-    """The jobs of the steps that read no other step, checked by the workspace's rules (their
-    compute, environment, data): what starts first is known to start."""
+    """Every command step's job checked by the workspace's rules before anything is made (compute,
+    environment, data, memory: a pipeline that would fail at step 3 fails at submit), less the data
+    its upstream steps will write; a sweep step that starts the graph as its sweep's submit checks
+    it (a later one's trials, as they start). The jobs of the steps that read no other step."""
     deps = graph.dependencies(spec)
+    children = {s: child_name(pipeline, s) for s in spec.steps}
     jobs = []
     for step in graph.topological_order(spec):
-        if deps[step]:
+        if spec.steps[step].type == "sweep":
+            if not deps[step]:
+                jobs.append(sweepstep.first_job(emu, spec, step, pipeline))
             continue
-        if spec.steps[step].type == "sweep":  # its trial's job, checked as its sweep's submit checks it
-            jobs.append(sweepstep.first_job(emu, spec, step, pipeline))
-            continue
-        job = emu._job(step_job(spec, step, pipeline, {}))
-        try:
-            emu._check(job, probe=True)
-        except ConfigError as exc:
-            raise ConfigError(f"jobs.{step}.{exc.field}", exc.problem, exc.fix) from None
-        jobs.append(job)
+        job = emu._job(step_job(spec, step, pipeline, children))
+        written = written_inputs(spec, step)
+        for finding, error in workspacerules.check(job, emu, probe=True).problems:
+            if finding.severity == "error" and not any(same_field(finding.field, w) for w in written):
+                problem = error if isinstance(error, ConfigError) else ConfigError(finding.field, finding.problem,
+                                                                                    finding.fix or None)
+                raise ConfigError(f"jobs.{step}.{problem.field}", problem.problem, problem.fix) from None
+        if not deps[step]:
+            jobs.append(job)
     return jobs
 
 

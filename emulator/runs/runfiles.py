@@ -15,6 +15,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -73,6 +74,16 @@ def list_files(run_dir: Path) -> list[dict[str, Any]]:
     plot = run_dir / PLOT_NAME
     if plot.is_file() and not plot.is_symlink():
         found.append({"path": PLOT_NAME, "size": plot.stat().st_size})
+    for rel, info in walk_files(run_dir):
+        if len(found) >= MAX_FILES:
+            break
+        found.append({"path": rel, "size": info.st_size})
+    return found
+
+
+def walk_files(run_dir: Path) -> Iterator[tuple[str, os.stat_result]]:
+    """Each regular, not private file of the run's downloadable folders (path relative to the run's
+    folder, its lstat), in path order; links neither listed nor followed."""
     for top in DOWNLOADABLE:
         root = run_dir / top
         if root.is_symlink() or not root.is_dir():
@@ -83,10 +94,7 @@ def list_files(run_dir: Path) -> list[dict[str, Any]]:
                 info = os.lstat(os.path.join(folder, name))
                 rel = Path(folder, name).relative_to(run_dir).as_posix()
                 if stat.S_ISREG(info.st_mode) and not private(rel, info):
-                    found.append({"path": rel, "size": info.st_size})
-                if len(found) >= MAX_FILES:
-                    return found
-    return found
+                    yield rel, info
 
 
 def _masked(value: Any, hide: set[str], found: set[str]) -> Any:
