@@ -12,6 +12,7 @@ from conftest import REPO
 
 from amlemu.errors import AmlEmuError
 from amlemu.jobs.jobyaml import job_from_dict
+from amlemu.pipelines.pipelinespec import pipeline_from_dict
 
 BASE = {"command": "python t.py", "code": "src", "compute": "azureml:c1"}
 # A `not` row's probe: the job that uses the feature, and the field its refusal must name.
@@ -21,6 +22,8 @@ PROBES: dict[str, tuple[dict[str, Any], str | None]] = {
     "registry-asset": ({**BASE, "command": "python t.py ${{inputs.m}}",
                         "inputs": {"m": {"type": "uri_folder", "path": "azureml://registries/r/data/d/versions/1"}}},
                        "inputs.m.path"),
+    "parallel-step": ({"type": "pipeline", "settings": {"default_compute": "azureml:c1"},
+                       "jobs": {"score": {"type": "parallel", "task": {"type": "run_function"}}}}, "jobs.score.type"),
 }
 
 
@@ -56,5 +59,8 @@ def test_a_feature_marked_not_is_still_refused_naming_its_field(probe: str, tmp_
         assert job.notices and all("is not emulated" in notice for notice in job.notices)
         return
     with pytest.raises(AmlEmuError) as refused:
-        job_from_dict(data, base_dir=tmp_path)
+        if data.get("type") == "pipeline":
+            pipeline_from_dict(data, base_dir=tmp_path)
+        else:
+            job_from_dict(data, base_dir=tmp_path)
     assert str(refused.value).startswith(f"{field}:") and "\n" not in str(refused.value)
