@@ -21,7 +21,7 @@ from amlemu.pipelines.submit import child_name, from_record, step_job, write_ste
 from amlemu.runs import recovery
 from amlemu.specs import RunStatus
 
-POLL = 0.5  # seconds between looks at the steps
+POLL = 0.2  # seconds between looks at the steps: a step starts this long after the one it reads ended at most
 STOPPED = (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.NOT_RESPONDING)
 
 

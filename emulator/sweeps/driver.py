@@ -24,7 +24,7 @@ from amlemu.sweeps.results import Trial
 from amlemu.sweeps.sampling import make_sampler
 from amlemu.sweeps.sweepspec import SweepSpec, sweep_from_record, trial_job
 
-POLL = 1.0  # seconds between looks at the trials
+POLL = 0.5  # seconds between looks at the trials (a trial starts this long after a slot frees, at most)
 
 
 class SweepDriver:
