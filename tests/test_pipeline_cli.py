@@ -128,6 +128,11 @@ def test_stream_follows_each_step_in_order_and_download_lays_out_the_pipeline_an
     assert [out.find(line) for line in order] == sorted(out.find(line) for line in order) and -1 not in \
         [out.find(line) for line in order], out
 
+    shown = CliRunner().invoke(cli, ["job", "show", "-n", "pipe1"], env=env)
+    as_json = json.loads(CliRunner().invoke(cli, ["job", "show", "-n", "pipe1", "-o", "json"], env=env).output)
+    report = as_json["amlemu"]["pipeline"]["outputs"]["report"]  # the pipeline-level output, where its step wrote it
+    assert "/azureml/pipe1_check/" in report and f"output report: {report}" in shown.output, shown.output
+
     dest = tmp_path / "dl"
     planned = CliRunner().invoke(cli, ["job", "download", "pipe1", "--all", "-p", str(dest), "--dry-run", "-o", "json"],
                                  env=env)

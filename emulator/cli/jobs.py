@@ -94,6 +94,8 @@ def _print_steps(pipeline: dict[str, Any]) -> None:
         reused = f"  reused {s['reused_from']}" if s.get("reused_from") else ""
         console.print(f"  {s['step']:<20} {s.get('child_job') or '-':<40} {s['status']}{reused}{detail}",
                       highlight=False, markup=False)
+    for name, uri in sorted((pipeline.get("outputs") or {}).items()):  # the pipeline's own, where a step wrote them
+        console.print(f"  output {name}: {uri}", highlight=False, markup=False)
 
 
 def _compute(job: dict[str, Any]) -> str:

@@ -93,7 +93,9 @@ class EmulatorTarget(Target):
             shown["amlemu"]["sweep"] = summary
         if pipelines.is_pipeline_record(run.record.job):  # its steps, each with its child job
             shown.update(type="pipeline")
-            shown["amlemu"]["pipeline"] = pipelines.read_steps(run.dir) or {"steps": []}
+            steps = pipelines.read_steps(run.dir) or {"steps": []}
+            shown["amlemu"]["pipeline"] = {**steps, "outputs": pipelinedownload.written_outputs(
+                self.emu, run, steps.get("steps") or [])}
         return shown
 
     def list_jobs(self, experiment: str | None = None, max_results: int | None = None,

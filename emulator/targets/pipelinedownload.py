@@ -38,6 +38,15 @@ def output_uris(spec: PipelineSpec, steps: list[dict[str, Any]]) -> dict[str, st
     return {name: out["path"] for name, out in stepio.pipeline_outputs(spec, step_sources(steps)).items()}
 
 
+def written_outputs(emu: Any, run: Run, steps: list[dict[str, Any]]) -> dict[str, str]:
+    """`job show`'s pipeline-level outputs: where each was written so far (none when the pipeline's
+    components can no longer be read, say one was deleted from the registry)."""
+    try:
+        return output_uris(pipelines.from_record(emu, run.record.job), steps)
+    except AmlEmuError:
+        return {}
+
+
 def missing_output(spec: PipelineSpec, pipeline: str, name: str) -> NotFoundError:
     """Why `--output-name <name>` has nothing to download. Pure."""
     if name in spec.bound_outputs():
