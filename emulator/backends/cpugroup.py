@@ -128,7 +128,7 @@ def remove(group: Path, root: Path = ROOT) -> bool:
     """The group gone: a process left in it (a node not removed yet) back to the top group first."""
     if not group.is_dir():
         return False
-    for pid in (_read_int_list(group / "cgroup.procs")):
+    for pid in _read_int_list(group / "cgroup.procs"):
         _move(pid, root)
     try:
         group.rmdir()

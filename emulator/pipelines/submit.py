@@ -139,5 +139,17 @@ def read_steps(run_dir: Path) -> dict[str, Any] | None:
         return None
 
 
+def output_sources(steps: list[dict[str, Any]]) -> dict[str, str]:
+    """step -> the job whose outputs stand for it, as the driver recorded it in pipeline.json
+    (`outputs_from`: its child job, the run it reused, a sweep step's best trial once it completed;
+    none yet: the step has not started, or its sweep is still running). Pure."""
+    found = {}
+    for s in steps:
+        source = s["outputs_from"] if "outputs_from" in s else s.get("reused_from") or s.get("child_job")
+        if source:
+            found[s["step"]] = source
+    return found
+
+
 def write_steps(run_dir: Path, data: dict[str, Any]) -> None:
     statefile.write_json(run_dir / STEPS_FILE, data, indent=1)

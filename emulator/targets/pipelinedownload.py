@@ -26,16 +26,9 @@ if TYPE_CHECKING:
 DEFAULT_OUTPUT = "default"  # az ml's name for a job's logs and default output
 
 
-def step_sources(steps: list[dict[str, Any]]) -> dict[str, str]:
-    """step -> the job whose outputs stand for it (pipeline.json's outputs_from: its child job, the
-    run it reused, a sweep step's best trial). Pure."""
-    return {s["step"]: s.get("outputs_from") or s.get("reused_from") or s["child_job"] for s in steps
-            if s.get("child_job")}
-
-
 def output_uris(spec: PipelineSpec, steps: list[dict[str, Any]]) -> dict[str, str]:
     """Each pipeline-level output a step wrote: its datastore URI (where the bound step's job put it). Pure."""
-    return {name: out["path"] for name, out in stepio.pipeline_outputs(spec, step_sources(steps)).items()}
+    return {name: out["path"] for name, out in stepio.pipeline_outputs(spec, pipelines.output_sources(steps)).items()}
 
 
 def written_outputs(emu: Any, run: Run, steps: list[dict[str, Any]]) -> dict[str, str]:

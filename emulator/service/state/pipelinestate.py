@@ -15,8 +15,8 @@ from amlemu import statefile
 from amlemu.errors import AmlEmuError, ConfigError, NotFoundError, name_taken
 from amlemu.pipelines.pipelinespec import pipeline_from_dict
 from amlemu.pipelines.registry import Components
-from amlemu.pipelines import stepio, sweepstep
-from amlemu.pipelines.submit import DRIVER_LOG, from_record, is_pipeline_record, read_steps
+from amlemu.pipelines import stepio
+from amlemu.pipelines.submit import DRIVER_LOG, from_record, is_pipeline_record, output_sources, read_steps
 from amlemu.service.state import bad_request, componentstate, jobrest, pipelinerest
 
 EXECUTION_LOG = "logs/azureml/executionlogs.txt"  # azure-ai-ml's PIPELINE_JOB_LOG_PATTERN
@@ -91,18 +91,14 @@ class PipelineState:
         return {k: v["path"].rstrip("/") for k, v in self._written(record).items()}
 
     def _written(self, record: Any) -> dict[str, dict[str, Any]]:
-        """Where each pipeline output bound to a step's was written: the step's child job's (or the
-        run it reused's) output; none before the step started."""
+        """Where each pipeline output bound to a step's was written (pipeline.json's record of whose
+        outputs stand for each step); none before the step started."""
         steps = (read_steps(self.st.home.run_dir(record.id)) or {}).get("steps") or []
-        sources = {s["step"]: s.get("reused_from") or s["child_job"] for s in steps if s.get("child_job")}
+        sources = output_sources(steps)
         if not sources:
             return {}
         try:
             spec = from_record(self.st.emu, record.job)
         except AmlEmuError:  # its component gone from the registry, say: the outputs as declared
             return {}
-        for step in [s["step"] for s in steps if s["step"] in sources and spec.steps[s["step"]].type == "sweep"]:
-            best = sweepstep.best_trial(self.st.emu, sources.pop(step))  # a sweep's outputs: its best trial's
-            if best is not None and step in {s["step"] for s in steps if s.get("status") == "Completed"}:
-                sources[step] = best
         return stepio.pipeline_outputs(spec, sources)
