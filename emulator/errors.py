@@ -41,6 +41,10 @@ class BackendError(AmlEmuError):
     """A node backend could not do what was asked (engine missing, container failed to start)."""
 
 
+class MachineError(BackendError):
+    """A machine's Docker engine could not be reached or read (`amlemu machine add`)."""
+
+
 class TargetError(AmlEmuError):
     """A submission target could not do what was asked (no workspace, no credential, a service error)."""
 

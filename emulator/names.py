@@ -38,6 +38,10 @@ IMAGE_PATH_RE = re.compile(rf"^{_COMPONENT}(?:/{_COMPONENT})*$")
 IMAGE_TAG_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$")
 IMAGE_DIGEST_RE = re.compile(r"^[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}$")
 IMAGE_NAME_MAX = 255
+# Machine names (`amlemu machine add`): a DNS label, lower case (hostnames compare so), at most 32
+# characters so that it can prefix node and network names; `all` is what --machines takes for every one.
+MACHINE_NAME_RE = re.compile(r"^[a-z](?:[a-z0-9-]{0,30}[a-z0-9])?$")
+MACHINES_ALL = "all"
 # One process-environment string ("NAME=value") longer than this is refused by Linux's exec
 # (MAX_ARG_STRLEN): the job would fail at launch with E2BIG, so it is refused at submission.
 ENV_ENTRY_MAX = 128 * 1024 - 1
@@ -131,6 +135,13 @@ def check_image_reference(ref: Any, field: str = "environment.image") -> str:
                           "write registry/name:tag or name@sha256:<hex> (a lower-case name of at most 255 "
                           "characters), e.g. mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu22.04:latest")
     return text
+
+
+def check_machine_name(name: Any, field: str = "name") -> str:
+    if not isinstance(name, str) or not MACHINE_NAME_RE.fullmatch(name) or name == MACHINES_ALL:
+        raise ConfigError(field, f"{_shown(str(name))} is not a valid machine name",
+                          "use 1-32 lower-case letters, digits or '-', starting with a letter (not 'all')")
+    return name
 
 
 def check_datastore_name(name: str) -> str:

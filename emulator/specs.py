@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from amlemu import skus
 from amlemu.errors import ConfigError, StateError
+from amlemu.names import MACHINES_ALL, check_machine_name
 from amlemu.jobspec import (  # noqa: F401 - the job's vocabulary, re-exported
     SHM_RE,
     DEFAULT_SHM_SIZE,
@@ -64,8 +65,13 @@ class ClusterSpec:
     min_nodes: int = 0
     max_nodes: int = 4
     idle_seconds_before_scaledown: int = 120
+    # The machines (`amlemu machine add`) its nodes may be placed on: () this machine only, ("all",)
+    # every machine known when it is created; not an AmlCompute field (Azure places nodes itself).
+    machines: tuple[str, ...] = ()
+    placement: str = "spread"  # spread | pack (machines/placement.py)
 
     def __post_init__(self) -> None:
+        _check_machines(self)
         if not isinstance(self.name, str) or not (NAME_RE.fullmatch(self.name) or skus.is_pool(self.name)):
             raise ConfigError("name", f"'{self.name}' is not a valid compute name",
                               "use 2-24 letters, digits or hyphens, starting with a letter")
@@ -91,6 +97,24 @@ class ClusterSpec:
     @property
     def size(self) -> skus.VmSize:
         return skus.lookup(self.vm_size)
+
+
+PLACEMENTS = ("spread", "pack")
+
+
+def _check_machines(spec: ClusterSpec) -> None:
+    machines = spec.machines
+    if isinstance(machines, str) or not isinstance(machines, (list, tuple)):
+        raise ConfigError("machines", f"must be a list of machine names, got {machines!r:.60}")
+    for name in machines:
+        if name != MACHINES_ALL:
+            check_machine_name(name, "machines")
+    if len(set(machines)) != len(machines) or (MACHINES_ALL in machines and len(machines) > 1):
+        raise ConfigError("machines", f"{', '.join(map(str, machines))[:200]}: a machine named twice, or 'all' "
+                          "with others", "name each machine once, or give all alone")
+    object.__setattr__(spec, "machines", tuple(machines))
+    if spec.placement not in PLACEMENTS:
+        raise ConfigError("placement", f"{spec.placement!r:.60} is not a placement", "use spread or pack")
 
 
 def max_instances_quota(environ: Mapping[str, str]) -> int:

@@ -36,10 +36,13 @@ CREATE INDEX IF NOT EXISTS faults_run ON faults (run_id, kind);
 CREATE TABLE IF NOT EXISTS preemption_policies (
     cluster TEXT PRIMARY KEY, rate_per_node_hour REAL NOT NULL, seed INTEGER NOT NULL,
     max_preemptions INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, spec TEXT NOT NULL, added REAL NOT NULL);
 """
 # PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
-# A database of a newer version is refused with a way out, never half-read.
-SCHEMA_VERSION = 1
+# A database of a newer version is refused with a way out, never half-read. A new table needs no
+# migration (SCHEMA's CREATE ... IF NOT EXISTS adds it on open); a new column goes in MIGRATIONS.
+# 2: machines (amlemu.machines.registry), and a cluster's machines and placement in its spec.
+SCHEMA_VERSION = 2
 MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
               ("runs", "parent"): "ALTER TABLE runs ADD COLUMN parent TEXT",  # a sweep's trial: the sweep
               ("runs", "reuse_key"): "ALTER TABLE runs ADD COLUMN reuse_key TEXT"}  # a pipeline step's run

@@ -78,10 +78,10 @@ class Store:
         self._db.execute("COMMIT")
 
     def reset(self, keep_data: bool = False) -> None:
-        """Forget everything; with keep_data, the workspace, its datastores, environments and data/model
-        assets stay (`amlemu cleanup`)."""
+        """Forget everything; with keep_data, the workspace, its datastores, environments, data/model
+        assets and machines stay (`amlemu cleanup`)."""
         tables = ["clusters", "nodes", "runs", "events", "faults", "preemption_policies"] + (
-            [] if keep_data else ["workspace", "datastores", "environments", "assets"])
+            [] if keep_data else ["workspace", "datastores", "environments", "assets", "machines"])
         with self.transaction() as db:
             for table in tables:
                 db.execute(f"DELETE FROM {table}")  # noqa: S608 - fixed table names
