@@ -29,6 +29,7 @@ from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
 from amlemu.storage.azurite import SHARED_ENV, Azurite
 from pytest_amlemu import mnist
+from rigfixture import second_engine  # noqa: F401 - the second Docker engine (issue 31), a session fixture
 
 # Before a test module imports azure-ai-ml (or anything that imports jsonschema): every xdist worker
 # collects every module, and jsonschema's eager import of rfc3987_syntax costs over a second of CPU.
