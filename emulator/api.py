@@ -31,6 +31,7 @@ from amlemu.home import Home, default_cache, new_run_id
 from amlemu.jobs import gitcode
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.sdkjobs import to_cluster, to_job
+from amlemu.machines import registry as machine_registry
 from amlemu.runs.handle import Run
 from amlemu.runs.timeline import Timeline
 from amlemu.runs import recovery
@@ -59,9 +60,10 @@ class Emulator:
     def plan_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> dict[str, Any]:
         """Dry run of create_compute. `spec`: a ClusterSpec, an azure.ai.ml AmlCompute, or a v1
         provisioning configuration with its `name`."""
-        spec = to_cluster(spec, name)
+        spec = self._on_machines(to_cluster(spec, name))
         pools.check_user_compute(spec)
         chosen, why = resolve_backend(backend or self.default_backend)
+        machine_registry.check_backend(spec.machines, chosen)
         be = get_backend(chosen, self.home)
         requests = [autoscale.node_request(self.home, spec, i) for i in range(spec.min_nodes)]
         limits = autoscale.limits_here(spec)
@@ -70,8 +72,13 @@ class Emulator:
                                                       "memory_bytes": limits.memory_bytes},
                 "notice": limits.notice, "nodes_now": [be.plan_node(r).to_dict() for r in requests]}
 
+    def _on_machines(self, spec: ClusterSpec) -> ClusterSpec:
+        """Its machines checked against the home's (`all`: every one known now); nodes are placed on
+        them by the backend."""
+        return replace(spec, machines=machine_registry.resolve(self.store, spec.machines)) if spec.machines else spec
+
     def create_compute(self, spec: Any, backend: str | None = None, name: str | None = None) -> Cluster:
-        spec = to_cluster(spec, name)
+        spec = self._on_machines(to_cluster(spec, name))
         plan = self.plan_compute(spec, backend)
         created = self.store.add_cluster(spec, plan["backend"])
         be = get_backend(plan["backend"], self.home)

@@ -32,11 +32,13 @@ import yaml
 from click.testing import CliRunner
 from conftest import REPO, commands, copy_home
 
+from amlemu.actions import execute
 from amlemu.api import Emulator
 from amlemu.cli import cli
 from amlemu.jobs.jobspec_io import job_to_record
 from amlemu.jobs.envyaml import load_environment
 from amlemu.jobs.jobyaml import load_job
+from amlemu.machines import registry
 from amlemu.pipelines.component import load_component
 from amlemu.pipelines.registry import Components
 from amlemu.specs import ClusterSpec, RunStatus
@@ -97,6 +99,9 @@ CASES: dict[str, Case] = {
     "model create": c(WRITE, "-n", "tree-model", "-p", "azureml://jobs/done_run/outputs/model"),
     "model list": c(READ),
     "model show": c(READ, "-n", "tree-registered", "-v", "1"),
+    "machine add": c(WRITE, "same", "unix:///var/run/docker.sock"),  # this machine's engine, under another name
+    "machine list": c(READ),
+    "machine remove": c(WRITE, "-n", "m2", "--yes"),
     "fault kill-node": c(WRITE, "c1", "0"),
     "fault partition": c(ONCE, "dkp", "0"),
     "fault slow": c(LIVE, "dk", "0", "--cpus", "0.5"),
@@ -139,6 +144,7 @@ def template(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iter
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", min_nodes=1, max_nodes=1))
         emu.create_compute(ClusterSpec("low", "STANDARD_D2_V2", vm_priority="lowpriority", max_nodes=1))
         emu.datastores.create(DatastoreSpec("localds", "local", folder=str(root / "ds")))
+        execute(registry.plan_add(emu.store, registry.Machine("m2", "ssh://amlemu@m2.invalid", 4.0, 8 << 30)))
         (root / "env.yml").write_text("name: tree-env\nimage: python:3.11-slim\n"
                                       "conda_file: {dependencies: [python=3.11, {pip: [amlemupin==1.0]}]}\n")
         emu.store.add_environment(load_environment(root / "env.yml"))

@@ -45,6 +45,7 @@ READ_ONLY = {
     "environment list": "prints", "environment show": "prints", "component list": "prints",
     "component show": "prints",
     "data list": "prints", "data show": "prints", "model list": "prints", "model show": "prints",
+    "machine list": "prints",
     "ui": "serves MLflow's UI over copies of the runs until Ctrl-C (a view, not a change)",
     "serve": "serves the workspace's Azure ML API until Ctrl-C (--stop: stops it); what a client changes "
              "through it goes through the same plans as the verbs above",

@@ -12,6 +12,7 @@ from amlemu.cli import (  # noqa: F401 - each registers
     environment,
     faults,
     jobs,
+    machines,
     serve,
     sync,
     ui,

@@ -235,6 +235,11 @@ def model() -> None:
 
 
 @cli.group()
+def machine() -> None:
+    """Machines: the Docker engines nodes may be placed on (this one, `local`, is always there)."""
+
+
+@cli.group()
 def fault() -> None:
     """Inject a fault into a node of an emulated compute."""
 

@@ -1,6 +1,7 @@
 """`amlemu compute create|list|show|delete`: AmlCompute clusters, on either target."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -50,13 +51,19 @@ FIELDS = {"name": ("name", None), "size": ("size", "Standard_D2_v2"), "min_insta
               help="set a field of the compute YAML, as az ml does (e.g. --set max_instances=2)")
 @click.option("--backend", type=click.Choice(["auto", *BACKENDS]), default=None,
               help="how nodes are made (default $AMLEMU_BACKEND or auto)")
+@click.option("--machines", metavar="NAME[,NAME...]|all",
+              help="the machines (`amlemu machine list`) its nodes may be placed on; all: every machine known now "
+                   "(default: this one only; the emulator target only)")
+@click.option("--placement", type=click.Choice(["spread", "pack"]), default=None,
+              help="with --machines: nodes spread over the machines (default) or packed onto the first ones")
 @click.option("--dry-run", is_flag=True, help="print what would be created (or sent), create nothing")
 @target_option
 @output_option
 @click.pass_context
 @handle_errors
 def compute_create(ctx: click.Context, file: Path | None, overrides: tuple[str, ...], backend: str | None,
-                   dry_run: bool, target_name: str | None, output: str, **options: Any) -> None:
+                   machines: str | None, placement: str | None, dry_run: bool, target_name: str | None,
+                   output: str, **options: Any) -> None:
     """Create an AmlCompute cluster from -f compute.yml and/or options (an option given, and then
     --set, override the YAML's field, as az ml does)."""
     data = (safeyaml.load_file(file, "-f", "compute YAML") or {}) if file else {}
@@ -71,6 +78,12 @@ def compute_create(ctx: click.Context, file: Path | None, overrides: tuple[str, 
         raise ConfigError("--name", "missing", "give --name or -f compute.yml")
     spec = compute_from_dict(data)
     target = target_of(ctx, target_name, backend)
+    if machines is not None or placement is not None:
+        if target.name != "emulator":
+            raise ConfigError("--machines", f"the {target.name} target places nodes itself", "leave --machines "
+                              "and --placement out")
+        spec = replace(spec, machines=tuple(m.strip() for m in (machines or "").split(",") if m.strip()),
+                       placement=placement or "spread")
     plan = target.plan_compute(spec)
     if plan.data.get("notice"):
         err_console.print(f"notice: {plan.data['notice']}", highlight=False)
@@ -119,6 +132,8 @@ def _show_compute(data: dict[str, Any], output: str) -> None:
         console.print(f"{d['name']}: {d['vm_size']}, {d['vm_priority']}, {_count(d['min_nodes'])}-"
                       f"{_count(d['max_nodes'])} nodes, scale down after {_count(d['idle_seconds_before_scaledown'])} s "
                       f"idle ({d['backend']})", highlight=False)
+        if d.get("machines"):
+            console.print(f"  on machines {', '.join(d['machines'])} ({d['placement']})", highlight=False)
         for n in d["nodes"]:
             console.print(f"  {n['name']}  {n['state']}  {n['address'] or ''}  {n['run'] or ''}", highlight=False)
     emit(data, output, human)
