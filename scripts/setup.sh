@@ -11,7 +11,9 @@
 #
 # A second run on a ready machine checks each step and changes nothing.
 # Knobs: AMLEMU_VENV (default ./.venv), AMLEMU_CACHE (default ~/.cache/amlemu; horovod wheels and
-# data live there, outside the work tree), AMLEMU_SKIP_DOCKER=1 (no engine: process backend only).
+# data live there, outside the work tree), AMLEMU_SKIP_DOCKER=1 (no engine: process backend only),
+# AMLEMU_SECOND_ENGINE=1 (check that this machine can host the test rig's second Docker engine: root
+# and network namespaces; the tests' `second_engine` fixture makes and removes the rig itself).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -82,6 +84,13 @@ docker_engine() {
   done
   tail -n 15 "$log" >&2
   die "dockerd did not answer within 60 s (log: $log); set AMLEMU_SKIP_DOCKER=1 to go on without Docker"
+}
+
+# Optional: the 2-machine tests' rig (emulator/machines/rig.py) needs root and network namespaces.
+second_engine() {
+  [ "${AMLEMU_SECOND_ENGINE:-0}" = 1 ] || return 0
+  "$VENV/bin/python" -m amlemu.machines.rig check >/dev/null || die "the second engine cannot run here (above): the 2-machine tests will fail"
+  step "second Docker engine: this machine can host the test rig"
 }
 
 # pip, minus the warning this machine kind's pip.conf prints for each package its local indexes lack.
@@ -194,4 +203,5 @@ horovod_build
 azurite
 mnist
 horovod
+second_engine
 step "ready: venv $VENV, data $CACHE/data/mnist"
