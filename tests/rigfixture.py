@@ -34,7 +34,7 @@ def second_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondEn
         rig.down(home)
     lay = rig.layout(home)
     left = [what for what, there in (
-        ("the namespace", (rig.NETNS_ROOT / lay.netns).exists()),
+        ("the namespace", lay.netns.exists()),
         ("the veth", Path("/sys/class/net", lay.veth_host).exists()),
         ("the engine's process", psutil.pid_exists(state["pid"]) and psutil.Process(state["pid"]).status() != "zombie"),
         ("its folders", lay.runtime.exists() or lay.rig_dir.exists()),

@@ -38,14 +38,14 @@ def test_the_rig_link_and_engine_commands() -> None:
     lay = rig.Layout(rig_id="0123abcd", rig_dir=Path("/h/rig"))
     assert max(len(lay.veth_host), len(lay.veth_node)) <= 15  # the kernel's limit on interface names
     argvs = rig.link_argvs(lay, ipaddress.ip_network("100.72.0.4/30"))
-    assert argvs[0] == ["ip", "netns", "add", "amlemu-m2-0123abcd"]
+    assert argvs[0][-2:] == ["netns", "/run/amlemu/rig/0123abcd/netns"]  # the rig's end, moved into its namespace
     assert ["ip", "addr", "add", "100.72.0.5/30", "dev", "am2h0123abcd"] in argvs
-    assert argvs[-1] == ["ip", "-n", "amlemu-m2-0123abcd", "route", "add", "default", "via", "100.72.0.5"]
-    assert rig.unlink_argvs(lay) == [["ip", "link", "del", "dev", "am2h0123abcd"],
-                                     ["ip", "netns", "del", "amlemu-m2-0123abcd"]]
+    assert argvs[-1] == ["nsenter", "--net=/run/amlemu/rig/0123abcd/netns", "--", "ip", "route", "add", "default",
+                         "via", "100.72.0.5"]
+    assert rig.unlink_argv(lay) == ["ip", "link", "del", "dev", "am2h0123abcd"]
     argv = rig.dockerd_argv(lay)
     # nsenter --net, not `ip netns exec` (which remounts /sys and hides the cgroups from dockerd)
-    assert argv[:4] == ["nsenter", "--net=/run/netns/amlemu-m2-0123abcd", "--", "dockerd"]
+    assert argv[:4] == ["nsenter", "--net=/run/amlemu/rig/0123abcd/netns", "--", "dockerd"]
     options = dict(zip(argv[4::2], argv[5::2]))
     assert options["--host"] == "unix:///run/amlemu/rig/0123abcd/docker.sock"
     assert (options["--data-root"], options["--exec-root"]) == ("/h/rig/data", "/run/amlemu/rig/0123abcd/exec")

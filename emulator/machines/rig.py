@@ -1,8 +1,9 @@
 """The test rig: a second Docker engine on this machine, as a second "machine" the first reaches
 over a real network link.
 
-It runs in a network namespace of its own (`ip netns add amlemu-m2-<home id>`), joined to this
-machine by a veth pair on a private /30 no address or route here uses, with its default route via
+It runs in a network namespace of its own, bound at a file under /run/amlemu/rig/<home id>/ (as
+the process backend's are, backends/netns.py; not with `ip netns add`, whose /run/netns mount
+would outlive the rig), joined to this machine by a veth pair on a private /30 no address or route here uses, with its default route via
 this machine's end. Its dockerd is entered with `nsenter --net=` (not `ip netns exec`, which
 remounts /sys in a new mount namespace and hides the cgroup mounts: "Devices cgroup isn't
 mounted"), with its own socket, data root, exec root, pidfile and config, no default bridge, and
@@ -32,11 +33,11 @@ from typing import Any
 
 from amlemu.backends.base import LABEL
 from amlemu.errors import AmlEmuError, BackendError
+from amlemu.backends import netns
 from amlemu.home import Home
 from amlemu.machines import rigproc
 
 RUNTIME_ROOT = Path("/run/amlemu/rig")  # <home id>/: the socket, exec root and pidfile (short paths)
-NETNS_ROOT = Path("/run/netns")  # where `ip netns add` binds its namespaces
 POOL = ipaddress.ip_network("100.72.0.0/16")  # shared address space (RFC 6598): no Docker pool, rarely a LAN
 TOOLS = ("ip", "nsenter", "dockerd", "umount", "unshare")
 READY_S = 30.0
@@ -86,8 +87,8 @@ class Layout:
         return self.rig_dir / "daemon.json"  # empty: this machine's /etc/docker/daemon.json is the first engine's
 
     @property
-    def netns(self) -> str:
-        return f"amlemu-m2-{self.rig_id}"
+    def netns(self) -> Path:
+        return self.runtime / "netns"  # the namespace's binding
 
     @property
     def veth_host(self) -> str:
@@ -130,28 +131,26 @@ def ends(subnet: ipaddress.IPv4Network) -> tuple[str, str]:
 
 
 def link_argvs(lay: Layout, subnet: ipaddress.IPv4Network) -> list[list[str]]:
-    """The namespace, the veth pair, the addresses and the rig's default route (pure)."""
+    """The veth pair, the addresses and the rig's default route, once its namespace is bound (pure)."""
     host, node = ends(subnet)
-    ns = ["ip", "-n", lay.netns]
-    return [["ip", "netns", "add", lay.netns],
-            ["ip", "link", "add", lay.veth_host, "type", "veth", "peer", "name", lay.veth_node, "netns", lay.netns],
+    ns = ["nsenter", f"--net={lay.netns}", "--", "ip"]
+    return [["ip", "link", "add", lay.veth_host, "type", "veth", "peer", "name", lay.veth_node, "netns", str(lay.netns)],
             ["ip", "link", "set", "dev", lay.veth_host, "alias", f"{LABEL}.home={lay.rig_id}"],
             ["ip", "addr", "add", f"{host}/{subnet.prefixlen}", "dev", lay.veth_host],
             ["ip", "link", "set", "dev", lay.veth_host, "up"],
-            [*ns, "link", "set", "dev", "lo", "up"],
             [*ns, "addr", "add", f"{node}/{subnet.prefixlen}", "dev", lay.veth_node],
             [*ns, "link", "set", "dev", lay.veth_node, "up"],
             [*ns, "route", "add", "default", "via", host]]
 
 
-def unlink_argvs(lay: Layout) -> list[list[str]]:
-    """The veth pair (both ends go with one) and the namespace, removed (pure)."""
-    return [["ip", "link", "del", "dev", lay.veth_host], ["ip", "netns", "del", lay.netns]]
+def unlink_argv(lay: Layout) -> list[str]:
+    """The veth pair removed (both ends go with one; pure)."""
+    return ["ip", "link", "del", "dev", lay.veth_host]
 
 
 def dockerd_argv(lay: Layout) -> list[str]:
     """The second engine, entered into the rig's network namespace only (pure)."""
-    return ["nsenter", f"--net={NETNS_ROOT / lay.netns}", "--", "dockerd",
+    return ["nsenter", f"--net={lay.netns}", "--", "dockerd",
             "--config-file", str(lay.config), "--host", lay.address, "--data-root", str(lay.data_root),
             "--exec-root", str(lay.exec_root), "--pidfile", str(lay.pidfile), "--bridge", "none",
             "--label", f"{LABEL}=1", "--label", f"{LABEL}.home={lay.rig_id}"]
@@ -212,11 +211,12 @@ def up(home: str | Path | None) -> dict[str, Any]:
         with open(RUNTIME_ROOT / ".lock", "a") as lock:  # two rigs at once must not pick one subnet
             fcntl.flock(lock, fcntl.LOCK_EX)
             subnet = pick_subnet(used_networks(_ip_json("addr"), _ip_json("route")))
+            netns.create(lay.netns)  # with its loopback up
             for argv in link_argvs(lay, subnet):
                 _run(argv, "making the rig's link")
         host, node = ends(subnet)
         state = {"rig_id": lay.rig_id, "home": str(lay.rig_dir.parent), "address": lay.address,
-                 "netns": lay.netns, "veth_host": lay.veth_host, "veth_node": lay.veth_node, "subnet": str(subnet),
+                 "netns": str(lay.netns), "veth_host": lay.veth_host, "veth_node": lay.veth_node, "subnet": str(subnet),
                  "host_addr": host, "node_addr": node, "data_root": str(lay.data_root),
                  "exec_root": str(lay.exec_root), "log": str(lay.log), "labels": {LABEL: "1", f"{LABEL}.home": lay.rig_id}}
         started = time.monotonic()
@@ -238,10 +238,12 @@ def down(home: str | Path | None) -> list[str]:
     lay = layout(home)
     state = read_state(lay) or {}
     done = rigproc.stop(lay, state.get("pid"))
-    done += rigproc.unmount_under([lay.exec_root, lay.runtime, lay.data_root])
-    for argv in unlink_argvs(lay):
-        if subprocess.run(argv, capture_output=True, check=False).returncode == 0:
-            done.append(" ".join(argv[1:]))
+    done += rigproc.unmount_under([lay.exec_root, lay.data_root])
+    if subprocess.run(unlink_argv(lay), capture_output=True, check=False).returncode == 0:
+        done.append(f"removed veth {lay.veth_host}")
+    if lay.netns.exists():
+        netns.remove(lay.netns)
+        done.append(f"removed network namespace {lay.netns}")
     for folder in (lay.runtime, lay.rig_dir):
         if folder.exists():
             shutil.rmtree(folder)
@@ -253,7 +255,7 @@ def status(home: str | Path | None) -> dict[str, Any]:
     lay = layout(home)
     state = read_state(lay)
     return {"rig_id": lay.rig_id, "up": bool(state and rigproc.answers(lay, state.get("pid"))),
-            "netns": (NETNS_ROOT / lay.netns).exists(), **({"state": state} if state else {})}
+            "netns": netns.exists(lay.netns), **({"state": state} if state else {})}
 
 
 def main(argv: list[str] | None = None) -> int:
