@@ -113,6 +113,7 @@ def _reach(address: str, timeout: float) -> None:
 def connect(address: str, tls: TlsFiles | None = None, timeout: int = TIMEOUT) -> Any:
     """A DockerClient for the engine at `address`, after it answered a ping; MachineError (one
     line naming the address and what failed) otherwise."""
+    check_tls_files(tls)
     docker = _docker_module(address)
     try:
         config = docker.tls.TLSConfig(client_cert=(tls.cert, tls.key), ca_cert=tls.ca, verify=True) if tls else None
@@ -144,7 +145,6 @@ def check_tls_files(tls: TlsFiles | None) -> None:
 
 def read_machine(name: str, address: str, tls: TlsFiles | None = None, gpus: tuple[str, ...] = ()) -> Machine:
     """Connect once and read the engine's facts into a Machine (not stored: registry.plan_add)."""
-    check_tls_files(tls)
     client = connect(address, tls)
     try:
         info = client.info()

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from amlemu.errors import CapacityError, ConfigError
+from amlemu.machines.registry import Machine
+from amlemu.skus import VmSize
 
 GIB = 1 << 30
 EPSILON = 1e-9  # cores are fractional (1.5-core nodes): a sum that should be equal may miss by a bit
@@ -33,6 +35,11 @@ class Free:
     memory_bytes: int
     gpus: int = 0
 
+    @classmethod
+    def of(cls, machine: Machine) -> Free:
+        """A machine with nothing placed on it yet (its callers subtract the nodes it holds)."""
+        return cls(machine.name, machine.cores, machine.memory_bytes, len(machine.gpus))
+
 
 @dataclass(frozen=True)
 class NodeSize:
@@ -41,7 +48,12 @@ class NodeSize:
     cores: float
     memory_bytes: int
     gpus: int = 0
-    name: str = "nodes"
+    name: str = ""
+
+    @classmethod
+    def of(cls, size: VmSize) -> NodeSize:
+        """An Azure VM size, whole (as the emulator scales it to a machine is the caller's choice)."""
+        return cls(float(size.vcpus), int(size.memory_gib * GIB), size.gpus, size.name)
 
 
 def fits(machine: Free, size: NodeSize) -> int:
@@ -62,7 +74,7 @@ def _amount(value: float, unit: str) -> str:
 def shortfall(count: int, size: NodeSize, machines: Sequence[Free]) -> str:
     """Why `count` nodes of `size` do not fit, as one line: the first resource short in total, else
     what each machine takes (the free amounts are split so no node fits whole)."""
-    nodes = f"{count} node{'s' if count != 1 else ''} of {size.name}"
+    nodes = f"{count} node{'s' if count != 1 else ''}" + (f" of {size.name}" if size.name else "")
     for need, unit, free_of in ((size.gpus, "GPUs", lambda m: m.gpus), (size.cores, "cores", lambda m: m.cores),
                                 (size.memory_bytes, "GiB", lambda m: m.memory_bytes)):
         total = sum(free_of(m) for m in machines)
