@@ -73,6 +73,23 @@ def test_the_rig_needs_root_and_says_so_in_one_line(monkeypatch: pytest.MonkeyPa
     assert rig.main(["up", "--home", "/nonexistent-home"]) == 1
 
 
+def test_an_engine_that_does_not_start_fails_in_one_line_and_leaves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(rig, "dockerd_argv", lambda lay: ["nsenter", f"--net={lay.netns}", "--", "false", lay.address])
+    with pytest.raises(rig.BackendError, match="the second dockerd exited") as failed:
+        rig.up(tmp_path)
+    assert "\n" not in str(failed.value)
+    lay = rig.layout(tmp_path)
+    assert not lay.rig_dir.exists() and not lay.runtime.exists()
+    assert not Path("/sys/class/net", lay.veth_host).exists()
+    assert rig.down(tmp_path) == []  # down again: nothing to do
+
+
+def test_up_again_is_the_same_engine(second_engine: SecondEngine) -> None:
+    assert rig.up(second_engine.home)["pid"] == second_engine.state["pid"]
+    assert rig.status(second_engine.home)["up"]
+
+
 # --- the swarm's specs and its reaping plan --------------------------------------------------------
 def test_swarm_specs_listen_on_the_link_only_and_label_what_amlemu_makes() -> None:
     assert swarm.init_spec("100.72.0.1", "h1") == {

@@ -61,8 +61,10 @@ def wait_ready(lay: Layout, pid: int, within: float) -> Any:
     """A client of the engine once it answers; an error with its log's last line if it exits or
     does not answer `within` seconds."""
     deadline = time.monotonic() + within
+    what = f"did not answer within {within:.0f} s"
     while time.monotonic() < deadline:
         if ours(lay, pid) is None:
+            what = "exited"
             break
         if lay.socket.exists():
             with contextlib.suppress(Exception):
@@ -71,8 +73,7 @@ def wait_ready(lay: Layout, pid: int, within: float) -> Any:
                 return rig
         time.sleep(0.05)
     tail = lay.log.read_text(errors="replace").strip().splitlines()[-1:] if lay.log.exists() else []
-    raise BackendError(f"rig: the second dockerd did not answer within {within:.0f} s "
-                       f"({tail[0] if tail else 'no log'}); see {lay.log}")
+    raise BackendError(f"rig: the second dockerd {what} (its log's last line: {tail[0] if tail else 'none'})")
 
 
 def import_mirror(rig: Any) -> None:
