@@ -23,6 +23,7 @@ from amlemu.machines import engines, registry
 from amlemu.machines.address import TlsFiles, check_address, tls_files
 from amlemu.machines.registry import Machine
 from amlemu.specs import ClusterSpec
+from amlemu.targets.azureml import AzureMLTarget, WorkspaceRef
 
 SOCKET = "unix:///var/run/docker.sock"  # this machine's engine, as Docker names it by default
 UUID = "GPU-3b4c1c2e-5d7d-8a9b-1c2d-3e4f5a6b7c8d"
@@ -164,6 +165,12 @@ def test_a_computes_machines_are_checked_at_create_time(store: Store) -> None:
     assert spec.machines == ("local", "m2")
     with pytest.raises(ConfigError, match="placement: 'fill' is not a placement"):
         ClusterSpec("c1", placement="fill")
+
+
+def test_the_azureml_target_refuses_machines_azure_places_nodes_itself() -> None:
+    target = AzureMLTarget(workspace=WorkspaceRef("s", "g", "w"))
+    with pytest.raises(ConfigError, match="--machines: Azure ML places a compute's nodes itself"):
+        target.plan_compute(ClusterSpec("c1", machines=("local",)))
 
 
 def test_the_schema_version_says_machines_and_cleanup_keeps_them(store: Store, tmp_path: Path) -> None:
