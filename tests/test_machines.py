@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import socket
 import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -275,9 +277,14 @@ def test_machine_add_list_remove_and_a_compute_on_machines(home: Path) -> None:
     assert [m["name"] for m in json.loads(amlemu(home, "machine", "list", "-o", "json")[1])] == ["local"]
 
 
-def test_machine_add_refuses_bad_input_before_it_connects(tmp_path: Path) -> None:
+def test_machine_add_refuses_bad_input_before_it_connects(tmp_path: Path, not_ssh: int) -> None:
     home = tmp_path / "home"  # nothing is made in it: no cleanup to run
     home.mkdir()
+    # As a user's shell runs it (no logging set up): paramiko's failed handshake is one line, no traceback.
+    done = subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "machine", "add", "m3",
+                           f"ssh://me@127.0.0.1:{not_ssh}"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and done.stderr.startswith("amlemu: error: ssh://me@127.0.0.1:"), done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1 and "SSHException" in done.stderr, done.stderr
     for argv, says in ((("m3", "tcp://10.9.9.9:2375"), "plain tcp"),
                        (("m3", "unix:///nonexistent/docker.sock"), "no socket at /nonexistent/docker.sock"),
                        (("local", SOCKET), "'local' is this machine's engine"),

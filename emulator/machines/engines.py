@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import logging
 import os
 import re
 import shutil
@@ -85,6 +86,9 @@ def _docker_module(address: str) -> Any:
     except ImportError:
         raise MachineError(f"{address}: ssh:// engines need paramiko; install amlemu's dependencies "
                            "(scripts/setup.sh)") from None
+    # paramiko's transport thread logs a failed handshake with its traceback; with no handler set up
+    # (the CLI has none) Python would print it: the one-line MachineError says what failed instead.
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
     docker = importlib.import_module("docker")
     client_module = sys.modules["docker.api.client"]
     if not hasattr(client_module, "SSHHTTPAdapter"):  # imported earlier with paramiko left out
