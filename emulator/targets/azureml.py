@@ -266,9 +266,8 @@ class AzureMLTarget(Target):
 
     # --- computes --------------------------------------------------------------------------------
     def plan_compute(self, spec: ClusterSpec) -> Plan:
-        if spec.machines or spec.placement != "spread":
-            raise ConfigError("--machines", "Azure ML places a compute's nodes itself",
-                              "leave --machines and --placement out for the azureml target")
+        if spec.machines or spec.placement != "spread":  # the emulator's alone
+            raise ConfigError("--machines", "Azure ML places a compute's nodes itself", "leave --machines out")
         entity = sdk2.amlcompute(spec)
         return Plan(self.name, "compute", {
             "target": self.name, "sdk": "azure-ai-ml", "workspace": asdict(self.workspace),
