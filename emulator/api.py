@@ -11,14 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from amlemu import statefile, workspacerules
+from amlemu import forkserver, statefile, workspacerules
 from amlemu.actions import Action, execute
 from amlemu.backends import get_backend, resolve_backend
 from amlemu.cluster import autoscale
@@ -183,16 +181,14 @@ class Emulator:
         return Run(self.store, self.home, run_id, self.reconcile)
 
     def start_owner(self, run_id: str, module: str, log_name: str) -> None:
-        """The process that carries a queued run to its end (`python -m <module> <home> <run id>`: a run's
-        supervisor, a sweep's or pipeline's driver), in a session of its own, its output in the run's
-        system_logs/<log_name>; recorded as the run's supervisor_pid (reconcile and cleanup find it there)."""
+        """The process that carries a queued run to its end (`<module>.main([home, run id])`: a run's
+        supervisor, a sweep's or pipeline's driver), in a session of its own, forked by the home's fork
+        server (emulator/forkserver.py), its output in the run's system_logs/<log_name>; recorded as the
+        run's supervisor_pid and supervisor_started (reconcile and cleanup find it there)."""
         logs = self.home.run_dir(run_id) / "system_logs"
         logs.mkdir(parents=True, exist_ok=True)
-        with open(logs / log_name, "ab") as log:
-            proc = subprocess.Popen([sys.executable, "-m", module, str(self.home.root), run_id],
-                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, env=self._supervisor_env())
-        self.store.update_run(run_id, supervisor_pid=proc.pid)
+        owner = forkserver.start_owner(self.home.root, module, run_id, logs / log_name, self._supervisor_env())
+        self.store.update_run(run_id, supervisor_pid=owner.pid, supervisor_started=owner.started)
 
     def _supervisor_env(self) -> dict[str, str]:
         """The submitter's environment less every variable holding a datastore secret: the

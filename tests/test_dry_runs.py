@@ -23,9 +23,12 @@ from click.testing import CliRunner
 from conftest import commands
 from test_hostile_input import corrupt_db
 
+from amlemu.actions import execute
 from amlemu.api import Emulator
 from amlemu.backends import nodedisk
 from amlemu.cli import cli
+from amlemu.machines import registry as machine_registry
+from amlemu.machines.registry import Machine
 from amlemu.specs import ClusterSpec, RunStatus
 from amlemu.storage.assets import asset_from_dict
 from amlemu.storage.azurite import SHARED_ENV
@@ -80,6 +83,7 @@ def world(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterato
         emu.create_compute(ClusterSpec("low", "STANDARD_D2_V2", vm_priority="lowpriority", min_nodes=1, max_nodes=1))
         emu.create_compute(ClusterSpec("dk", "STANDARD_D2_V2", min_nodes=1, max_nodes=1), backend="docker")
         emu.create_compute(ClusterSpec("busy", "STANDARD_D2_V2", max_nodes=1))  # where the runs are
+        execute(machine_registry.plan_add(emu.store, Machine("spare", "unix:///run/spare.sock", cores=2, memory_bytes=1 << 30)))
         for folder, files in (("ds/x", {"a.txt": "abc", "b.txt": "bee"}), ("up", {"a.txt": "xyz", "new.txt": "new!"}),
                               ("cloud/x", {"a.txt": "abc"}), ("jobs/src", {"t.py": "print(1)\n"})):
             (root / folder).mkdir(parents=True)
@@ -245,6 +249,10 @@ CASES = [
         has(action="slow", what="node", name="dk-node-0", fault="throttled to 0.5 CPU(s)", then="the idle node stays"),)),
     c("fault-data-error", "fault", "data-error", "c1", "0", f"{UP}/a.txt", checks=(
         has(action="data-error", what="cached file", name="{home}/caches/c1/c1-node-0/data/localds/x/a.txt"),)),
+    c("machine-add", "machine", "add", "same", "unix:///var/run/docker.sock", checks=(
+        has(action="add", what="machine", name="same", address="unix:///var/run/docker.sock"),)),
+    c("machine-remove", "machine", "remove", "spare", checks=(
+        has(action="remove", what="machine", name="spare", address="unix:///run/spare.sock"),)),
     c("workspace-set", "workspace", "set", "--name", "other-ws", "--location", "local", checks=(
         lambda doc, w: doc["actions"] == [{"action": "set", "what": "workspace field", "name": "workspace_name",
                                            "from": "amlemu-ws", "to": "other-ws"}],)),

@@ -41,11 +41,15 @@ CREATE TABLE IF NOT EXISTS machines (name TEXT PRIMARY KEY, spec TEXT NOT NULL, 
 # PRAGMA user_version: bumped whenever the schema changes in a way an older amlemu cannot read.
 # A database of a newer version is refused with a way out, never half-read. A new table needs no
 # migration (SCHEMA's CREATE ... IF NOT EXISTS adds it on open); a new column goes in MIGRATIONS.
-# 2: machines (amlemu.machines.registry), and a cluster's machines and placement in its spec.
+# 2: machines (amlemu.machines.registry), and a cluster's machines and placement in its spec; runs'
+#    reuse_key and supervisor_started.
 SCHEMA_VERSION = 2
 MIGRATIONS = {("runs", "preemptions"): "ALTER TABLE runs ADD COLUMN preemptions INTEGER NOT NULL DEFAULT 0",
               ("runs", "parent"): "ALTER TABLE runs ADD COLUMN parent TEXT",  # a sweep's trial: the sweep
-              ("runs", "reuse_key"): "ALTER TABLE runs ADD COLUMN reuse_key TEXT"}  # a pipeline step's run
+              ("runs", "reuse_key"): "ALTER TABLE runs ADD COLUMN reuse_key TEXT",  # a pipeline step's run
+              # the owner's start time: with its pid, what names it (an owner forked by the fork server
+              # has the server's argv: emulator/forkserver.py)
+              ("runs", "supervisor_started"): "ALTER TABLE runs ADD COLUMN supervisor_started REAL"}
 
 WORKSPACE_DEFAULTS = {
     "workspace_name": "amlemu-ws",
@@ -91,6 +95,7 @@ class RunRecord:
     preemptions: int = 0
     parent: str | None = None  # the sweep a trial belongs to
     reuse_key: str | None = None  # a pipeline step's run: the key a later step may reuse it under
+    supervisor_started: float | None = None  # the supervisor's start time (with its pid, what names it)
 
 
 def cluster_to_json(spec: ClusterSpec) -> str:

@@ -254,14 +254,14 @@ class Store:
         self._update(db, run_id, status=status.value, **fields)
         return self.run(run_id, db)
 
-    def claim_run(self, run_id: str, dead_pid: int, claimer_pid: int) -> bool:
+    def claim_run(self, run_id: str, dead_pid: int, claimer_pid: int, claimer_started: float | None = None) -> bool:
         """Take over an active run whose supervisor `dead_pid` died: True for the one claimer that
         gets it (a run's watchdog or a CLI call's reconcile noticing the death at the same time)."""
         with self.transaction() as db:
             terminal = [s.value for s in RunStatus if s.is_terminal]
-            cursor = db.execute(f"UPDATE runs SET supervisor_pid = ? WHERE id = ? AND supervisor_pid = ? "  # noqa: S608
-                                f"AND status NOT IN ({', '.join('?' * len(terminal))})",
-                                (claimer_pid, run_id, dead_pid, *terminal))
+            cursor = db.execute(f"UPDATE runs SET supervisor_pid = ?, supervisor_started = ? "  # noqa: S608
+                                f"WHERE id = ? AND supervisor_pid = ? AND status NOT IN ({', '.join('?' * len(terminal))})",
+                                (claimer_pid, claimer_started, run_id, dead_pid, *terminal))
             return cursor.rowcount == 1
 
     def update_run(self, run_id: str, **fields: Any) -> None:

@@ -24,13 +24,14 @@ from amlemu.cluster import autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
 from amlemu.home import AGENT_CONFIG_VARIABLE, Home
+from amlemu import forkserver
 from amlemu.storage.azurite import Azurite
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
 # from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy; rank-memory:
-# the memory per rank measured in the runs (runs/memwatch.py).
+# the memory per rank measured in the runs (runs/memwatch.py); forkserver: the fork server's socket and log.
 # (The images of the nodes' disks are kept outside the home and go with their disks: backends/nodedisk.py.)
-RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui", "rank-memory")
+RUN_FOLDERS = ("nodes", "caches", "process-nodes", "runs", "mlflow", "mlflow-ui", "rank-memory", "forkserver")
 # What the Azure ML service (`amlemu serve`) keeps for the runs: the code it was sent, the jobs'
 # REST bodies and the registry naming them; they go with the runs (its CA and secrets stay).
 SERVICE_RUN_DATA = ("service/blobs", "service/blob-metadata", "service/jobs", "service/registry.json")
@@ -39,10 +40,14 @@ DATA_FOLDERS = (("azurite", "Azurite's data"), ("datastores", "datastore folders
                 ("service", "the Azure ML service's CA, secrets and log"))
 
 
-def ours(pid: int, run_id: str) -> bool:
-    """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)"""
+def ours(pid: int, run_id: str, started: float | None = None) -> bool:
+    """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)
+    `started`: the start time recorded with the pid (an owner forked by the home's fork server
+    carries the server's argv, emulator/forkserver.py): then that process, whatever its argv."""
     try:
         proc = psutil.Process(pid)
+        if started is not None:
+            return abs(proc.create_time() - started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
         # The id as a whole word of the argv (an argument, a path component): a job may be named
         # `a`, which a bare substring test would find in almost any process reusing the pid.
         word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
@@ -152,6 +157,13 @@ def plan_stop_azurite(azurite: Azurite) -> list[Action]:
         if running else []
 
 
+def plan_stop_forkserver(home: Home) -> list[Action]:
+    """The home's fork server (emulator/forkserver.py), by its recorded pid and start time."""
+    running = forkserver.running(home.root)
+    return [Action("stop", "fork server", str(running.pid), {"pid": running.pid},
+                   run=functools.partial(forkserver.stop, home.root), always=True)] if running else []
+
+
 def plan_stop_service(home: Home) -> list[Action]:
     """The home's Azure ML service (`amlemu serve`), which never outlives a cleanup either."""
     running = servicefile.read_state(home.root)
@@ -165,10 +177,12 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
     plan = [Action("stop", "process group", str(pid), {"run": record.id, "role": role},
                    run=functools.partial(_kill_group, pid))
             for record in store.runs()
-            for role, pid in (("supervisor", record.supervisor_pid), ("launch", record.launch_pid))
-            if pid and ours(pid, record.id)]
-    # The service first: it would otherwise keep submitting jobs while the nodes go.
-    plan = plan_stop_service(home) + plan + plan_reap_nodes(home, all_homes) + plan_stop_azurite(azurite)
+            for role, pid, started in (("supervisor", record.supervisor_pid, record.supervisor_started),
+                                       ("launch", record.launch_pid, None))
+            if pid and ours(pid, record.id, started)]
+    # The service and the fork server first: they would otherwise start runs while the nodes go.
+    plan = (plan_stop_service(home) + plan_stop_forkserver(home) + plan + plan_reap_nodes(home, all_homes)
+            + plan_stop_azurite(azurite))
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
     return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS + SERVICE_RUN_DATA
@@ -181,9 +195,9 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
     group: exactly that, never a looser match), nodes and networks found as reap finds them
     (Docker labels, process nodes' folders), and Azurite."""
     groups: dict[int, str] = {}  # a supervisor's group; its watchdog (same command line) is in it
-    for p in psutil.process_iter(["pid", "cmdline"]):
-        if "amlemu.runs.supervisor" in (p.info["cmdline"] or []) and str(home.root) in p.info["cmdline"] \
-                and p.info["pid"] != os.getpid():
+    for p in psutil.process_iter(["pid", "cmdline"]):  # the fork server, and the owners it forked (their argv is its)
+        if {"amlemu.runs.supervisor", forkserver.MODULE} & set(p.info["cmdline"] or []) \
+                and str(home.root) in p.info["cmdline"] and p.info["pid"] != os.getpid():
             with contextlib.suppress(ProcessLookupError):
                 groups.setdefault(os.getpgid(p.info["pid"]), p.info["cmdline"][-1])
     supervisors = [Action("stop", "process group", str(pgid), {"run": run, "role": "supervisor"},

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
+from amlemu import forkserver
 from amlemu.backends import get_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster.store import RunRecord, Store
@@ -32,9 +33,10 @@ DIED = "the emulator process supervising this run died; the run was stopped and 
 def claim(store: Store, record: RunRecord) -> bool:
     """Whether this process is the one to recover the run: its supervisor is gone (not merely busy)
     and no other claimer (alive) took it first."""
-    if record.status.is_terminal or record.supervisor_pid is None or ours(record.supervisor_pid, record.id):
+    if record.status.is_terminal or record.supervisor_pid is None or \
+            ours(record.supervisor_pid, record.id, record.supervisor_started):
         return False
-    return store.claim_run(record.id, record.supervisor_pid, os.getpid())
+    return store.claim_run(record.id, record.supervisor_pid, os.getpid(), forkserver.started_at(os.getpid()))
 
 
 def recover(home: Home, store: Store, record: RunRecord) -> None:

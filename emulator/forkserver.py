@@ -1,0 +1,297 @@
+"""A home's fork server: one Python process per home, with the modules of a run's owner (its
+supervisor, a sweep's or a pipeline's driver) imported once, that forks each owner on request.
+
+Why: a fresh interpreter spent 135-170 ms importing the supervisor's modules on every submit,
+before anything of the run could happen (docs/benchmarks.md, issue 30), and a sweep of 20 trials
+paid it 20 times. A fork of a process that has them costs a few milliseconds.
+
+The submitter (`start_owner`) asks the server over a unix socket in the home (an owner-only
+folder no node sees); the server checks the caller is this user, that the module is one of the
+owners, and that its own code is still the code on disk (an upgrade or an edit since it started:
+it answers "stale" and exits), then forks: the child leads a session of its own, writes to the
+run's log, takes the submitter's environment, umask and folder, and runs the module's `main`.
+Whenever the server cannot serve (none yet, another interpreter or PYTHONPATH, stale, any error)
+the owner is started as before, `python -m <module> <home> <run id>`, and a server is started
+for the next submit. The server leaves when idle (IDLE_SECONDS) or when `cleanup` stops it.
+
+An owner forked here carries the server's command line, so it is known by its pid and start
+time (recorded with the run: cluster/teardown.ours), never by its argv.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+OWNERS = ("amlemu.runs.supervisor", "amlemu.sweeps.driver", "amlemu.pipelines.driver")
+IDLE_SECONDS = 600.0  # a home unused this long gives its memory back
+MAX_REQUEST = 1 << 20  # an environment and a few paths
+MODULE = "amlemu.forkserver"
+
+
+@dataclass(frozen=True)
+class Owner:
+    """A run's owner process as started: its pid and its start time (psutil's create_time)."""
+
+    pid: int
+    started: float | None
+
+
+def folder(home_root: Path) -> Path:
+    return Path(home_root) / "forkserver"
+
+
+def started_at(pid: int) -> float | None:
+    """The process's start time as psutil computes it (None: gone)."""
+    import psutil  # noqa: PLC0415 - the server's forks pay nothing for it: imported before them
+
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+# --- the submitter's side ---------------------------------------------------------------------
+def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[str, str]) -> Owner:
+    """`module`'s main for `run_id`, forked by the home's server when one serves, else started as
+    `python -m module home run_id` (and a server started, in the background, for the next time)."""
+    request = {"module": module, "argv": [str(home_root), run_id], "log": str(log), "env": env,
+               "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable}
+    answer = _ask(home_root, request)
+    if answer is not None:
+        return Owner(int(answer["pid"]), float(answer["started"]))
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([sys.executable, "-m", module, *request["argv"]], stdin=subprocess.DEVNULL,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    owner = Owner(proc.pid, started_at(proc.pid))
+    if running(home_root) is None:  # a second one started meanwhile leaves at once (the server's lock)
+        folder(home_root).mkdir(mode=0o700, exist_ok=True)
+        with open(folder(home_root) / "server.txt", "ab") as out:
+            subprocess.Popen([sys.executable, "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
+                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    return owner
+
+
+def _umask() -> int:
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+    """The server's answer to one request; None when no server answers or it declines."""
+    path = folder(home_root) / "sock"
+    if not path.exists():
+        return None
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(timeout)
+            conn.connect(str(path))
+            conn.sendall(json.dumps(request).encode() + b"\n")
+            answer = json.loads(_read_line(conn) or b"{}")
+    except (OSError, ValueError):
+        return None
+    return answer if "pid" in answer else None
+
+
+def running(home_root: Path) -> Owner | None:
+    """The home's server, if its recorded pid is still that process (and not a zombie)."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        pid, started = (folder(home_root) / "pid").read_text().split(":")
+        proc = psutil.Process(int(pid))
+        if abs(proc.create_time() - float(started)) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
+            return Owner(int(pid), float(started))
+    except (OSError, ValueError, psutil.Error):
+        pass
+    return None
+
+
+def stop(home_root: Path) -> bool:
+    """End the home's server (cleanup): by its recorded pid, only if still that process; returns
+    once the process has ended (its pid file goes a moment before it does)."""
+    import psutil  # noqa: PLC0415
+
+    server = running(home_root)
+    if server is None:
+        return False
+    try:
+        proc = psutil.Process(server.pid)
+        proc.terminate()
+        for sig in (None, signal.SIGKILL):
+            if sig is not None:
+                proc.send_signal(sig)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                time.sleep(0.01)
+            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                break
+    except psutil.Error:  # gone meanwhile
+        pass
+    return True
+
+
+# --- the server ---------------------------------------------------------------------------------
+def _read_line(conn: socket.socket) -> bytes:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _code_stamp() -> dict[str, int]:
+    """The files of every amlemu module loaded here, with their modification times."""
+    files = {}
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if name.split(".")[0] == "amlemu" and path:
+            with contextlib.suppress(OSError):
+                files[path] = os.stat(path).st_mtime_ns
+    return files
+
+
+def _stale(stamp: dict[str, int]) -> bool:
+    for path, mtime in stamp.items():
+        try:
+            if os.stat(path).st_mtime_ns != mtime:
+                return True
+        except OSError:
+            return True
+    return False
+
+
+def _peer_uid(conn: socket.socket) -> int:
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[2]
+
+
+def _child(request: dict[str, Any], inherited: list[int]) -> int:
+    """In the forked child: become the run's owner (without the server's socket and lock)."""
+    for fd in inherited:
+        os.close(fd)
+    os.setsid()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(out, 2)
+    os.close(out)
+    os.close(devnull)
+    os.umask(int(request["umask"]))
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    sys.argv = [request["module"], *request["argv"]]
+    try:
+        return int(importlib.import_module(request["module"]).main(list(request["argv"])) or 0)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except BaseException:  # noqa: BLE001 - the owner's crash goes to its log, as a fresh interpreter's would
+        traceback.print_exc()
+        return 1
+
+
+def _serve_one(conn: socket.socket, stamp: dict[str, int], inherited: list[int]) -> bool:
+    """Answer one request; False when this server must go (its code changed on disk)."""
+    try:
+        request = json.loads(_read_line(conn))
+        if _peer_uid(conn) != os.getuid() or request.get("module") not in OWNERS:
+            raise ValueError("refused: not this user, or not a run's owner")
+        if request.get("executable") != sys.executable or \
+                request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+            raise ValueError("another interpreter or PYTHONPATH")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        with contextlib.suppress(OSError):
+            conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
+        return True
+    if _stale(stamp):
+        with contextlib.suppress(OSError):
+            conn.sendall(b'{"error": "stale"}\n')
+        return False
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        code = _child(request, inherited)
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)  # the server's atexit handlers and buffers are not the owner's
+    with contextlib.suppress(OSError):
+        conn.sendall(json.dumps({"pid": pid, "started": started_at(pid) or 0.0}).encode() + b"\n")
+    return True
+
+
+def _preload() -> None:
+    """What every owner imports at its start, paid here once, at the lowest priority: the server
+    starts beside the home's first run, which must not wait for it (niceness is per thread, so the
+    owners, forked by the main thread, are not lowered)."""
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+    for module in OWNERS:
+        importlib.import_module(module)
+    with contextlib.suppress(ImportError):
+        import docker  # noqa: F401, PLC0415 - a docker node's supervisor imports it first thing
+
+
+def serve(home_root: str) -> int:
+    import fcntl  # noqa: PLC0415
+
+    where = folder(Path(home_root))
+    where.mkdir(mode=0o700, exist_ok=True)
+    lock = os.open(where / "lock", os.O_WRONLY | os.O_CREAT, 0o600)
+    try:  # one server per home: a second started meanwhile leaves at once
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return 0
+    preload = threading.Thread(target=_preload)  # gone before the first fork: forks of one thread
+    preload.start()
+    preload.join()
+    stamp = _code_stamp()
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # owners are reaped by the kernel: no zombie
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    path, staged = where / "sock", where / f"sock.{os.getpid()}"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(staged))
+    os.chmod(staged, 0o600)
+    listener.listen(64)
+    listener.settimeout(IDLE_SECONDS)
+    os.replace(staged, path)
+    (where / "pid").write_text(f"{os.getpid()}:{started_at(os.getpid())}")
+    try:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                return 0
+            with conn:
+                conn.settimeout(10)
+                if not _serve_one(conn, stamp, [listener.fileno(), lock]):
+                    return 0
+    finally:  # the lock is still this server's: the socket and pid file are too
+        for name in ("sock", "pid"):
+            with contextlib.suppress(OSError):
+                (where / name).unlink()
+        listener.close()
+
+
+if __name__ == "__main__":
+    sys.exit(serve(sys.argv[1]))
