@@ -172,11 +172,11 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
                     "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
     assert env == {"PATH": "/usr/bin:/bin"}
     script = SANDBOX.read_text()
-    assert 'mount --bind -o ro "$cache" "$root/mnt/amlemu/cache"' in script
+    assert 'queue bind,ro "$cache" "$root/mnt/amlemu/cache"' in script  # a line of the node's mount table
     assert (NODE_ROOT, CACHE_ROOT) == (contract.NODE_ROOT, contract.CACHE_ROOT)  # one view on every backend
     assert f'"$root{NODE_ROOT}"' in script and f'"$root{CACHE_ROOT}"' in script
     assert "--bounding-set=-all" in script and "env -i" in script
-    assert 'mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"' in script  # resources.shm_size
+    assert 'queue "mode=1777,size=$shm" amlemu-shm "$root/dev/shm" tmpfs' in script  # resources.shm_size
 
 
 def test_the_agent_imports_nothing_of_amlemu_and_records_its_start_as_psutil_sees_it(tmp_path: Path) -> None:

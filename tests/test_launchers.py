@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from click.testing import CliRunner
 from amlemu.backends.base import NodeRequest, node_base_env
 from amlemu.cli import cli
 from amlemu.runs.launchers import TF_PORT, node_command
-from amlemu.runs.plan import AGENT, LaunchPlan, plan_launch
+from amlemu.runs.plan import AGENT, MPI_AGENT, MPI_AGENT_ARGV, LaunchPlan, plan_launch
 from amlemu.specs import Distribution, DistributionType, JobSpec
 
 WS = {"workspace_name": "ws", "subscription_id": "sub", "resource_group": "rg", "location": "local"}
@@ -125,3 +126,13 @@ def test_the_dry_run_shows_every_process_of_a_node_launched_job(tmp_path: Path, 
     key = "RANK" if kind == "pytorch" else "TF_CONFIG"
     assert all(key in p["env"] for p in plan["processes"])
     assert not [k for k in plan["env"] if k.startswith("OMPI_")]
+
+
+def test_mpirun_runs_the_agent_on_its_file_without_site() -> None:
+    """Once per node on every launch: no site hooks (an editable install's finder alone cost ~15 ms),
+    the standard library only (the agent runs as `python -SI agent.py`: an import of amlemu fails)."""
+    plan = _plan(DistributionType.MPI)
+    assert plan.argv[plan.argv.index("plm_rsh_agent") + 1] == MPI_AGENT == " ".join(MPI_AGENT_ARGV)
+    assert MPI_AGENT_ARGV[:2] == (sys.executable, "-SI")
+    done = subprocess.run(MPI_AGENT_ARGV, capture_output=True, text=True, env={}, check=False)
+    assert (done.returncode, done.stderr) == (2, "usage: amlemu-agent <host> <command...>\n")

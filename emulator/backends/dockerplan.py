@@ -72,10 +72,12 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
     volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
     # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
     volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
-    agent = Path(sys.prefix, "bin", "amlemu-agent")
     if use_job_image:
-        # Open MPI daemons check that the launch agent's path exists on their node.
-        volumes[str(agent)] = {"bind": str(agent), "mode": "ro"}
+        # Open MPI daemons check that the launch agent's path exists on their node: the console
+        # script, and the interpreter and file mpirun runs it as (runs/plan.py MPI_AGENT_ARGV).
+        for path in (Path(sys.prefix, "bin", "amlemu-agent"), Path(sys.executable),
+                     Path(__file__).resolve().parent.parent / "runs" / "agent.py"):
+            volumes[str(path)] = {"bind": str(path), "mode": "ro"}
     env = node_base_env(None if use_job_image else software_bin(request))
     gpu_access: str | None = None
     devices: list[str] = []

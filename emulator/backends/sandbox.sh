@@ -37,30 +37,43 @@ mkdir -p "$root/proc" "$root/sys" "$root/dev/shm" "$root/run" "$root/etc" "$root
 # shellcheck disable=SC2086
 [ -z "$links" ] || cp -P $links "$root/"
 for path in $files; do : >"$root$path"; done
-bind_ro() {  # one mount(8) call: libmount binds, then remounts the bind read-only
-    mount --bind -o ro "$1" "$root$1"
+# The node's mounts go into a table that one `mount -a` carries out, in its order: a mount(8)
+# process per mount cost ~1.4 ms each, ~25 ms of every launch on every node. A line the table
+# cannot hold as it is (a path with a space, tab, backslash or #) is mounted at once, after the
+# lines before it.
+table="$root/.amlemu-mounts"
+: >"$table"
+queue() {  # OPTIONS SOURCE TARGET [TYPE]
+    case "$2$3" in
+        *[[:space:]\\#]*) mount -a -T "$table"; : >"$table"; mount -t "${4:-none}" -o "$1" "$2" "$3"; return ;;
+    esac
+    printf '%s %s %s %s 0 0\n' "$2" "$3" "${4:-none}" "$1" >>"$table"
 }
 for dir in bin sbin lib lib32 lib64 libx32; do
-    [ -L "/$dir" ] || { [ -d "/$dir" ] && bind_ro "/$dir"; } || true
+    [ -L "/$dir" ] || { [ -d "/$dir" ] && queue bind,ro "/$dir" "$root/$dir"; } || true
 done
 for path in "$@"; do
-    [ -e "$path" ] && bind_ro "$path"
+    [ -e "$path" ] && queue bind,ro "$path" "$root$path"
 done
 
 for dev in null zero full random urandom tty /dev/nvidia*; do
     dev=/dev/${dev#/dev/}
     [ -e "$dev" ] || continue
     : >"$root$dev"
-    mount --bind "$dev" "$root$dev"
+    queue bind "$dev" "$root$dev"
 done
+queue "mode=1777,size=$shm" amlemu-shm "$root/dev/shm" tmpfs  # resources.shm_size
+queue defaults proc "$root/proc" proc
+queue bind "$disk" "$root/mnt/azureml"
+queue bind,ro "$cache" "$root/mnt/amlemu/cache"
+mount -a -T "$table"
+rm "$table"
+mount --rbind /sys "$root/sys"
+mount -o remount,bind,ro "$root/sys" 2>/dev/null || true
 ln -s /proc/self/fd "$root/dev/fd"
 ln -s /proc/self/fd/0 "$root/dev/stdin"
 ln -s /proc/self/fd/1 "$root/dev/stdout"
 ln -s /proc/self/fd/2 "$root/dev/stderr"
-mount -t tmpfs -o "mode=1777,size=$shm" amlemu-shm "$root/dev/shm"  # resources.shm_size
-mount -t proc proc "$root/proc"
-mount --rbind /sys "$root/sys"
-mount -o remount,bind,ro "$root/sys" 2>/dev/null || true
 
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
@@ -68,8 +81,6 @@ printf 'root:x:0:\n' >"$root/etc/group"
 printf '127.0.0.1 localhost %s amlemu-service.blob.internal\n' "$host" >"$root/etc/hosts"
 printf '%s\n' "$host" >"$root/etc/hostname"
 
-mount --bind "$disk" "$root/mnt/azureml"
-mount --bind -o ro "$cache" "$root/mnt/amlemu/cache"
 hostname "$host"
 
 exec /usr/bin/env -i "$chroot" "$root" \
