@@ -68,6 +68,16 @@ class NodeRequest:
     # first on PATH in place of the emulator's venv. None: the emulator's venv, as before.
     python_env: str | None = None
     disk_bytes: int = 0  # the VM size's local (temp) disk; nodedisk caps it (0: by its setting alone)
+    # Past one machine (amlemu.machines, placed by the cluster layer): the machine the node is on, its
+    # Docker engine's address ("": this machine's) and TLS files (ca, cert, key) for a tcp:// engine;
+    # `overlay`: the cluster's attachable overlay network when its nodes span machines (else its
+    # bridge); `service_address`: this machine's address as nodes on that machine reach it.
+    machine: str = "local"
+    engine: str = ""
+    engine_tls: tuple[str, str, str] | None = None
+    overlay: str | None = None
+    service_address: str | None = None
+    advertise: str | None = None  # that machine's own address as this one reaches it (its traffic's source)
 
     @property
     def name(self) -> str:
@@ -77,7 +87,8 @@ class NodeRequest:
     @property
     def labels(self) -> dict[str, str]:
         return {LABEL: "1", f"{LABEL}.home": self.home_id, f"{LABEL}.cluster": self.cluster,
-                f"{LABEL}.node": self.name, f"{LABEL}.index": str(self.index)}
+                f"{LABEL}.node": self.name, f"{LABEL}.index": str(self.index),
+                **({f"{LABEL}.machine": self.machine} if self.machine != "local" else {})}
 
 
 @dataclass(frozen=True)

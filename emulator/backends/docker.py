@@ -15,7 +15,6 @@ enumerates only those GPUs, numbered from 0.
 """
 from __future__ import annotations
 
-import functools
 import shutil
 import threading
 from collections.abc import Callable
@@ -23,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action
-from amlemu.backends import cpugroup, hostguard, nodedisk, nodefs
+from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, listed_name, until_gone
+from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
@@ -42,15 +41,17 @@ class DockerBackend(NodeBackend):
 
     def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
         super().__init__(home)
-        self._docker = None
+        self.engines = engines.Engines(home.root / "docker-engines.json")  # one client per machine's engine
         self._lock = threading.Lock()  # nodes are created in parallel; image and network once
-        self._parent: str | None = None  # the nodes' cgroup parent, once asked ("": the engine's)
+        self._parent: dict[str, str] = {}  # each engine's cgroup parent for nodes, once asked ("": the engine's)
 
     @property
     def client(self):  # type: ignore[no-untyped-def]
-        if self._docker is None:
-            self._docker = connect()
-        return self._docker
+        return self.engines.client()  # this machine's engine
+
+    def engine(self, request: NodeRequest):  # type: ignore[no-untyped-def]
+        """The engine of the node's machine (issue 31; this machine's unless placed elsewhere)."""
+        return self.engines.client(request.engine, request.engine_tls)
 
     @staticmethod
     def nvidia_runtime() -> bool:
@@ -74,8 +75,9 @@ class DockerBackend(NodeBackend):
     @classmethod
     def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
         """`docker exec -i` into the node's container, whose shell sources the run's env file."""
-        return [config["tools"]["docker"], "exec", "-i", config["hosts"][host]["container"], "/bin/sh", "-c", NODE_EXEC,
-                "amlemu-node", config["env_file"], command]
+        entry = config["hosts"][host]  # -H: a node on another machine's engine (dockerengines.py)
+        return [config["tools"]["docker"], *engines.engine_options(entry.get("engine", ""), entry.get("tls")), "exec",
+                "-i", entry["container"], "/bin/sh", "-c", NODE_EXEC, "amlemu-node", config["env_file"], command]
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -84,29 +86,32 @@ class DockerBackend(NodeBackend):
     def network_name(self, cluster: str) -> str:
         return f"amlemu-{self.home.id}-{cluster}"
 
-    def has_image(self, image: str) -> bool:
-        return has_image(self.client, image)
+    def has_image(self, image: str, client=None) -> bool:  # type: ignore[no-untyped-def]
+        return has_image(client or self.client, image)
 
     # --- the dry run -------------------------------------------------------------------------
     def plan_node(self, request: NodeRequest, built_image: str | None = None) -> ContainerPlan:
-        use_job_image = bool(request.image) and (request.image == built_image or self.has_image(request.image))
-        networks = self._networks(request.cluster)
+        client = self.engine(request)
+        use_job_image = bool(request.image) and (request.image == built_image or self.has_image(request.image, client))
+        networks = [] if request.overlay else self._networks(request.cluster)
         return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
-                              self.container_name(request), self.network_name(request.cluster),
-                              hostguard.note(networks[0].id if networks else None), self._cgroup_parent())
+                              self.container_name(request), request.overlay or self.network_name(request.cluster),
+                              engines.guard_note(request, networks[0].id if networks else None),
+                              self._cgroup_parent(request))
 
-    def _cgroup_parent(self) -> str | None:
+    def _cgroup_parent(self, request: NodeRequest) -> str | None:
         """"/" where the engine names cgroups by path (cgroupfs: see dockerplan.CPU_WEIGHT); under
         systemd's driver its own slice (system.slice) is kept."""
-        if self._parent is None:  # asked once
-            self._parent = "/" if self.client.info().get("CgroupDriver") == "cgroupfs" else ""
-        return self._parent or None
+        if request.engine not in self._parent:  # asked once an engine
+            self._parent[request.engine] = "/" if self.engine(request).info().get("CgroupDriver") == "cgroupfs" else ""
+        return self._parent[request.engine] or None
 
     # --- execution ---------------------------------------------------------------------------
-    def _ensure_image(self, image: str) -> None:
-        if image == MIRROR_IMAGE and not self.has_image(image):
+    def _ensure_image(self, image: str, client=None) -> None:  # type: ignore[no-untyped-def]
+        client = client or self.client
+        if image == MIRROR_IMAGE and not self.has_image(image, client):
             repository, tag = image.split(":")
-            self.client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
+            client.api.import_image_from_data(mirror_rootfs(), repository=repository, tag=tag,
                                                    changes=[f"LABEL {LABEL}=1"])
 
     def ensure_mirror_image(self) -> None:
@@ -135,11 +140,15 @@ class DockerBackend(NodeBackend):
         plan = self.plan_node(request)
         nodedisk.attach(request.node_dir, nodedisk.size(request.disk_bytes)[0])  # before the bind
         (request.cache_dir / "data").mkdir(parents=True, exist_ok=True)
+        client = self.engine(request)
         with self._lock:
-            self._ensure_image(plan.image)
+            self._ensure_image(plan.image, client)
             # Guarded with every node (idempotent): a network made before guards existed gets one too.
-            self._guard(self._ensure_network(plan.network, request.cluster), request.cluster)
-        api = self.client.api
+            if request.overlay:  # made before the nodes, on the swarm (cluster/spanning.py)
+                engines.guard(request, self.home.id)
+            else:
+                self._guard(self._ensure_network(plan.network, request.cluster), request.cluster)
+        api = client.api
         device_requests = [docker.types.DeviceRequest(device_ids=list(plan.gpus), capabilities=[["gpu"]])] \
             if plan.gpu_access == "device_requests" else None
         host_config = api.create_host_config(
@@ -167,37 +176,43 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            self._remove_container(self.container_name(request))
+            self._remove_container(self.container_name(request), self.engine(request))
         except docker.errors.NotFound:
             pass
         nodedisk.detach(request.node_dir)  # once no container binds it
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
-        return {"container": self.container_name(request)}
+        return {"container": self.container_name(request),
+                **({"engine": request.engine, "tls": request.engine_tls} if request.engine else {})}
 
     def fits(self, request: NodeRequest) -> bool:
         """/dev/shm is sized, the job's environment mounted and the hosts file written as a container is
         created (Azure ML: each job's container, --shm-size, its image; SERVICE_HOST: a node made before
         the service link had none)."""
         try:
-            attrs = self.client.api.inspect_container(self.container_name(request))
-            image = request.image if request.image and self.has_image(request.image) else MIRROR_IMAGE
+            client = self.engine(request)
+            attrs = client.api.inspect_container(self.container_name(request))
+            image = request.image if request.image and self.has_image(request.image, client) else MIRROR_IMAGE
             return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and attrs["Config"]["Image"] == image and \
                 attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") and \
-                attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent() or "") and \
+                attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent(request) or "") and \
                 any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
 
     def host_address(self, request: NodeRequest) -> str | None:
         """The cluster network's gateway: this machine as its nodes reach it (not its 127.0.0.1)."""
+        if request.overlay:  # its way out of its engine, or this machine's address for another machine
+            return request.service_address or engines.gateway(self.client, engines.GWBRIDGE)
         with self._lock:
             self._ensure_network(self.network_name(request.cluster), request.cluster)
         configs = self._networks(request.cluster)[0].attrs.get("IPAM", {}).get("Config") or []
         return next((c["Gateway"] for c in configs if c.get("Gateway")), None)
 
     def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
+        if request.overlay:
+            return engines.open_port(request, engines.gateway(self.client, engines.GWBRIDGE), port, self.home.id, run_id)
         networks, address = self._networks(request.cluster), self.host_address(request)
         bridge = hostguard.bridge_name(networks[0].id) if networks else ""
         if address and hostguard.supported(bridge) is None:
@@ -205,6 +220,9 @@ class DockerBackend(NodeBackend):
 
     def close_ports(self, request: NodeRequest, run_id: str) -> None:
         hostguard.remove(hostguard.comment(self.home.id, request.cluster, run_id))
+
+    def node_env(self, request: NodeRequest) -> dict[str, str]:
+        return engines.node_env(self.client, request)
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
@@ -214,11 +232,13 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            container = self.client.containers.get(self.container_name(request))
+            container = self.engine(request).containers.get(self.container_name(request))
             if container.status != "running" or container.attrs["Config"]["Image"] != MIRROR_IMAGE:
                 return
             root = Path(f"/proc/{container.attrs['State']['Pid']}/root")
             try:
+                if request.engine:  # its pids are another machine's
+                    raise PermissionError
                 for folder in SCRATCH:
                     nodefs.wipe(root / folder.lstrip("/"))
             except PermissionError:
@@ -231,18 +251,22 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            container = self.client.containers.get(self.container_name(request))
+            container = self.engine(request).containers.get(self.container_name(request))
         except docker.errors.NotFound:
             return 0
+        if request.engine and container.status == "running":  # its pids are another machine's
+            return engines.stop_inside(container)
         return kill_job_processes(container, self._running) if container.status == "running" else 0
 
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
-        try:  # found once from the container's init: no engine call per read
-            return cgroup_pids(self._container(request).attrs["State"]["Pid"])
+        try:  # found once from the container's init: no engine call per read; none on another machine
+            return list if request.engine else cgroup_pids(self._container(request).attrs["State"]["Pid"])
         except (BackendError, OSError):
             return list
 
     def cpu_sharer(self, requests: list[NodeRequest]) -> cpugroup.Sharer | None:
+        if any(r.engine for r in requests):  # another machine's processes (dockerengines.REMOTE_NOTE)
+            return None
         try:  # each node's init, its processes, its nominal quota and weight (dockerplan.container_plan)
             return cpugroup.sharer_for(self.home.id, requests[0].cluster, {
                 (pid := self._container(r).attrs["State"]["Pid"]): (cgroup_pids(pid), int(r.cpus * CPU_PERIOD),
@@ -264,7 +288,7 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            return self.client.containers.get(self.container_name(request))
+            return self.engine(request).containers.get(self.container_name(request))
         except docker.errors.NotFound:
             raise BackendError(f"node {request.name} does not exist") from None
 
@@ -274,33 +298,27 @@ class DockerBackend(NodeBackend):
             container.kill()  # SIGKILL to the node's init: every process in it dies
 
     def partition_node(self, request: NodeRequest) -> None:
-        self.client.networks.get(self.network_name(request.cluster)).disconnect(self._container(request), force=True)
+        network = request.overlay or self.network_name(request.cluster)
+        self.engine(request).networks.get(network).disconnect(self._container(request), force=True)
 
     def slow_node(self, request: NodeRequest, cpus: float) -> None:
         self._container(request).update(cpu_period=CPU_PERIOD, cpu_quota=max(1000, int(cpus * CPU_PERIOD)))
 
-    def _labelled(self, label: str) -> list[dict]:
+    def _labelled(self, label: str, client=None) -> list[dict]:  # type: ignore[no-untyped-def]
         """The containers with `label` as one list call returns them. The SDK's containers.list also
         inspects each one, and raises when one is removed in between (another run's cleanup)."""
-        return self.client.api.containers(all=True, filters={"label": label})
+        return (client or self.client).api.containers(all=True, filters={"label": label})
 
     def list_nodes(self) -> list[NodeInfo]:
-        found = []
-        for c in self._labelled(f"{LABEL}.home={self.home.id}"):
-            labels = c["Labels"]
-            networks = (c.get("NetworkSettings") or {}).get("Networks") or {}
-            address = next(iter(networks.values())).get("IPAddress") if networks else None
-            found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
-                                  index=int(labels[f"{LABEL}.index"]), running=c["State"] == "running",
-                                  address=address or None, detail={"container": listed_name(c), "status": c["State"]}))
-        return sorted(found, key=lambda n: (n.cluster, n.index))
+        return engines.list_nodes([(address, self._labelled(f"{LABEL}.home={self.home.id}", client))
+                                   for address, client in self.engines.every() if client])
 
     def create_cluster(self, cluster: str) -> None:
         with self._lock:
             self._guard(self._ensure_network(self.network_name(cluster), cluster), cluster)
 
     def remove_cluster(self, cluster: str) -> None:
-        for network in self._networks(cluster):
+        for network in self._networks(cluster) + engines.overlays(self.client, self.home.id, cluster):
             until_gone(network.remove)
         hostguard.remove(hostguard.comment(self.home.id, cluster))
         cpugroup.remove(cpugroup.group_dir(self.home.id, cluster))
@@ -310,21 +328,17 @@ class DockerBackend(NodeBackend):
         name = self.network_name(cluster)
         return [n for n in self.client.networks.list(names=[name]) if n.name == name]
 
-    def _remove_container(self, name_or_id: str) -> None:
-        until_gone(lambda: self.client.api.remove_container(name_or_id, force=True))
+    def _remove_container(self, name_or_id: str, client=None) -> None:  # type: ignore[no-untyped-def]
+        until_gone(lambda: (client or self.client).api.remove_container(name_or_id, force=True))
 
     # --- dry runs ------------------------------------------------------------------------------
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
+        """On every engine the home placed nodes on (dockerengines.Engines): containers first, then
+        networks (a swarm's overlays on this machine's engine, their manager)."""
         label = f"{LABEL}=1" if all_homes else f"{LABEL}.home={self.home.id}"
-        containers = [Action("remove", "container", listed_name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
-                                                              "status": c["State"]},
-                             run=functools.partial(self._remove_container, c["Id"]))
-                      for c in self._labelled(label)]
-        networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home")},
-                           run=functools.partial(until_gone, n.remove))
-                    for n in self.client.networks.list(filters={"label": label})]
+        found = engines.plan_reap(self.engines.every(), label, self._labelled, self._remove_container)
         guards = hostguard.plan_remove(hostguard.comment(None if all_homes else self.home.id))
-        return containers + networks + guards + cpugroup.plan_remove(None if all_homes else self.home.id)
+        return found + guards + cpugroup.plan_remove(None if all_homes else self.home.id)
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
         return [Action("remove", "container", self.container_name(request), {"node": request.name},
@@ -332,4 +346,4 @@ class DockerBackend(NodeBackend):
 
     def plan_remove_cluster(self, cluster: str) -> list[Action]:
         return [Action("remove", "network", n.name, run=lambda: self.remove_cluster(cluster))
-                for n in self._networks(cluster)]
+                for n in self._networks(cluster) + engines.overlays(self.client, self.home.id, cluster)]

@@ -14,13 +14,22 @@ from amlemu.errors import BackendError
 from amlemu.lazydeps import import_docker
 
 
-def connect() -> Any:
+def connect(address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
+    """This machine's engine (docker.from_env), or the engine at `address` (another machine's,
+    amlemu.machines: TLS files (ca, cert, key) for tcp://)."""
     docker = import_docker()  # the SDK is needed only where this backend is used
 
     try:
-        client = docker.from_env(timeout=30)
+        if address:
+            config = docker.tls.TLSConfig(client_cert=tls[1:], ca_cert=tls[0], verify=True) if tls else None
+            client = docker.DockerClient(base_url=address, tls=config, timeout=30, use_ssh_client=False)
+        else:
+            client = docker.from_env(timeout=30)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
+        if address:
+            raise BackendError(f"the Docker engine at {address} does not answer ({type(exc).__name__}); check that "
+                               "machine (`amlemu machine list`)") from None
         raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
                            f"(`make setup` does) or use --backend process") from None
     return client

@@ -102,6 +102,55 @@ def note(network_id: str | None) -> str:
             "run the emulator as root on the engine's machine to close them")
 
 
+SWARM_PORTS = (("tcp", 2377), ("tcp", 7946), ("udp", 7946), ("udp", 4789))  # what a swarm's engines use
+
+
+def source_rules(source: str, tag: str) -> list[tuple[str, list[str]]]:
+    """(tool, rule) closing this machine to another machine's traffic (its address `source`: its
+    engine and, masqueraded, its nodes), top first: replies, the swarm's ports, then REJECT (pure).
+    Its nodes reach the swarm's ports too: those are the swarm's (mutual TLS; VXLAN where the
+    overlays are not encrypted, docs/swarm.md)."""
+    mark = ["-m", "comment", "--comment", tag]
+    return [("iptables", ["-s", source, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", *mark, "-j", "ACCEPT"]),
+            *(("iptables", ["-s", source, "-p", proto, "--dport", str(port), *mark, "-j", "ACCEPT"])
+              for proto, port in SWARM_PORTS),
+            ("iptables", ["-s", source, *mark, "-j", "REJECT", "--reject-with", "icmp-port-unreachable"])]
+
+
+def source_port_rule(source: str, address: str, port: int, tag: str) -> list[str]:
+    """The rule that lets another machine's nodes reach `address`:`port` here (pure)."""
+    return ["-s", source, "-p", "tcp", "-d", address, "--dport", str(port),
+            "-m", "comment", "--comment", tag, "-j", "ACCEPT"]
+
+
+def close_source(source: str, home: str, cluster: str) -> None:
+    """source_rules set once (inserted at the top in reverse: the replies end up first)."""
+    for tool, rule in reversed(source_rules(source, comment(home, cluster))):
+        if not run_argv(check_argv(tool, rule)):
+            run_argv(insert_argv(tool, rule))
+
+
+def open_source_port(source: str, address: str | None, port: int, home: str, cluster: str, run: str) -> None:
+    rule = source_port_rule(source, address or "0.0.0.0/0", port, comment(home, cluster, run))
+    run_argv(insert_argv("iptables", rule))
+
+
+def closed_sources(listing: str, tag: str) -> list[str]:
+    """The machines' addresses closed under exactly `tag` (a cluster's), from `iptables -S INPUT` (pure)."""
+    found = []
+    for line in listing.splitlines():
+        words = shlex.split(line)
+        if "-s" in words and "REJECT" in words and "--comment" in words and words[words.index("--comment") + 1] == tag:
+            found.append(words[words.index("-s") + 1].removesuffix("/32"))
+    return found
+
+
+def sources(home: str, cluster: str) -> list[str]:
+    """The other machines this machine is closed to for the cluster (their rules are the record)."""
+    listed = subprocess.run(["iptables", "-w", "-S", "INPUT"], capture_output=True, text=True, timeout=60)
+    return closed_sources(listed.stdout, comment(home, cluster)) if listed.returncode == 0 else []
+
+
 def run_argv(argv: list[str]) -> bool:
     return subprocess.run(argv, capture_output=True, timeout=60).returncode == 0
 

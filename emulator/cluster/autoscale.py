@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import psutil
 
 from amlemu.backends import NodeBackend, NodeRequest
-from amlemu.cluster import gpus as gpu_list
+from amlemu.cluster import gpus as gpu_list, placing, spanning
 from amlemu.cluster.store import Node, Store
 from amlemu.home import Home
 from amlemu import skus
@@ -44,12 +44,14 @@ def node_request(home: Home, spec: ClusterSpec, index: int, image: str | None = 
     gpus = gpu_list.visible_gpus() if host_gpus is None else host_gpus
     limits = limits_here(spec, gpus)
     name = f"{spec.name}-node-{index}"
-    return NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
-                       memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
-                       node_dir=home.node_dir(spec.name, name),
-                       cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
-                       image=image, shm_bytes=shm_bytes, python_env=python_env,
-                       disk_bytes=spec.size.temp_disk_gib * GIB)
+    request = NodeRequest(home_id=home.id, cluster=spec.name, index=index, cpus=limits.cpus,
+                          memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
+                          node_dir=home.node_dir(spec.name, name),
+                          cache_dir=home.cache_dir(spec.name, name), gpus=gpu_list.assign(gpus, index, limits.gpus),
+                          image=image, shm_bytes=shm_bytes, python_env=python_env,
+                          disk_bytes=spec.size.temp_disk_gib * GIB)
+    # Past one machine: on the machine its index is placed on (cluster/placing.py).
+    return placing.on_machine(home, spec, request, host_gpus) if spec.machines else request
 
 
 def free_indices(used: set[int], count: int) -> list[int]:
@@ -88,7 +90,9 @@ def try_allocate(store: Store, spec: ClusterSpec, run_id: str, count: int) -> Al
 
 
 def create_nodes(store: Store, backend: NodeBackend, requests: list[NodeRequest]) -> dict[str, str]:
-    """Create nodes in parallel (node start-up is mostly waiting on the engine); record addresses."""
+    """Create nodes in parallel (node start-up is mostly waiting on the engine); record addresses.
+    Nodes that span machines: their swarm and overlay network first (cluster/spanning.py)."""
+    spanning.prepare(store.path.parent, requests)
     with ThreadPoolExecutor(max_workers=max(1, len(requests))) as pool:
         addresses = dict(zip([r.name for r in requests], pool.map(backend.create_node, requests)))
     with store.transaction() as db:

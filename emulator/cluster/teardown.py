@@ -20,7 +20,7 @@ import psutil
 from amlemu import servicefile
 from amlemu.actions import Action
 from amlemu.backends import BACKENDS, backend_class, get_backend, nodedisk
-from amlemu.cluster import autoscale
+from amlemu.cluster import autoscale, spanning
 from amlemu.cluster.store import Store
 from amlemu.errors import StateError
 from amlemu.home import AGENT_CONFIG_VARIABLE, Home
@@ -182,7 +182,7 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
             if pid and ours(pid, record.id, started)]
     # The service and the fork server first: they would otherwise start runs while the nodes go.
     plan = (plan_stop_service(home) + plan_stop_forkserver(home) + plan + plan_reap_nodes(home, all_homes)
-            + plan_stop_azurite(azurite))
+            + spanning.plan_reap(home, store) + plan_stop_azurite(azurite))  # the swarm: after the nodes
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
     return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS + SERVICE_RUN_DATA

@@ -42,6 +42,12 @@ class Machine:
     added: float = 0.0
     tls: TlsFiles | None = None
     engine_id: str = ""  # the engine's own ID (`docker info`): the same engine under two names shows
+    # Its network, as the swarm and the service link need it (`machine add --service-address`):
+    # this machine's address as that machine reaches it (the swarm manager's and the runs' service
+    # link), and that machine's own address as this one reaches it (it joins the swarm on it, and
+    # this machine's firewall knows its traffic by it). "": not given (then no cluster spans it).
+    service_address: str = ""
+    advertise_address: str = ""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(self.gpus))

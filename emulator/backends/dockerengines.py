@@ -1,0 +1,208 @@
+"""The docker backend past one machine (issue 31): a client per Docker engine, and what differs for
+a node on another machine's engine.
+
+A NodeRequest names its node's engine (`engine`: "" is this machine's, docker.from_env; else
+another machine's address, placed by the cluster layer). Each engine the home places a node on is
+recorded in <home>/docker-engines.json before its first node is made, so that the reaper finds
+what is left on every engine, the lost ones' records included, without the machines' registry
+(which sits above the backends).
+
+On another machine's engine:
+- the launch agent's `docker exec` is addressed to it (`engine_options`: -H and the TLS files);
+- a node's host pids are not this machine's: its processes are stopped from inside the node
+  (`stop_argv`), its scratch emptied there, and the pids memwatch and the CPU groups read are none
+  (recorded: `REMOTE_NOTE`);
+- its nodes reach this machine at the machine record's service address (`service_address`), and
+  their traffic is told apart by its advertise address (backends/hostguard.py's remote rules).
+"""
+from __future__ import annotations
+
+import fcntl
+import functools
+import json
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from amlemu.backends import hostguard
+from amlemu.actions import Action
+from amlemu.backends.base import LABEL, NodeInfo, NodeRequest
+from amlemu.backends.dockerapi import connect, listed_name, until_gone
+from amlemu.errors import BackendError
+
+GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
+REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
+# Kill every process in the node but its init and the idle sleep, from inside it (pid 1 is tini).
+STOP_SCRIPT = ('n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; '
+               'c=$(tr "\\0" " " < "$d/cmdline" 2>/dev/null) || continue; [ -z "$c" ] && continue; '
+               'case "$c" in "/bin/sleep infinity "|"sleep infinity ") continue;; esac; '
+               'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; echo "$n"')
+
+
+def engine_options(address: str, tls: tuple[str, str, str] | list[str] | None) -> list[str]:
+    """The docker CLI's options that address the engine at `address` ("": this machine's; pure)."""
+    if not address:
+        return []
+    options = ["-H", address]
+    if tls:
+        ca, cert, key = tls
+        options += ["--tlsverify", "--tlscacert", ca, "--tlscert", cert, "--tlskey", key]
+    return options
+
+
+def stop_argv() -> list[str]:
+    """What a node on another engine runs to kill its job's processes (pure); prints how many."""
+    return ["/bin/sh", "-c", STOP_SCRIPT]
+
+
+class Engines:
+    """One client per engine address, made on first use; the addresses used recorded in the home."""
+
+    def __init__(self, record: Path) -> None:
+        self.record = record
+        self._clients: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def client(self, address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
+        with self._lock:
+            if address not in self._clients:
+                if address:
+                    self._remember(address, tls)
+                self._clients[address] = connect(address, tls)
+            return self._clients[address]
+
+    def _remember(self, address: str, tls: tuple[str, str, str] | None) -> None:
+        self.record.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.record.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            known = self.recorded()
+            if address not in known or known[address] != (list(tls) if tls else None):
+                known[address] = list(tls) if tls else None
+                self.record.write_text(json.dumps(known, indent=1))
+
+    def recorded(self) -> dict[str, list[str] | None]:
+        """Other engines this home placed nodes on: address -> TLS files."""
+        try:
+            return dict(json.loads(self.record.read_text()))
+        except (OSError, ValueError):
+            return {}
+
+    def every(self) -> list[tuple[str, Any]]:
+        """(address, client) of this machine's engine and of every recorded one that answers now;
+        one that does not is listed with None (its nodes are unreachable, not gone)."""
+        found: list[tuple[str, Any]] = [("", self.client())]
+        for address, tls in self.recorded().items():
+            try:
+                found.append((address, self.client(address, tuple(tls) if tls else None)))
+            except BackendError:
+                found.append((address, None))
+        return found
+
+
+def gateway(client: Any, network: str) -> str | None:
+    """The gateway of `network` on `client`'s engine: its host as the network's containers reach it."""
+    try:
+        configs = client.networks.get(network).attrs.get("IPAM", {}).get("Config") or []
+    except Exception:  # noqa: BLE001 - not there (yet)
+        return None
+    return next((c["Gateway"] for c in configs if c.get("Gateway")), None)
+
+
+def on(address: str) -> dict[str, str]:
+    """A reaping step's detail: the engine, where it is not this machine's."""
+    return {"engine": address} if address else {}
+
+
+def overlays(client: Any, home_id: str, cluster: str) -> list[Any]:
+    """The cluster's overlay networks on this machine's engine (their swarm's manager)."""
+    selector = {"label": [f"{LABEL}.home={home_id}", f"{LABEL}.cluster={cluster}"], "driver": "overlay"}
+    return client.networks.list(filters=selector)
+
+
+def stop_inside(container: Any) -> int:
+    """Kill a node's job processes from inside it (another machine's engine); how many."""
+    code, out = container.exec_run(stop_argv(), user="0")
+    try:
+        return int(out.decode().split()[-1]) if code == 0 else 0
+    except (ValueError, IndexError):
+        return 0
+
+
+def guard_note(request: NodeRequest, network_id: str | None) -> str:
+    """What the dry run says of the guard of a node's way to this machine."""
+    if not request.overlay:
+        return hostguard.note(network_id)
+    if request.engine:
+        why = hostguard.supported("lo")
+        return (f"this machine refuses machine {request.machine}'s traffic (from its advertise address) but the "
+                "swarm's ports and each run's opened ones (iptables INPUT rules)") if why is None else \
+            f"nodes on machine {request.machine} reach services listening on this machine's interfaces: {why}"
+    return hostguard.note(None).replace("the cluster's bridge", f"{GWBRIDGE} (shared by the swarm's overlays)")
+
+
+def guard(request: NodeRequest, home_id: str) -> None:
+    """Close this machine to an overlay node: on the swarm's gateway bridge here, or, for a node on
+    another machine, to that machine's traffic (its advertise address), the swarm's ports left open."""
+    if request.engine:
+        if request.advertise and hostguard.supported("lo") is None:
+            hostguard.close_source(request.advertise, home_id, request.cluster)
+    elif hostguard.supported(GWBRIDGE) is None:
+        hostguard.close(GWBRIDGE, home_id, request.cluster)
+
+
+def open_port(request: NodeRequest, gateway_here: str | None, port: int, home_id: str, run_id: str) -> None:
+    """A port a run opened (its service link, mpirun's), for every way in of the cluster's overlay
+    nodes: this machine's gateway bridge (to its address `gateway_here`), and each other machine the
+    cluster is closed to (the supervisor opens mpirun's port for node 0 alone, on any machine)."""
+    if hostguard.supported("lo") is not None:
+        return
+    if gateway_here and hostguard.supported(GWBRIDGE) is None:
+        hostguard.open_port(GWBRIDGE, gateway_here, port, home_id, request.cluster, run_id)
+    for source in {*hostguard.sources(home_id, request.cluster), *([request.advertise] if request.advertise else [])}:
+        hostguard.open_source_port(source, None, port, home_id, request.cluster, run_id)
+
+
+def node_env(client: Any, request: NodeRequest) -> dict[str, str]:
+    """An overlay node's Open MPI talks to the other ranks on the overlay only: its other interface
+    (the engine's gateway bridge) has an address of that engine's, which another engine may reuse."""
+    if not request.overlay:
+        return {}
+    try:
+        subnet = next(c["Subnet"] for c in client.networks.get(request.overlay).attrs["IPAM"]["Config"])
+    except Exception:  # noqa: BLE001 - not made yet (a dry run)
+        return {}
+    return {"OMPI_MCA_btl_tcp_if_include": subnet}
+
+
+def list_nodes(listed: list[tuple[str, list[dict]]]) -> list[NodeInfo]:
+    """The nodes from each engine's labelled containers ((address, list entries); pure)."""
+    found = []
+    for address, containers in listed:
+        for c in containers:
+            labels = c["Labels"]
+            networks = (c.get("NetworkSettings") or {}).get("Networks") or {}
+            ip = next(iter(networks.values())).get("IPAddress") if networks else None
+            found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
+                                  index=int(labels[f"{LABEL}.index"]), running=c["State"] == "running",
+                                  address=ip or None, detail={"container": listed_name(c), "status": c["State"],
+                                                              **on(address)}))
+    return sorted(found, key=lambda n: (n.cluster, n.index))
+
+
+def plan_reap(every: list[tuple[str, Any]], label: str, labelled: Callable[..., list[dict]],
+              remove_container: Callable[..., None]) -> list[Action]:
+    """On every engine (dockerengines.Engines.every): the containers labelled `label`, then the
+    networks (overlays on this machine's engine, their swarm's manager; a worker's view of one is not
+    removable); an engine that does not answer is kept, and said so."""
+    lost = [Action("keep", "engine", address, {"why": "it does not answer; run cleanup again once it does"})
+            for address, client in every if client is None]
+    containers = [Action("remove", "container", listed_name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
+                                                                  "status": c["State"], **on(address)},
+                         run=functools.partial(remove_container, c["Id"], client))
+                  for address, client in every if client for c in labelled(label, client)]
+    networks = [Action("remove", "network", n.name, {"home": (n.attrs.get("Labels") or {}).get(f"{LABEL}.home"),
+                                                     **on(address)}, run=functools.partial(until_gone, n.remove))
+                for address, client in every if client for n in client.networks.list(filters={"label": label})
+                if not (address and n.attrs.get("Driver") == "overlay")]
+    return lost + containers + networks

@@ -1,0 +1,88 @@
+"""A cluster whose nodes span machines (issue 31): its swarm and overlay network, made before its
+nodes, and the swarm's cleanup on every machine.
+
+The docker backend makes each node's container on its machine's engine, on the network its request
+names (NodeRequest.overlay, cluster/placing.py); this module makes that network exist first:
+this machine's engine in a swarm (machines.swarm.ensure_swarm: initialised and labelled as
+amlemu's where the engine is in none, advertised on the address the other machines reach this one
+at), each other machine's engine joined to it as a worker, and the cluster's attachable overlay
+made on this machine's engine (the manager), encrypted where the kernel can.
+"""
+from __future__ import annotations
+
+import fcntl
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from amlemu.actions import Action
+from amlemu.backends import NodeRequest
+from amlemu.backends.base import LABEL
+from amlemu.backends.dockerapi import connect
+from amlemu.errors import AmlEmuError, BackendError
+from amlemu.home import Home
+from amlemu.machines import engines, registry, swarm
+from amlemu.machines.address import TlsFiles
+
+
+def _tls(request: NodeRequest) -> TlsFiles | None:
+    return TlsFiles(*request.engine_tls) if request.engine_tls else None
+
+
+def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
+    """The swarm joined by every engine of `requests` and their cluster's overlay made; its name
+    (None: the nodes are on one machine, on the cluster's bridge as before)."""
+    spanning = [r for r in requests if r.overlay]
+    if not spanning:
+        return None
+    remote = {r.engine: r for r in spanning if r.engine}
+    home_id = spanning[0].home_id
+    with open(root / "swarm.lock", "a") as lock:  # two runs of a cluster: one swarm, one overlay
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        local = connect()
+        manager_addr = next(iter(remote.values())).service_address if remote else None
+        made = swarm.ensure_swarm(local, manager_addr or "127.0.0.1", home_id)
+        for address, request in remote.items():
+            client = engines.connect(address, _tls(request))
+            try:
+                node_id = swarm.join(client, made.worker_token, made.manager_addr, request.advertise or "")
+            finally:
+                client.close()
+            if node_id not in {n.id for n in local.nodes.list()}:
+                raise BackendError(f"machine {request.machine}'s engine ({address}) is in another swarm; take it out "
+                                   "(`docker swarm leave` there) or use another machine")
+            swarm.label_node(local, node_id, home_id)
+        if any(not r.engine for r in spanning):
+            _ensure_gwbridge(local, home_id)
+        name = spanning[0].overlay
+        if not [n for n in local.networks.list(names=[name]) if n.name == name]:
+            swarm.create_overlay(local, name, {LABEL: "1", f"{LABEL}.home": home_id,
+                                               f"{LABEL}.cluster": spanning[0].cluster}, encrypted=True)
+    return name
+
+
+def _ensure_gwbridge(client: Any, home_id: str) -> None:
+    """The bridge by which overlay containers leave this machine's engine, made now as Docker makes
+    it with the first of them (its docs' options): its gateway is where they reach this machine's
+    service link, asked before they are made."""
+    if not client.networks.list(names=[swarm.GWBRIDGE]):
+        client.networks.create(swarm.GWBRIDGE, driver="bridge", options={  # the swarm's: it goes with it
+            "com.docker.network.bridge.name": swarm.GWBRIDGE, "com.docker.network.bridge.enable_icc": "false",
+            "com.docker.network.bridge.enable_ip_masquerade": "true"})
+
+
+def plan_reap(home: Home, store: Any) -> list[Action]:
+    """The swarm's part of a cleanup (machines.swarm.plan_reap) on this machine's engine and every
+    machine of the home: the home's overlays, then the swarm amlemu made where nothing else uses it.
+    Nothing where the home has no other machine; a machine whose engine does not answer is kept."""
+    stored = registry.stored(store)
+    if not stored:
+        return []
+    clients: dict[str, Any] = {registry.LOCAL: connect()}
+    kept = []
+    for machine in stored:
+        try:
+            clients[machine.name] = engines.connect(machine.address, machine.tls)
+        except AmlEmuError as exc:
+            kept.append(Action("keep", "swarm membership", machine.name, {"why": str(exc)}))
+    return kept + swarm.plan_reap(clients, home.id)
