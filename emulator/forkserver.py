@@ -11,7 +11,7 @@ owners, and that its own code is still the code on disk (an upgrade or an edit s
 it answers "stale" and exits), then forks: the child leads a session of its own, writes to the
 run's log, takes the submitter's environment, umask and folder, and runs the module's `main`.
 Whenever the server cannot serve (none yet, another interpreter or PYTHONPATH, stale, any error)
-the owner is started as before, `python -m <module> <home> <run id>`, and a server is started
+the owner is started as before, `python -P -m <module> <home> <run id>`, and a server is started
 for the next submit. The server leaves when idle (IDLE_SECONDS) or when `cleanup` stops it.
 
 An owner forked here carries the server's command line, so it is known by its pid and start
@@ -66,20 +66,22 @@ def started_at(pid: int) -> float | None:
 # --- the submitter's side ---------------------------------------------------------------------
 def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[str, str]) -> Owner:
     """`module`'s main for `run_id`, forked by the home's server when one serves, else started as
-    `python -m module home run_id` (and a server started, in the background, for the next time)."""
+    `python -P -m module home run_id` (and a server started, in the background, for the next time).
+    -P: the submitter's folder is not on the owner's path (a module of the user's there would shadow
+    one the owner imports; the server's children share one path, whoever submits)."""
     request = {"module": module, "argv": [str(home_root), run_id], "log": str(log), "env": env,
                "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable}
     answer = _ask(home_root, request)
     if answer is not None:
         return Owner(int(answer["pid"]), float(answer["started"]))
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-m", module, *request["argv"]], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-P", "-m", module, *request["argv"]], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     owner = Owner(proc.pid, started_at(proc.pid))
     if running(home_root) is None:  # a second one started meanwhile leaves at once (the server's lock)
         folder(home_root).mkdir(mode=0o700, exist_ok=True)
         with open(folder(home_root) / "server.txt", "ab") as out:
-            subprocess.Popen([sys.executable, "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
+            subprocess.Popen([sys.executable, "-P", "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
                              stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     return owner
 
