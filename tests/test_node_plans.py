@@ -16,7 +16,7 @@ from amlemu.home import Home
 DOCKER_KEYS = ["backend", "image", "image_note", "name", "hostname", "network", "aliases", "labels", "command", "init",
                "environment", "read_only", "tmpfs", "security_opt", "volumes", "cpu_period", "cpu_quota", "cpu_shares",
                "cgroup_parent", "mem_limit",
-               "shm_size", "gpus", "gpu_access", "devices", "host_guard"]
+               "shm_size", "gpus", "gpu_access", "devices", "host_guard", "machine"]
 PROCESS_KEYS = ["backend", "hostname", "address", "node_dir", "labels", "cpus", "memory_bytes", "gpus", "shm_size",
                 "notes"]
 

@@ -193,6 +193,7 @@ def _labelled(client: Any, home_id: str) -> list[str]:
         [n.name for n in client.networks.list(filters=label)]
 
 
+@pytest.mark.xdist_group("second-engine")  # one swarm on this machine's engine: its tests in turn (test_multimachine)
 def test_nodes_on_two_engines_reach_each_other_on_their_clusters_overlay(second_engine: SecondEngine) -> None:
     local, remote, state = docker.from_env(), second_engine.client, second_engine.state
     home_id = f"t{uuid.uuid4().hex[:7]}"

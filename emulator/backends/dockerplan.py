@@ -56,6 +56,7 @@ class ContainerPlan(PlannedNode):
     gpu_access: str | None  # device_requests (NVIDIA runtime) | device_nodes | None
     devices: tuple[str, ...]  # docker `devices` (host:node:permissions), with device_nodes
     host_guard: str  # whether this machine is closed to the nodes (backends/hostguard.py)
+    machine: str = "local"  # the machine whose engine makes it (amlemu.machines; issue 31)
 
 
 def _mirror_mounts() -> Volumes:
@@ -119,4 +120,5 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
         gpu_access=gpu_access,
         devices=tuple(devices),
         host_guard=host_guard,
+        machine=request.machine,
     )

@@ -1,0 +1,156 @@
+"""Past one machine (issue 31): a docker cluster whose nodes span this machine's engine and a second
+one (the rig: tests/rigfixture.py), on one overlay network.
+
+Placement into node requests, the agent's argv addressed to a node's engine and the firewall's
+rules for another machine are checked as data; then once for real: two machines, two nodes on
+each, an MPI allreduce across them, and nothing left on either engine after the cleanup."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import docker
+import pytest
+from conftest import JobFactory, assert_nothing_left
+from rigfixture import SecondEngine
+
+from amlemu.actions import execute
+from amlemu.api import Emulator
+from amlemu.backends import dockerengines, hostguard
+from amlemu.backends.base import LABEL
+from amlemu.backends.docker import DockerBackend
+from amlemu.cluster import autoscale, placing
+from amlemu.errors import CapacityError, ConfigError
+from amlemu.machines import registry, swarm
+from amlemu.machines.registry import Machine
+from amlemu.specs import ClusterSpec
+from amlemu.specs import RunStatus
+
+GIB = 1 << 30
+
+
+def _machine(name: str, cores: float, gpus: tuple[str, ...] = (), address: str = "") -> Machine:
+    return Machine(name, address or f"unix:///run/{name}.sock", cores, 32 * GIB, gpus, time.time(),
+                   service_address="100.72.0.1", advertise_address="100.72.0.2")
+
+
+# --- placement into node requests ------------------------------------------------------------------
+def test_a_clusters_nodes_are_placed_index_by_index_and_share_small_machines() -> None:
+    two = (_machine("local", 2), _machine("m2", 2))
+    spread = placing.plan(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2")), two)
+    assert spread.by_index == ("local", "m2", "local", "m2") and spread.spans
+    assert spread.scale == pytest.approx(2.0)  # 4 nodes of 2 cores on 4 cores: each shares its machine by 2
+    assert [spread.ordinal(i) for i in range(4)] == [0, 0, 1, 1]
+    pack = placing.plan(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"), placement="pack"),
+                        two)
+    assert pack.by_index == ("local", "local", "m2", "m2")
+    one = placing.plan(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=2, machines=("local", "m2"), placement="pack"),
+                       (_machine("local", 8), _machine("m2", 8)))
+    assert one.by_index == ("local", "local") and not one.spans and one.scale == 1.0  # one machine: its bridge
+    # GPUs are never shared: too few is refused in one line naming the shortfall
+    gpus = (_machine("local", 8), _machine("m2", 8, gpus=("GPU-1",)))
+    with pytest.raises(CapacityError, match="2 nodes of Standard_NC6 need 2 GPUs"):
+        placing.plan(ClusterSpec("g1", "STANDARD_NC6", max_nodes=2, machines=("local", "m2")), gpus)
+
+
+def test_node_requests_name_their_machine_engine_and_overlay(tmp_path: Path) -> None:
+    emu = Emulator(home=tmp_path / "home", backend="docker")
+    try:
+        execute(registry.plan_add(emu.store, _machine("m2", 2, gpus=("GPU-a", "GPU-b"), address="unix:///run/m2.sock")))
+        spec = ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=2, machines=("m2", "local"))
+        first, second = (autoscale.node_request(emu.home, spec, i, host_gpus=("0",)) for i in range(2))
+        overlay = placing.overlay_name(emu.home.id, "c1")
+        assert (first.machine, first.engine, first.overlay) == ("m2", "unix:///run/m2.sock", overlay)
+        assert (first.service_address, first.advertise, first.cpus) == ("100.72.0.1", "100.72.0.2", 2.0)
+        assert first.labels[f"{LABEL}.machine"] == "m2"
+        assert (second.machine, second.engine, second.overlay, second.service_address) == ("local", "", overlay, None)
+        assert f"{LABEL}.machine" not in second.labels  # a node of this machine is labelled as before
+        gpus = ClusterSpec("g1", "STANDARD_NC6", max_nodes=2, machines=("m2",))  # each node its own GPU there
+        assert [autoscale.node_request(emu.home, gpus, i, host_gpus=("0",)).gpus for i in range(2)] == [
+            ("GPU-a",), ("GPU-b",)]
+        plain = autoscale.node_request(emu.home, ClusterSpec("c2", max_nodes=2), 1, host_gpus=())
+        assert (plain.machine, plain.engine, plain.overlay) == ("local", "", None)
+        # a machine added without its network addresses cannot take part in a spanning cluster
+        execute(registry.plan_add(emu.store, Machine("m3", "unix:///run/m3.sock", 2, 32 * GIB)))
+        with pytest.raises(ConfigError, match="machine m3 has no service or advertise address"):
+            autoscale.node_request(emu.home, ClusterSpec("c3", max_nodes=2, machines=("local", "m3")), 1, host_gpus=())
+    finally:
+        emu.store.close()
+
+
+def test_the_agent_reaches_a_node_through_its_own_machines_engine() -> None:
+    config = {"tools": {"docker": "/usr/bin/docker"}, "env_file": "/mnt/env", "hosts": {
+        "c1-node-0": {"container": "amlemu-h-c1-node-0"},
+        "c1-node-1": {"container": "amlemu-h-c1-node-1", "engine": "tcp://m2:2376", "tls": ["ca", "cert", "key"]},
+        "c1-node-2": {"container": "amlemu-h-c1-node-2", "engine": "unix:///run/m3.sock", "tls": None}}}
+    here, there, ssh = (DockerBackend.agent_argv(config, f"c1-node-{i}", "hostname") for i in range(3))
+    assert here[:4] == ["/usr/bin/docker", "exec", "-i", "amlemu-h-c1-node-0"]
+    assert there[:12] == ["/usr/bin/docker", "-H", "tcp://m2:2376", "--tlsverify", "--tlscacert", "ca", "--tlscert",
+                          "cert", "--tlskey", "key", "exec", "-i"]
+    assert ssh[:5] == ["/usr/bin/docker", "-H", "unix:///run/m3.sock", "exec", "-i"]
+    assert here[-1] == there[-1] == "hostname"
+    assert dockerengines.stop_argv()[:2] == ["/bin/sh", "-c"]
+
+
+def test_another_machines_traffic_is_refused_but_the_swarms_and_a_runs_ports() -> None:
+    rules = hostguard.source_rules("100.72.0.2", "amlemu:h:c1")
+    assert rules[0][1][:2] == ["-s", "100.72.0.2"] and "ESTABLISHED,RELATED" in rules[0][1]
+    assert [(r[r.index("-p") + 1], r[r.index("--dport") + 1]) for _, r in rules[1:-1]] == [
+        ("tcp", "2377"), ("tcp", "7946"), ("udp", "7946"), ("udp", "4789")]
+    assert rules[-1][1][-4:] == ["-j", "REJECT", "--reject-with", "icmp-port-unreachable"]
+    listing = "\n".join(f"-A INPUT {' '.join(rule)}".replace("amlemu:h:c1", '"amlemu:h:c1"') for _, rule in rules)
+    assert hostguard.closed_sources(listing.replace("-s 100.72.0.2", "-s 100.72.0.2/32"), "amlemu:h:c1") == ["100.72.0.2"]
+    assert hostguard.closed_sources(listing, "amlemu:h:c2") == []
+
+
+# --- for real: this machine's engine and the rig's, one cluster over both ---------------------------
+ALLREDUCE = """
+import os, socket
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+total = comm.allreduce(comm.rank + 1)
+hosts = comm.allgather(socket.gethostname())
+addresses = [socket.gethostbyname(h) for h in hosts]  # each node's name resolves on every machine
+os.makedirs("outputs", exist_ok=True)
+with open(f"outputs/rank-{comm.rank}.txt", "w") as fh:
+    fh.write(f"{total} {socket.gethostname()}")
+print("rank", comm.rank, "total", total, "hosts", ",".join(hosts), "addresses", len(set(addresses)), flush=True)
+"""
+
+
+def _ours(client: Any, home_id: str) -> list[str]:
+    label = {"label": f"{LABEL}.home={home_id}"}
+    return [c.name for c in client.containers.list(all=True, filters=label)] + \
+        [n.name for n in client.networks.list(filters=label)]
+
+
+@pytest.mark.xdist_group("second-engine")
+def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: Path) -> None:
+    state, remote = second_engine.state, second_engine.client
+    info = remote.info()
+    emu = Emulator(home=tmp_path / "home", backend="docker")
+    local = docker.from_env()
+    swarm_before = local.info()["Swarm"]["LocalNodeState"]
+    try:
+        execute(registry.plan_add(emu.store, Machine(
+            "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
+            service_address=state["host_addr"], advertise_address=state["node_addr"])))
+        emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"),
+                                       idle_seconds_before_scaledown=600))
+        run = emu.submit(JobFactory(tmp_path / "jobs")(ALLREDUCE, nodes=4))
+        assert run.wait(timeout=180) is RunStatus.COMPLETED, run.logs(0)[-2000:]
+        for rank in range(4):  # every rank's log, from both machines' nodes, agrees
+            assert f"rank {rank} total 10 hosts c1-node-0,c1-node-1,c1-node-2,c1-node-3 addresses 4" in run.logs(rank)
+        assert sorted(p.read_text() for p in run.outputs.glob("rank-*.txt")) == [f"10 c1-node-{i}" for i in range(4)]
+        on_m2 = sorted(c.labels[f"{LABEL}.node"] for c in remote.containers.list(
+            filters={"label": f"{LABEL}.home={emu.home.id}"}))
+        assert on_m2 == ["c1-node-1", "c1-node-3"]  # spread: the odd nodes on the second machine, idle there now
+    finally:
+        emu.cleanup()
+        emu.store.close()
+    assert_nothing_left(emu, "docker")
+    assert _ours(local, emu.home.id) == [] and _ours(remote, emu.home.id) == []
+    if swarm_before == "inactive":  # the swarm amlemu made for the cluster is gone from both engines
+        assert local.info()["Swarm"]["LocalNodeState"] == remote.info()["Swarm"]["LocalNodeState"] == "inactive"
+        assert local.networks.list(names=[swarm.GWBRIDGE]) == []
