@@ -6,6 +6,7 @@ rules for another machine are checked as data; then once for real: two machines,
 each, an MPI allreduce across them, and nothing left on either engine after the cleanup."""
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,28 @@ def _ours(client: Any, home_id: str) -> list[str]:
         [n.name for n in client.networks.list(filters=label)]
 
 
+REACH = """
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=10).close()
+    print("reached")
+except OSError as exc:
+    print(type(exc).__name__)
+"""
+
+
+def _closed_to_the_nodes(local: Any, remote: Any, home_id: str, host_addr: str) -> None:
+    """A service of this machine that listens on every interface is out of reach of the cluster's
+    nodes on both machines (refused at once, not left to time out)."""
+    gateway = dockerengines.gateway(local, swarm.GWBRIDGE)
+    with socket.create_server(("0.0.0.0", 0)) as server:
+        port = str(server.getsockname()[1])
+        for client, node, address in ((local, "c1-node-0", gateway), (remote, "c1-node-1", host_addr)):
+            container = client.containers.get(f"amlemu-{home_id}-{node}")
+            code, out = container.exec_run(["/usr/bin/python3", "-c", REACH, address, port])
+            assert out.decode().strip() == "ConnectionRefusedError", (node, address, out.decode()[-500:])
+
+
 @pytest.mark.xdist_group("second-engine")
 def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: Path) -> None:
     state, remote = second_engine.state, second_engine.client
@@ -146,6 +169,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
         on_m2 = sorted(c.labels[f"{LABEL}.node"] for c in remote.containers.list(
             filters={"label": f"{LABEL}.home={emu.home.id}"}))
         assert on_m2 == ["c1-node-1", "c1-node-3"]  # spread: the odd nodes on the second machine, idle there now
+        _closed_to_the_nodes(local, remote, emu.home.id, state["host_addr"])
     finally:
         emu.cleanup()
         emu.store.close()
