@@ -6,6 +6,7 @@ rules for another machine are checked as data; then once for real: two machines,
 each, an MPI allreduce across them, and nothing left on either engine after the cleanup."""
 from __future__ import annotations
 
+import json
 import socket
 import time
 from pathlib import Path
@@ -178,3 +179,21 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
     if swarm_before == "inactive":  # the swarm amlemu made for the cluster is gone from both engines
         assert local.info()["Swarm"]["LocalNodeState"] == remote.info()["Swarm"]["LocalNodeState"] == "inactive"
         assert local.networks.list(names=[swarm.GWBRIDGE]) == []
+
+
+def test_machine_add_takes_the_machines_network_addresses(home: Path) -> None:
+    from click.testing import CliRunner  # noqa: PLC0415
+
+    from amlemu.cli import cli  # noqa: PLC0415
+
+    def amlemu(*argv: str) -> Any:
+        return CliRunner().invoke(cli, ["--home", str(home), *argv], env={"AMLEMU_TARGET": "", "AMLEMU_DEBUG": ""})
+
+    socket_address = "unix:///var/run/docker.sock"
+    done = amlemu("machine", "add", "m2", socket_address, "--service-address", "100.72.0.1", "--advertise-address",
+                  "100.72.0.2", "--dry-run", "-o", "json")
+    assert done.exit_code == 0, done.stderr
+    [action] = json.loads(done.stdout)["actions"]
+    assert (action["service_address"], action["advertise_address"]) == ("100.72.0.1", "100.72.0.2")
+    done = amlemu("machine", "add", "m2", socket_address, "--service-address", "gpu2.lan")
+    assert done.exit_code == 1 and "--service-address: 'gpu2.lan' is not an IP address" in done.stderr

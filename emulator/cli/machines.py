@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +27,7 @@ from amlemu.cli.common import (
     yes_option,
 )
 from amlemu.machines import engines, registry
-from amlemu.machines.address import check_address, tls_files
+from amlemu.machines.address import check_address, check_ip, tls_files
 
 GIB = 1 << 30
 _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
@@ -38,6 +39,12 @@ _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
 @click.option("--gpus", metavar="UUID[,UUID...]",
               help="the machine's GPUs by UUID, as `nvidia-smi -L` prints them there: Docker's engine API does "
                    "not list GPUs, so they are not read from the engine (local's are, from nvidia-smi)")
+@click.option("--service-address", metavar="IP",
+              help="this machine's address as that machine reaches it: the swarm's manager and the runs' "
+                   "service link for its nodes (needed for clusters that span machines)")
+@click.option("--advertise-address", metavar="IP",
+              help="that machine's address as this one reaches it: it joins the swarm on it, and this machine's "
+                   "firewall tells its nodes' traffic by it (needed for clusters that span machines)")
 @click.option("--tls-ca", type=_tls_file, help="tcp:// only: the CA that signed the engine's certificate")
 @click.option("--tls-cert", type=_tls_file, help="tcp:// only: this client's certificate")
 @click.option("--tls-key", type=_tls_file, help="tcp:// only: this client's key")
@@ -45,8 +52,9 @@ _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
 @output_option
 @click.pass_context
 @handle_errors
-def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, tls_ca: Path | None,
-                tls_cert: Path | None, tls_key: Path | None, dry_run: bool, output: str) -> None:
+def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, service_address: str | None,
+                advertise_address: str | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None,
+                dry_run: bool, output: str) -> None:
     """Add the Docker engine at ADDRESS as machine NAME. ADDRESS: unix:///path/docker.sock,
     ssh://user@host[:port] or tcp://host:port with --tls-ca/--tls-cert/--tls-key (plain tcp is
     refused). The engine is asked once for its cores and memory (`docker info`); one that does not
@@ -54,10 +62,12 @@ def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, t
     tls = tls_files(*(str(p) if p else None for p in (tls_ca, tls_cert, tls_key)))
     address = check_address(address, tls)
     uuids = engines.check_gpu_uuids(gpus)
+    network = {"service_address": check_ip(service_address, "--service-address"),
+               "advertise_address": check_ip(advertise_address, "--advertise-address")}
     store = emulator_of(ctx).store
     registry.check_new(store, name, address)
     with err_console.status(f"asking the engine at {address}"):
-        found = engines.read_machine(name, address, tls, uuids)
+        found = replace(engines.read_machine(name, address, tls, uuids), **network)
         _notice_same_engine(store, found)
     plan = registry.plan_add(store, found)
     if dry_run:

@@ -107,3 +107,14 @@ def check_address(address: str, tls: TlsFiles | None = None) -> str:
         raise ConfigError("--tls-ca", f"TLS files are for tcp:// engines, not {scheme}://",
                           "leave --tls-ca/--tls-cert/--tls-key out")
     return address
+
+
+def check_ip(text: str | None, option: str) -> str:
+    """An IPv4 or IPv6 address (`machine add --service-address`), or "" when not given."""
+    if not text:
+        return ""
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise ConfigError(option, f"{text[:80]!r} is not an IP address", "give the address as digits (10.0.0.2)") \
+            from None
