@@ -3,7 +3,8 @@ one (the rig: tests/rigfixture.py), on one overlay network.
 
 Placement into node requests, the agent's argv addressed to a node's engine and the firewall's
 rules for another machine are checked as data; then once for real: two machines, two nodes on
-each, an MPI allreduce across them, and nothing left on either engine after the cleanup."""
+each, an MPI allreduce across them, the second machine lost under a running job, and nothing left on
+either engine after the cleanup."""
 from __future__ import annotations
 
 import json
@@ -14,7 +15,7 @@ from typing import Any
 
 import docker
 import pytest
-from conftest import JobFactory, assert_nothing_left
+from conftest import STARTUP, JobFactory, assert_nothing_left, wait_until
 from rigfixture import SecondEngine
 
 from amlemu.actions import execute
@@ -149,6 +150,34 @@ def _closed_to_the_nodes(local: Any, remote: Any, home_id: str, host_addr: str) 
             assert out.decode().strip() == "ConnectionRefusedError", (node, address, out.decode()[-500:])
 
 
+LOOP = """
+import time
+from mpi4py import MPI
+comm = MPI.COMM_WORLD
+for step in range(100000):
+    comm.allreduce(1)
+    if step == 0:
+        print("started", flush=True)
+    time.sleep(0.02)
+"""
+
+
+def _a_machine_lost_fails_the_run(emu: Emulator, remote: Any, tmp_path: Path) -> None:
+    """The second machine's nodes all die at once (the machine lost, its engine's containers gone)
+    while an allreduce loop runs on the warm cluster: the run fails as a lost node fails it on
+    AmlCompute, naming them, in bounded time (a deadline, not a wait), and those nodes go."""
+    run = emu.submit(JobFactory(tmp_path / "jobs")(LOOP, nodes=4))
+    wait_until(lambda: all("started" in run.logs(rank) for rank in range(4)) or run.status.is_terminal, STARTUP,
+               "every rank started")
+    for container in remote.containers.list(filters={"label": f"{LABEL}.home={emu.home.id}"}):
+        container.kill()
+    wait_until(lambda: run.status.is_terminal, 90, "the run ends once a machine is lost")
+    assert run.status is RunStatus.FAILED
+    reason = run.events()[-1][2]
+    assert "node c1-node-1, c1-node-3 was lost" in reason, reason
+    assert sorted(n.name for n in emu.store.nodes("c1")) == ["c1-node-0", "c1-node-2"]
+
+
 @pytest.mark.xdist_group("second-engine")
 def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: Path) -> None:
     state, remote = second_engine.state, second_engine.client
@@ -171,6 +200,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
             filters={"label": f"{LABEL}.home={emu.home.id}"}))
         assert on_m2 == ["c1-node-1", "c1-node-3"]  # spread: the odd nodes on the second machine, idle there now
         _closed_to_the_nodes(local, remote, emu.home.id, state["host_addr"])
+        _a_machine_lost_fails_the_run(emu, remote, tmp_path)
     finally:
         emu.cleanup()
         emu.store.close()

@@ -310,7 +310,7 @@ class DockerBackend(NodeBackend):
         return (client or self.client).api.containers(all=True, filters={"label": label})
 
     def list_nodes(self) -> list[NodeInfo]:
-        return engines.list_nodes([(address, self._labelled(f"{LABEL}.home={self.home.id}", client))
+        return engines.list_nodes([(address, engines.answering(self._labelled, f"{LABEL}.home={self.home.id}", client))
                                    for address, client in self.engines.every() if client])
 
     def create_cluster(self, cluster: str) -> None:

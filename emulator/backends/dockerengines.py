@@ -206,3 +206,15 @@ def plan_reap(every: list[tuple[str, Any]], label: str, labelled: Callable[..., 
                 for address, client in every if client for n in client.networks.list(filters={"label": label})
                 if not (address and n.attrs.get("Driver") == "overlay")]
     return lost + containers + networks
+
+
+def answering(labelled: Callable[..., list[dict]], label: str, client: Any) -> list[dict]:
+    """An engine's labelled containers; none where it stopped answering (a machine lost: its nodes
+    are gone as far as a run can tell, as AmlCompute reports a node it lost)."""
+    import docker  # noqa: PLC0415
+    import requests  # noqa: PLC0415 - the SDK's transport
+
+    try:
+        return labelled(label, client)
+    except (docker.errors.APIError, requests.exceptions.RequestException, OSError):
+        return []
