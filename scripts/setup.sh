@@ -21,7 +21,8 @@ VENV=${AMLEMU_VENV:-$ROOT/.venv}
 CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
 PY=${PYTHON:-python3}
 DEB_PACKAGES=(docker.io docker-compose tini util-linux e2fsprogs openmpi-bin libopenmpi-dev iproute2 binutils cmake g++ make
-  chromium chromium-driver)  # the headless browser (and its driver) of the studio page test
+  chromium chromium-driver  # the headless browser (and its driver) of the studio page test
+  fuse3 libfuse3-3)  # the data runtime's FUSE mount (libfuse3 for mfusepy, fusermount3 to unmount)
 
 step() { printf '\033[1m==> [%3ds] %s\033[0m\n' "$SECONDS" "$*"; }  # seconds since the setup began
 die() { printf 'amlemu setup: %s\n' "$*" >&2; exit 1; }

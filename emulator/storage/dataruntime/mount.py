@@ -1,0 +1,204 @@
+"""Mounting and unmounting the data runtime's file system, on the host.
+
+The mount is served by the emulator's side (a thread of the caller, or a process it owns), never
+inside a node: a node gets no /dev/fuse nor CAP_SYS_ADMIN, only the finished mount bound read-only.
+Each mount is recorded (`mount.json` in its state folder: pid, mountpoint, cache, logs) so cleanup
+finds it; `plan_unmount` is the cleanup's plan as Actions.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from amlemu.actions import Action
+from amlemu.errors import BackendError
+from amlemu.storage.dataruntime.settings import Settings
+
+RECORD = "mount.json"
+READY = "mounted"  # the line the serving process prints once the kernel has the mount
+
+
+@dataclass(frozen=True)
+class MountRecord:
+    mountpoint: str
+    pid: int
+    cache: str
+    logs: str
+    state: str  # the folder that holds this record
+    unmount_timeout: float = 30.0
+
+    def save(self) -> None:
+        Path(self.state, RECORD).write_text(json.dumps(asdict(self)))
+
+    @classmethod
+    def load(cls, state: Path) -> MountRecord:
+        return cls(**json.loads((state / RECORD).read_text()))
+
+
+def fuse_options(settings: Settings, name: str = "amlemu-dataruntime") -> dict[str, Any]:
+    """The libfuse options of a mount: read-only, readable by a node's users (allow_other), and
+    the kernel's own attribute caches no longer than the runtime's TTL (the kernel would otherwise
+    hide a change the TTL lets through). The page cache is dropped on each open (no kernel_cache)."""
+    ttl = settings.attribute_cache_ttl
+    kernel = 3600.0 if ttl is None else 0.0
+    return {"ro": True, "allow_other": True, "default_permissions": True, "fsname": name, "subtype": "dataruntime",
+            "attr_timeout": kernel, "entry_timeout": kernel, "negative_timeout": 0.0}
+
+
+def unmount_argv(mountpoint: str, tool: str = "fusermount3", lazy: bool = False) -> list[str]:
+    """The command that unmounts a FUSE mount (`lazy`: detach it now even while it is busy)."""
+    if tool == "umount":
+        return ["umount", *(["-l"] if lazy else []), mountpoint]
+    return [tool, "-u", *(["-z"] if lazy else []), mountpoint]
+
+
+def unmount_tool() -> str:
+    for tool in ("fusermount3", "fusermount"):
+        if shutil.which(tool):
+            return tool
+    return "umount"
+
+
+def is_mounted(mountpoint: str | Path) -> bool:
+    target = os.path.realpath(mountpoint)
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        return any(line.split()[4] == target for line in info)
+
+
+def serve(ops: Any, mountpoint: str, settings: Settings) -> None:
+    """Serve `ops` at `mountpoint` until it is unmounted (blocks)."""
+    import mfusepy  # noqa: PLC0415 - libfuse is loaded only where a mount is served
+
+    mfusepy.FUSE(ops, mountpoint, foreground=True, **fuse_options(settings))
+
+
+class ThreadMount:
+    """A mount served by a thread of this process: the caller's tests and benchmarks see its cache
+    and counters directly."""
+
+    def __init__(self, ops: Any, mountpoint: Path, state: Path, settings: Settings, timeout: float = 10.0) -> None:
+        self.ops, self.mountpoint, self.settings = ops, mountpoint, settings
+        ready, cwd = threading.Event(), os.getcwd()
+
+        def mounted() -> None:
+            os.chdir(cwd)  # libfuse's fuse_main changes the process's directory to /, even in the foreground
+            ready.set()
+
+        ops.on_ready = mounted
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"dataruntime {mountpoint}", daemon=True)
+        self.thread.start()
+        if not ready.wait(timeout):
+            self.unmount()
+            raise BackendError(f"data runtime mount at {mountpoint}: not mounted within {timeout:.0f}s"
+                               + (f" ({self.error})" if self.error else "") + "; check that /dev/fuse and fusermount3 exist")
+        state.mkdir(parents=True, exist_ok=True)
+        self.record = MountRecord(str(mountpoint), os.getpid(), str(ops.cache.root), str(ops.log.session.parent),
+                                  str(state), settings.unmount_timeout)
+        self.record.save()
+
+    def _run(self) -> None:
+        try:
+            serve(self.ops, str(self.mountpoint), self.settings)
+        except BaseException as exc:  # noqa: BLE001 - reported by the constructor or unmount
+            self.error = exc
+
+    def unmount(self) -> None:
+        unmount(str(self.mountpoint), self.settings.unmount_timeout)
+        self.thread.join(self.settings.unmount_timeout)
+
+
+def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache: Path, logs: Path,
+                  settings: Settings, timeout: float = 20.0) -> MountRecord:
+    """Serve the mount from a process of its own (`python -m amlemu.storage.dataruntime.serve`);
+    the filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv)."""
+    state.mkdir(parents=True, exist_ok=True)
+    config = {"fs": fs_json, "root": root, "mountpoint": str(mountpoint), "cache": str(cache), "logs": str(logs),
+              "settings": settings.to_dict()}
+    proc = subprocess.Popen([sys.executable, "-m", "amlemu.storage.dataruntime.serve"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=open(state / "serve.err", "wb"),  # noqa: SIM115
+                            text=True, start_new_session=True)
+    record = MountRecord(str(mountpoint), proc.pid, str(cache), str(logs), str(state), settings.unmount_timeout)
+    record.save()
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write(json.dumps(config))
+    proc.stdin.close()
+    line = _readline(proc, timeout)
+    if line.strip() != READY:
+        proc.kill()
+        proc.wait()
+        err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
+        raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
+                           f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
+    return record
+
+
+def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
+    """The first line of the process's output, or '' when it exits or stays silent past `timeout`."""
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+    reader.start()
+    reader.join(timeout)
+    return result[0] if result else ""
+
+
+def unmount(mountpoint: str, timeout: float = 30.0) -> str:
+    """Unmount; a mount still busy after `timeout` seconds is detached lazily (it goes once its
+    last reader closes). Returns what was done."""
+    if not is_mounted(mountpoint):
+        return f"{mountpoint} was not mounted"
+    tool = unmount_tool()
+    deadline = time.monotonic() + timeout
+    while True:
+        done = subprocess.run(unmount_argv(mountpoint, tool), capture_output=True, text=True, timeout=timeout)
+        if done.returncode == 0 or not is_mounted(mountpoint):
+            return f"unmounted {mountpoint}"
+        if time.monotonic() >= deadline:
+            subprocess.run(unmount_argv(mountpoint, tool, lazy=True), capture_output=True, timeout=timeout)
+            return f"detached {mountpoint} (busy after {timeout:.0f}s: {done.stderr.strip()})"
+        time.sleep(0.2)  # busy (a reader has a file open): the runtime retries until its timeout
+
+
+def _stop(pid: int, timeout: float) -> str | bool:
+    """End the serving process once its mount is gone (it exits by itself after an unmount)."""
+    if pid == os.getpid():
+        return False
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:  # not our child: it is alive while signal 0 reaches it
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return False
+            done = 0
+        if done:
+            return False
+        time.sleep(0.05)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    return f"killed data runtime server {pid}"
+
+
+def plan_unmount(state: Path) -> list[Action]:
+    """Cleanup's plan for one recorded mount: unmount, end its server, remove its cache and record."""
+    record = MountRecord.load(state)
+    return [
+        Action("unmount", "data runtime mount", record.mountpoint, {"timeout_s": record.unmount_timeout},
+               run=lambda: unmount(record.mountpoint, record.unmount_timeout)),
+        Action("stop", "data runtime server", str(record.pid), run=lambda: _stop(record.pid, record.unmount_timeout)),
+        Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
+        Action("remove", "data runtime record", str(state / RECORD),
+               run=lambda: (state / RECORD).unlink(missing_ok=True), always=True),
+    ]

@@ -1,0 +1,247 @@
+"""The read-only file system the mount serves: a folder of an fsspec filesystem, as Azure ML's data
+runtime serves a v2 `ro_mount` input.
+
+- Listings are fetched per folder when first read (nothing is downloaded to list), and with them
+  every child's attributes: a file's size is known without opening it.
+- Attributes and listings are kept for DATASET_MOUNT_ATTRIBUTE_CACHE_TTL, by default forever: a
+  blob changed in storage during the mount keeps its old attributes and its cached copy (the stale
+  read users meet on AmlCompute) until the TTL passes.
+- Whole-file mode (the default): open() downloads that one file into the cache and returns when it
+  is there. A file that cannot fit the cache is streamed in blocks instead.
+- Block mode: a read fetches the blocks it touches and starts fetching the next
+  READ_BUFFER_BLOCK_COUNT; blocks are cached under the same size limit, so a file larger than the
+  disk reads through with bounded disk use.
+"""
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import posixpath
+import stat
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mfusepy
+
+from amlemu.storage.dataruntime.cache import DiskCache
+from amlemu.storage.dataruntime.logs import RuntimeLog
+from amlemu.storage.dataruntime.settings import Settings
+
+
+def version_of(info: dict[str, Any]) -> str:
+    """What identifies a blob's content: its ETag; a local file's size, mtime and inode."""
+    if info.get("etag"):
+        return str(info["etag"]).strip('"')
+    return f"{info.get('size')}-{info.get('mtime') or info.get('last_modified')}-{info.get('ino')}"
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    value = info.get("mtime") or info.get("last_modified") or info.get("created")
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return float(value or 0)
+
+
+@dataclass
+class Handle:
+    path: str
+    remote: str
+    version: str
+    size: int
+    fd: int | None = None  # whole-file mode: the cached copy
+    last: tuple[int, bytes] | None = None  # block mode: the block read last (FUSE reads 128 KiB at a time)
+
+
+class DataRuntimeFS(mfusepy.Operations):
+    use_ns = True
+
+    def __init__(self, fs: Any, root: str, cache_dir: Path, log_dir: Path, settings: Settings,
+                 clock: Callable[[], float] = time.monotonic, on_ready: Callable[[], None] | None = None) -> None:
+        self.fs, self.root, self.settings, self.clock = fs, root.rstrip("/"), settings, clock
+        self.log = RuntimeLog(log_dir)
+        self.cache = DiskCache(cache_dir, settings, fs, self.log.runtime)
+        self.on_ready = on_ready
+        self.attrs: dict[str, tuple[dict[str, Any] | None, float]] = {}  # None: known not to exist
+        self.listings: dict[str, tuple[list[str], float]] = {}
+        self.handles: dict[int, Handle] = {}
+        self.numbers = itertools.count(1)
+        self.mutex = threading.Lock()
+
+    # --- attributes and listings -------------------------------------------------------------
+    def _fresh(self, at: float) -> bool:
+        ttl = self.settings.attribute_cache_ttl
+        return ttl is None or self.clock() - at < ttl
+
+    def remote(self, path: str) -> str:
+        return f"{self.root}/{path.strip('/')}" if path.strip("/") else self.root
+
+    def _fail(self, operation: str, path: str, exc: BaseException) -> mfusepy.FuseOSError:
+        code = errno.ENOENT if isinstance(exc, FileNotFoundError) else \
+            errno.EACCES if isinstance(exc, PermissionError) else getattr(exc, "errno", None) or errno.EIO
+        self.log.error(operation, path, code, "" if code == errno.ENOENT else f"{type(exc).__name__}: {exc}")
+        return mfusepy.FuseOSError(code)
+
+    def info(self, path: str) -> dict[str, Any]:
+        """A path's attributes: cached while fresh, from its folder's listing when listed."""
+        path = "/" + path.strip("/")
+        if path == "/":
+            return {"type": "directory", "size": 0}
+        with self.mutex:
+            cached = self.attrs.get(path)
+            parent = self.listings.get(posixpath.dirname(path))
+        if cached is not None and self._fresh(cached[1]):
+            if cached[0] is None:
+                raise self._fail("getattr", path, FileNotFoundError(path))
+            return cached[0]
+        if parent is not None and self._fresh(parent[1]) and posixpath.basename(path) not in parent[0]:
+            raise self._fail("getattr", path, FileNotFoundError(path))
+        try:
+            info = self.fs.info(self.remote(path))
+        except (FileNotFoundError, PermissionError) as exc:
+            with self.mutex:
+                self.attrs[path] = (None, self.clock())
+            raise self._fail("getattr", path, exc) from None
+        with self.mutex:
+            self.attrs[path] = (info, self.clock())
+        return info
+
+    def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
+        info = self.info(path)
+        directory = info.get("type") == "directory"
+        mtime = int(_mtime(info) * 1e9)
+        return {"st_mode": (stat.S_IFDIR | 0o555) if directory else (stat.S_IFREG | 0o444),
+                "st_nlink": 2 if directory else 1, "st_size": 0 if directory else int(info.get("size") or 0),
+                "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime, "st_uid": 0, "st_gid": 0}
+
+    def readdir(self, path: str, fh: int) -> list[str]:
+        path = "/" + path.strip("/")
+        with self.mutex:
+            cached = self.listings.get(path)
+        if cached is not None and self._fresh(cached[1]):
+            return [".", "..", *cached[0]]
+        try:
+            entries = self.fs.ls(self.remote(path), detail=True)
+        except (FileNotFoundError, PermissionError) as exc:
+            raise self._fail("readdir", path, exc) from None
+        names, now = [], self.clock()
+        with self.mutex:
+            for entry in entries:
+                name = posixpath.basename(entry["name"].rstrip("/"))
+                if not name or name in names:
+                    continue
+                names.append(name)
+                self.attrs[posixpath.join(path, name)] = (entry, now)
+            self.listings[path] = (names, now)
+        self.log.runtime(f"listed {path}: {len(names)} entries")
+        return [".", "..", *names]
+
+    # --- files -------------------------------------------------------------------------------
+    def open(self, path: str, flags: int) -> int:
+        if flags & (os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND):
+            raise self._fail("open", path, OSError(errno.EROFS, "read-only mount"))
+        info = self.info(path)
+        if info.get("type") == "directory":
+            raise mfusepy.FuseOSError(errno.EISDIR)
+        handle = Handle(path, self.remote(path), version_of(info), int(info.get("size") or 0))
+        if not self.settings.block_based:
+            self._open_whole(handle)
+        number = next(self.numbers)
+        with self.mutex:
+            self.handles[number] = handle
+        return number
+
+    def _open_whole(self, handle: Handle) -> None:
+        started = time.monotonic()
+        try:
+            copy = self.cache.file(self._key(handle), handle.remote, handle.size)
+        except (FileNotFoundError, PermissionError) as exc:
+            raise self._fail("open", handle.path, exc) from None
+        if copy is None:
+            self.log.runtime(f"{handle.path}: {handle.size} bytes do not fit the cache; streaming it in blocks")
+            return
+        handle.fd = os.open(copy, os.O_RDONLY)
+        self.log.runtime(f"opened {handle.path} ({handle.size} bytes, whole file) in {time.monotonic() - started:.3f}s")
+
+    def _key(self, handle: Handle, block: int | None = None) -> str:
+        return f"{handle.path}@{handle.version}" + (f"#{block}" if block is not None else "")
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        handle = self.handles[fh]
+        if handle.fd is not None:
+            return os.pread(handle.fd, size, offset)
+        end = min(offset + size, handle.size)
+        out = bytearray()
+        while offset < end:
+            index, within = divmod(offset, self.settings.read_block_size)
+            data = self._block(handle, index)
+            piece = data[within:within + end - offset]
+            if not piece:
+                break
+            out += piece
+            offset += len(piece)
+        return bytes(out)
+
+    def _block(self, handle: Handle, index: int) -> bytes:
+        if handle.last is not None and handle.last[0] == index:
+            return handle.last[1]
+        self._read_ahead(handle, index)
+        bsize = self.settings.read_block_size
+        try:
+            data = self.cache.block(self._key(handle, index), handle.remote, index * bsize,
+                                    min((index + 1) * bsize, handle.size))
+        except (FileNotFoundError, PermissionError) as exc:
+            raise self._fail("read", handle.path, exc) from None
+        handle.last = (index, data)
+        return data
+
+    def _read_ahead(self, handle: Handle, index: int) -> None:
+        """Start fetching the next blocks, as many as READ_BUFFER_BLOCK_COUNT says and the cache
+        can hold beside the one being read (more would evict each other before being read)."""
+        bsize, count = self.settings.read_block_size, self.settings.read_buffer_block_count
+        if self.settings.cache_size is not None:
+            count = min(count, max(self.settings.cache_size // bsize - 2, 0))
+        last = (handle.size - 1) // bsize
+        for ahead in range(index + 1, min(index + count, last) + 1):
+            key = self._key(handle, ahead)
+            if not self.cache.cached(key):
+                self.cache.pool.submit(self._quiet_block, key, handle.remote, ahead * bsize,
+                                       min((ahead + 1) * bsize, handle.size))
+
+    def _quiet_block(self, key: str, remote: str, start: int, end: int) -> None:
+        try:
+            self.cache.block(key, remote, start, end)
+        except Exception as exc:  # noqa: BLE001 - a read-ahead that fails is retried by the read itself
+            self.log.runtime(f"read-ahead of {remote} [{start}, {end}) failed: {type(exc).__name__}")
+
+    def release(self, path: str, fh: int) -> int:
+        with self.mutex:
+            handle = self.handles.pop(fh, None)
+        if handle is not None and handle.fd is not None:
+            os.close(handle.fd)
+            self.cache.unpin(self._key(handle))
+        return 0
+
+    def statfs(self, path: str) -> dict[str, int]:
+        return {"f_bsize": 4096, "f_frsize": 4096, "f_blocks": 0, "f_bfree": 0, "f_bavail": 0, "f_namemax": 1024}
+
+    # --- lifecycle ---------------------------------------------------------------------------
+    def init(self, path: str) -> None:
+        s = self.settings
+        self.log.info(f"mounted {self.root} (block based: {str(s.block_based).lower()}, attribute cache ttl: "
+                      f"{'never expires' if s.attribute_cache_ttl is None else f'{s.attribute_cache_ttl}s'}, "
+                      f"cache size: {s.cache_size if s.cache_size is not None else 'unlimited'})")
+        for name in s.ignored:
+            self.log.info(f"{name} is read but not emulated")
+        if self.on_ready is not None:
+            self.on_ready()
+
+    def destroy(self, path: str) -> None:
+        self.cache.close()
+        st = self.cache.stats
+        self.log.info(f"unmounted {self.root}: {st.bytes_fetched} bytes fetched, {st.files_downloaded} files, "
+                      f"{st.blocks_fetched} blocks, {st.pruned} pruned, peak cache {st.peak_bytes} bytes")

@@ -1,0 +1,31 @@
+"""The serving process of one mount (`python -m amlemu.storage.dataruntime.serve`): reads its
+configuration as JSON on stdin (the filesystem as fsspec's JSON, which may hold a secret), mounts,
+prints `mounted` once the kernel has the mount, and serves until it is unmounted."""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import fsspec
+
+from amlemu.storage.dataruntime.mount import READY, serve
+from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
+from amlemu.storage.dataruntime.settings import Settings
+
+
+def main() -> int:
+    config = json.loads(sys.stdin.read())
+    settings = Settings.from_dict(config["settings"])
+    fs = fsspec.AbstractFileSystem.from_json(config["fs"])
+
+    def ready() -> None:
+        print(READY, flush=True)
+
+    ops = DataRuntimeFS(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings, on_ready=ready)
+    serve(ops, config["mountpoint"], settings)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""The data runtime's mount (issue 32): Azure ML's v2 `ro_mount` semantics served by a host-side FUSE
+mount over an fsspec filesystem: listing without downloads, one file fetched per open, block mode
+with bounded disk use, the attribute cache's TTL, LRU pruning, the runtime's errors and logs, and an
+unmount that leaves nothing behind."""
+from __future__ import annotations
+
+import errno
+import hashlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fsspec.implementations.local import LocalFileSystem
+
+from amlemu.actions import execute
+from amlemu.errors import ConfigError
+from amlemu.storage.dataruntime import settings as drs
+from amlemu.storage.dataruntime.mount import (ThreadMount, fuse_options, is_mounted, plan_unmount, start_process,
+                                              unmount_argv)
+from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
+
+KB = 1024
+pytestmark = pytest.mark.skipif(not os.path.exists("/dev/fuse"), reason="needs /dev/fuse (scripts/setup.sh)")
+
+
+class CountingFS(LocalFileSystem):
+    """A local filesystem that counts the bytes the mount fetches, and can refuse paths."""
+
+    cachable = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fetched: dict[str, int] = {}
+        self.denied: set[str] = set()
+
+    def cat_file(self, path, start=None, end=None, **kwargs):  # type: ignore[no-untyped-def,override]
+        if any(str(path).endswith(d) for d in self.denied):
+            raise PermissionError(path)
+        data = super().cat_file(path, start=start, end=end, **kwargs)
+        self.fetched[os.path.basename(path)] = self.fetched.get(os.path.basename(path), 0) + len(data)
+        return data
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def data(tmp_path: Path) -> Path:
+    root = tmp_path / "store"
+    (root / "shards").mkdir(parents=True)
+    for i in range(40):
+        (root / "shards" / f"part-{i:03d}.bin").write_bytes(bytes([i]) * (16 * KB + i))
+    (root / "labels.csv").write_text("a,b\n1,2\n")
+    return root
+
+
+@pytest.fixture
+def mounted(tmp_path: Path, data: Path) -> Iterator:
+    """mount(env) -> (mount, counting fs, clock); every mount is unmounted and checked gone."""
+    mounts: list[ThreadMount] = []
+
+    def mount(env: dict[str, str] | None = None) -> tuple[ThreadMount, CountingFS, Clock]:
+        fs, clock, n = CountingFS(), Clock(), len(mounts)
+        settings = drs.from_env(env or {}, cores=1)
+        ops = DataRuntimeFS(fs, str(data), tmp_path / f"cache{n}", tmp_path / f"logs{n}", settings, clock=clock)
+        (tmp_path / f"mnt{n}").mkdir()
+        mounts.append(ThreadMount(ops, tmp_path / f"mnt{n}", tmp_path / f"state{n}", settings))
+        return mounts[-1], fs, clock
+
+    yield mount
+    for m in mounts:
+        m.unmount()
+        assert not is_mounted(m.mountpoint) and not m.thread.is_alive()
+
+
+def test_settings_defaults_are_azures() -> None:
+    s = drs.from_env({}, cores=2)
+    assert (s.attribute_cache_ttl, s.block_based, s.read_block_size, s.read_buffer_block_count) == (None, False, 2 * KB * KB, 32)
+    assert (s.read_threads, s.downloader_threads, s.cache_size, s.reserved_free_disk_space, s.unmount_timeout) == \
+        (8, 8, None, 150 * KB * KB, 30.0)
+    s = drs.from_env({"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000", "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "True",
+                      "DATASET_MOUNT_READ_BLOCK_SIZE": "4MB", "DATASET_MOUNT_CACHE_SIZE": "-10GB",
+                      "DATASET_MOUNT_MEMORY_CACHE_SIZE": "1GB"})
+    assert (s.attribute_cache_ttl, s.block_based, s.read_block_size, s.cache_size, s.keep_free) == \
+        (60.0, True, 4 * KB * KB, None, 10 * KB ** 3)
+    assert s.ignored == ("DATASET_MOUNT_MEMORY_CACHE_SIZE",) and drs.Settings.from_dict(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("name,value", [("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "1m"),
+                                        ("DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED", "maybe"),
+                                        ("DATASET_MOUNT_READ_BLOCK_SIZE", "big"),
+                                        ("DATASET_MOUNT_READ_THREADS", "0"),
+                                        ("DATASET_UNMOUNT_TIMEOUT_SECONDS", "soon")])
+def test_a_bad_setting_is_one_line_naming_the_variable(name: str, value: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        drs.from_env({name: value})
+    assert str(err.value).startswith(f"{name}: '{value}'") and "\n" not in str(err.value)
+
+
+def test_mount_options_and_unmount_commands_are_data() -> None:
+    assert fuse_options(drs.Settings())["attr_timeout"] == 3600.0
+    assert fuse_options(drs.Settings(attribute_cache_ttl=1.0))["attr_timeout"] == 0.0  # the kernel must not outlive the TTL
+    assert fuse_options(drs.Settings())["ro"] is True
+    assert unmount_argv("/m") == ["fusermount3", "-u", "/m"]
+    assert unmount_argv("/m", "umount", lazy=True) == ["umount", "-l", "/m"]
+
+
+def test_listing_downloads_nothing_and_one_file_fetches_only_itself(mounted, data: Path) -> None:
+    mount, fs, _ = mounted()
+    root = mount.mountpoint
+    assert sorted(os.listdir(root)) == ["labels.csv", "shards"]
+    names = sorted(os.listdir(root / "shards"))
+    assert len(names) == 40 and os.stat(root / "shards" / "part-007.bin").st_size == 16 * KB + 7
+    assert fs.fetched == {} and mount.ops.cache.disk_bytes() == 0  # sizes came with the listing
+    assert (root / "shards" / "part-007.bin").read_bytes() == bytes([7]) * (16 * KB + 7)
+    assert fs.fetched == {"part-007.bin": 16 * KB + 7}  # one file of 41 transferred, once
+    assert (root / "shards" / "part-007.bin").read_bytes()[:1] == b"\x07" and fs.fetched["part-007.bin"] == 16 * KB + 7
+
+
+def test_a_file_larger_than_the_cache_streams_in_blocks_with_bounded_disk(mounted, data: Path) -> None:
+    big = os.urandom(4 * KB * KB)
+    (data / "big.bin").write_bytes(big)
+    mount, fs, _ = mounted({"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true", "DATASET_MOUNT_READ_BLOCK_SIZE": "64KB",
+                            "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT": "4", "DATASET_MOUNT_CACHE_SIZE": "512KB"})
+    digest, peak = hashlib.sha256(), 0
+    with open(mount.mountpoint / "big.bin", "rb") as f:
+        while chunk := f.read(128 * KB):
+            digest.update(chunk)
+            peak = max(peak, mount.ops.cache.disk_bytes())  # the cache folder, as du sees it
+    assert digest.digest() == hashlib.sha256(big).digest()
+    assert peak <= 512 * KB and mount.ops.cache.stats.peak_bytes <= 512 * KB  # 8x smaller than the file
+    assert mount.ops.cache.stats.pruned > 0 and fs.fetched["big.bin"] < 1.5 * len(big)
+
+
+def test_a_change_in_storage_is_not_seen_until_the_ttl_passes(mounted, data: Path) -> None:
+    forever, _, _ = mounted()
+    short, _, clock = mounted({"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "5000"})
+    for m in (forever, short):
+        assert (m.mountpoint / "labels.csv").read_text() == "a,b\n1,2\n"
+        assert "new.txt" not in os.listdir(m.mountpoint)  # listed now, kept for the TTL
+    (data / "labels.csv").write_text("a,b\n3,4\n5,6\n")
+    (data / "new.txt").write_text("new")
+    for m in (forever, short):  # within the TTL (never expiring, or 5 s not yet passed): the old file
+        assert (m.mountpoint / "labels.csv").read_text() == "a,b\n1,2\n"
+        assert "new.txt" not in os.listdir(m.mountpoint)
+    clock.now += 6  # the short TTL passes (the mount's clock; the default one never expires)
+    assert (short.mountpoint / "labels.csv").read_text() == "a,b\n3,4\n5,6\n"
+    assert "new.txt" in os.listdir(short.mountpoint)
+    assert (forever.mountpoint / "labels.csv").read_text() == "a,b\n1,2\n"
+
+
+def test_missing_and_denied_files_fail_as_the_runtime_logs_them(mounted, data: Path) -> None:
+    mount, fs, _ = mounted()
+    with pytest.raises(FileNotFoundError):
+        open(mount.mountpoint / "shards" / "part-999.bin", "rb")
+    fs.denied.add("labels.csv")
+    with pytest.raises(PermissionError):
+        open(mount.mountpoint / "labels.csv", "rb")
+    with pytest.raises(OSError) as err:
+        open(mount.mountpoint / "shards" / "part-001.bin", "ab")
+    assert err.value.errno == errno.EROFS
+    log = (mount.ops.log.session).read_text()
+    assert "getattr /shards/part-999.bin: DataAccessError(NotFound)" in log
+    assert "open /labels.csv: DataAccessError(PermissionDenied)" in log
+    assert mount.ops.log.session.name == "data-capability.log" and mount.ops.log.rslex.name.startswith("rslex.log.")
+
+
+def test_a_full_cache_prunes_the_least_recently_used_file(mounted, data: Path) -> None:
+    size = 16 * KB + 1
+    mount, fs, _ = mounted({"DATASET_MOUNT_CACHE_SIZE": str(3 * size + 200)})
+    shard = mount.mountpoint / "shards"
+    for i in (1, 2, 3, 1):  # part-001 read again: now part-002 is the least recently used
+        (shard / f"part-{i:03d}.bin").read_bytes()
+    (shard / "part-004.bin").read_bytes()
+    cache = mount.ops.cache
+    assert cache.stats.pruned == 1 and cache.used <= 3 * size + 200
+    assert "pruned /shards/part-002.bin" in mount.ops.log.rslex.read_text()
+    before = dict(fs.fetched)
+    (shard / "part-001.bin").read_bytes()  # still cached
+    (shard / "part-002.bin").read_bytes()  # pruned: fetched again
+    assert fs.fetched["part-001.bin"] == before["part-001.bin"]
+    assert fs.fetched["part-002.bin"] == 2 * before["part-002.bin"]
+
+
+def test_a_served_process_mount_unmounts_and_cleans_up(tmp_path: Path, data: Path) -> None:
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    settings = drs.from_env({"DATASET_UNMOUNT_TIMEOUT_SECONDS": "5"}, cores=1)
+    record = start_process(LocalFileSystem().to_json(), str(data), mnt, tmp_path / "state", tmp_path / "cache",
+                           tmp_path / "logs", settings)
+    try:
+        assert is_mounted(mnt) and (mnt / "labels.csv").read_text() == "a,b\n1,2\n"
+        plan = plan_unmount(tmp_path / "state")
+        assert [a.line().split(" (")[0] for a in plan] == [
+            f"unmount data runtime mount {mnt}", f"stop data runtime server {record.pid}",
+            f"remove data runtime cache {tmp_path / 'cache'}", f"remove data runtime record {tmp_path / 'state' / 'mount.json'}"]
+        execute(plan)
+    finally:
+        if is_mounted(mnt):
+            execute(plan_unmount(tmp_path / "state"))
+    assert not is_mounted(mnt) and not (tmp_path / "cache").exists() and not (tmp_path / "state" / "mount.json").exists()
+    with pytest.raises(ProcessLookupError):
+        os.kill(record.pid, 0)
+    assert "unmounted" in (tmp_path / "logs" / "data-capability.log").read_text()
