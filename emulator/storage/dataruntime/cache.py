@@ -61,6 +61,7 @@ class DiskCache:
         self.used = 0
         self.lock = threading.Lock()
         self.key_locks: dict[str, threading.Lock] = {}
+        self.inflight: set[str] = set()  # blocks a read-ahead is fetching
         self.stats = Stats()
         self.pool = ThreadPoolExecutor(max(settings.downloader_threads, settings.read_threads),
                                        thread_name_prefix="dataruntime")
@@ -204,6 +205,41 @@ class DiskCache:
             else:
                 self.stats.streamed += 1
             return data
+
+    def prefetch(self, keys: list[str], remote: str, start: int, block_size: int, end: int) -> None:
+        """Consecutive blocks fetched in one ranged request (a request costs ~20 ms whatever its
+        size: one per 2 MiB block would cap a stream at ~100 MB/s), each stored as its own block.
+        Each block's lock is held meanwhile (taken in order), so a read of one of them waits for
+        this fetch instead of fetching it again."""
+        locks = [self._key_lock(key) for key in keys]
+        for lock in locks:
+            lock.acquire()
+        try:
+            with self.lock:
+                if all(key in self.entries for key in keys):
+                    return
+            data = self.fetch_range(remote, start, end)
+            self.stats.blocks_fetched += len(keys)
+            for i, key in enumerate(keys):
+                piece = data[i * block_size:(i + 1) * block_size]
+                if self._hit(key, pin=False) is not None or not self.reserve(len(piece)):
+                    continue
+                path = self.root / "blocks" / self.name(key)
+                path.write_bytes(piece)
+                self._add(key, path, len(piece), pin=False)
+        finally:
+            for lock in locks:
+                lock.release()
+            with self.lock:
+                self.inflight.difference_update(keys)
+
+    def claim(self, key: str) -> bool:
+        """True once for a block neither cached nor being fetched: the caller fetches it."""
+        with self.lock:
+            if key in self.entries or key in self.inflight:
+                return False
+            self.inflight.add(key)
+            return True
 
     def cached(self, key: str) -> bool:
         with self.lock:

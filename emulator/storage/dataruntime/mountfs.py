@@ -28,7 +28,7 @@ from typing import Any
 
 import mfusepy
 
-from amlemu.storage.dataruntime.cache import DiskCache
+from amlemu.storage.dataruntime.cache import RANGE, DiskCache
 from amlemu.storage.dataruntime.logs import RuntimeLog
 from amlemu.storage.dataruntime.settings import Settings
 
@@ -175,6 +175,9 @@ class DataRuntimeFS(mfusepy.Operations):
         if handle.fd is not None:
             return os.pread(handle.fd, size, offset)
         end = min(offset + size, handle.size)
+        index, within = divmod(offset, self.settings.read_block_size)
+        if within + end - offset <= self.settings.read_block_size:  # within one block: one copy
+            return self._block(handle, index)[within:within + end - offset]
         out = bytearray()
         while offset < end:
             index, within = divmod(offset, self.settings.read_block_size)
@@ -201,20 +204,31 @@ class DataRuntimeFS(mfusepy.Operations):
 
     def _read_ahead(self, handle: Handle, index: int) -> None:
         """Start fetching the next blocks, as many as READ_BUFFER_BLOCK_COUNT says and the cache
-        can hold beside the one being read (more would evict each other before being read)."""
+        can hold beside the one being read (more would evict each other before being read), in
+        runs of consecutive blocks of up to RANGE bytes, one request each."""
         bsize, count = self.settings.read_block_size, self.settings.read_buffer_block_count
         if self.settings.cache_size is not None:
             count = min(count, max(self.settings.cache_size // bsize - 2, 0))
-        last = (handle.size - 1) // bsize
+        last, per_run = (handle.size - 1) // bsize, max(RANGE // bsize, 1)
+        run: list[int] = []
         for ahead in range(index + 1, min(index + count, last) + 1):
-            key = self._key(handle, ahead)
-            if not self.cache.cached(key):
-                self.cache.pool.submit(self._quiet_block, key, handle.remote, ahead * bsize,
-                                       min((ahead + 1) * bsize, handle.size))
+            if self.cache.claim(self._key(handle, ahead)):
+                run.append(ahead)
+            if run and (len(run) == per_run or ahead != run[-1] or ahead == min(index + count, last)):
+                self._fetch_run(handle, run)
+                run = []
+        if run:
+            self._fetch_run(handle, run)
 
-    def _quiet_block(self, key: str, remote: str, start: int, end: int) -> None:
+    def _fetch_run(self, handle: Handle, run: list[int]) -> None:
+        bsize = self.settings.read_block_size
+        keys = [self._key(handle, i) for i in run]
+        self.cache.pool.submit(self._quiet_prefetch, keys, handle.remote, run[0] * bsize, bsize,
+                               min((run[-1] + 1) * bsize, handle.size))
+
+    def _quiet_prefetch(self, keys: list[str], remote: str, start: int, bsize: int, end: int) -> None:
         try:
-            self.cache.block(key, remote, start, end)
+            self.cache.prefetch(keys, remote, start, bsize, end)
         except Exception as exc:  # noqa: BLE001 - a read-ahead that fails is retried by the read itself
             self.log.runtime(f"read-ahead of {remote} [{start}, {end}) failed: {type(exc).__name__}")
 
