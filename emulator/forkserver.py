@@ -81,8 +81,10 @@ def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[
     if running(home_root) is None:  # a second one started meanwhile leaves at once (the server's lock)
         folder(home_root).mkdir(mode=0o700, exist_ok=True)
         with open(folder(home_root) / "server.txt", "ab") as out:
-            subprocess.Popen([sys.executable, "-P", "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
-                             stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+            server = subprocess.Popen([sys.executable, "-P", "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
+                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+        # Recorded at once: a cleanup before the server has written its own pid file still finds it.
+        (folder(home_root) / "spawned").write_text(f"{server.pid}:{started_at(server.pid)}")
     return owner
 
 
@@ -108,12 +110,12 @@ def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0) -> dic
     return answer if "pid" in answer else None
 
 
-def running(home_root: Path) -> Owner | None:
-    """The home's server, if its recorded pid is still that process (and not a zombie)."""
+def _recorded(path: Path) -> Owner | None:
+    """The process a pid file names, if it is still that process (and not a zombie)."""
     import psutil  # noqa: PLC0415
 
     try:
-        pid, started = (folder(home_root) / "pid").read_text().split(":")
+        pid, started = path.read_text().split(":")
         proc = psutil.Process(int(pid))
         if abs(proc.create_time() - float(started)) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
             return Owner(int(pid), float(started))
@@ -122,28 +124,36 @@ def running(home_root: Path) -> Owner | None:
     return None
 
 
+def running(home_root: Path) -> Owner | None:
+    """The home's server (its pid file, written as it starts, before its imports)."""
+    return _recorded(folder(home_root) / "pid")
+
+
+def servers(home_root: Path) -> list[Owner]:
+    """The home's server, and one just started that has not written its pid file yet."""
+    found = [_recorded(folder(home_root) / name) for name in ("pid", "spawned")]
+    return list({o.pid: o for o in found if o is not None}.values())
+
+
 def stop(home_root: Path) -> bool:
-    """End the home's server (cleanup): by its recorded pid, only if still that process; returns
-    once the process has ended (its pid file goes a moment before it does)."""
+    """End the home's servers (cleanup): by their recorded pids, only if still those processes;
+    returns once they have ended (a pid file goes a moment before its process does)."""
     import psutil  # noqa: PLC0415
 
-    server = running(home_root)
-    if server is None:
-        return False
-    try:
-        proc = psutil.Process(server.pid)
-        proc.terminate()
-        for sig in (None, signal.SIGKILL):
-            if sig is not None:
+    found = servers(home_root)
+    for server in found:
+        try:
+            proc = psutil.Process(server.pid)
+            for sig in (signal.SIGTERM, signal.SIGKILL):
                 proc.send_signal(sig)
-            deadline = time.monotonic() + 5
-            while time.monotonic() < deadline and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
-                time.sleep(0.01)
-            if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
-                break
-    except psutil.Error:  # gone meanwhile
-        pass
-    return True
+                deadline = time.monotonic() + 5
+                while time.monotonic() < deadline and proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE:
+                    time.sleep(0.01)
+                if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
+                    break
+        except psutil.Error:  # gone meanwhile
+            pass
+    return bool(found)
 
 
 # --- the server ---------------------------------------------------------------------------------
@@ -264,21 +274,23 @@ def serve(home_root: str) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         return 0
-    preload = threading.Thread(target=_preload)  # gone before the first fork: forks of one thread
-    preload.start()
-    preload.join()
-    stamp = _code_stamp()
-    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # owners are reaped by the kernel: no zombie
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    path, staged = where / "sock", where / f"sock.{os.getpid()}"
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(staged))
-    os.chmod(staged, 0o600)
-    listener.listen(64)
-    listener.settimeout(IDLE_SECONDS)
-    os.replace(staged, path)
-    (where / "pid").write_text(f"{os.getpid()}:{started_at(os.getpid())}")
     try:
+        (where / "pid").write_text(f"{os.getpid()}:{started_at(os.getpid())}")  # cleanup finds it from here on
+        # A daemon thread, gone before the first fork (forks of one thread); a SIGTERM meanwhile
+        # does not wait for its imports.
+        preload = threading.Thread(target=_preload, daemon=True)
+        preload.start()
+        preload.join()
+        stamp = _code_stamp()
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # owners are reaped by the kernel: no zombie
+        staged = where / f"sock.{os.getpid()}"
+        listener.bind(str(staged))
+        os.chmod(staged, 0o600)
+        listener.listen(64)
+        listener.settimeout(IDLE_SECONDS)
+        os.replace(staged, where / "sock")
         while True:
             try:
                 conn, _ = listener.accept()
@@ -289,7 +301,7 @@ def serve(home_root: str) -> int:
                 if not _serve_one(conn, stamp, [listener.fileno(), lock]):
                     return 0
     finally:  # the lock is still this server's: the socket and pid file are too
-        for name in ("sock", "pid"):
+        for name in ("sock", "pid", f"sock.{os.getpid()}"):
             with contextlib.suppress(OSError):
                 (where / name).unlink()
         listener.close()

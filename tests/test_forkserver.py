@@ -106,3 +106,13 @@ def test_cleanup_plans_to_stop_the_server(emu, cluster, make_job):
     server = _served(emu)
     stops = [a for a in emu.plan_cleanup() if a.what == "fork server"]
     assert [a.name for a in stops] == [str(server.pid)]
+
+
+def test_a_cleanup_right_after_the_first_submit_stops_the_server_being_started(emu, cluster, make_job):
+    """The server starts beside the home's first run; a cleanup before it has imported anything
+    (before it wrote its own pid file, even) still ends it: the emu fixture finds no process left."""
+    cluster()
+    emu.submit(make_job("pass"))
+    assert forkserver.servers(emu.home.root) != []
+    emu.cleanup()
+    assert forkserver.servers(emu.home.root) == []

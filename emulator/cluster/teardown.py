@@ -159,9 +159,9 @@ def plan_stop_azurite(azurite: Azurite) -> list[Action]:
 
 def plan_stop_forkserver(home: Home) -> list[Action]:
     """The home's fork server (emulator/forkserver.py), by its recorded pid and start time."""
-    running = forkserver.running(home.root)
-    return [Action("stop", "fork server", str(running.pid), {"pid": running.pid},
-                   run=functools.partial(forkserver.stop, home.root), always=True)] if running else []
+    found = forkserver.servers(home.root)  # one just started too, before its pid file
+    return [Action("stop", "fork server", ",".join(str(s.pid) for s in found), {"pids": [s.pid for s in found]},
+                   run=functools.partial(forkserver.stop, home.root), always=True)] if found else []
 
 
 def plan_stop_service(home: Home) -> list[Action]:
