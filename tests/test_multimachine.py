@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +22,11 @@ from rigfixture import SecondEngine
 from amlemu.actions import execute
 from amlemu.api import Emulator
 from amlemu.backends import dockerengines, hostguard
-from amlemu.backends.base import LABEL
+from amlemu.backends.base import LABEL, NodeRequest
 from amlemu.backends.docker import DockerBackend
 from amlemu.cluster import autoscale, placing
 from amlemu.errors import CapacityError, ConfigError
+from amlemu.home import Home
 from amlemu.machines import registry, swarm
 from amlemu.machines.registry import Machine
 from amlemu.specs import ClusterSpec
@@ -94,6 +96,24 @@ def test_the_agent_reaches_a_node_through_its_own_machines_engine() -> None:
     assert ssh[:5] == ["/usr/bin/docker", "-H", "unix:///run/m3.sock", "exec", "-i"]
     assert here[-1] == there[-1] == "hostname"
     assert dockerengines.stop_argv()[:2] == ["/bin/sh", "-c"]
+
+
+def test_a_lost_machines_engine_is_reported_not_raised(tmp_path: Path) -> None:
+    """A machine whose engine stopped answering: its nodes are not listed (a run counts them lost),
+    removing one does not fail, and the reaper says what it had to keep."""
+    home = Home.at(tmp_path / "home")
+    backend = DockerBackend(home)
+    gone = f"unix://{tmp_path}/gone/docker.sock"
+    backend.engines.client("")  # this machine's engine answers
+    backend.engines._remember(gone, None)  # noqa: SLF001 - as a node placed there before it was lost
+    assert backend.engines.recorded() == {gone: None}
+    assert backend.list_nodes() == []
+    plan = backend.plan_reap()
+    assert plan[0].line() == f"keep engine {gone} (why it does not answer; run cleanup again once it does)"
+    request = replace(NodeRequest(home.id, "c1", 1, 2.0, GIB, 1.0, tmp_path / "n", tmp_path / "c"), machine="m2",
+                      engine=gone)
+    backend.remove_node(request)
+    assert backend.stop_processes(request) == 0
 
 
 def test_another_machines_traffic_is_refused_but_the_swarms_and_a_runs_ports() -> None:

@@ -177,8 +177,9 @@ class DockerBackend(NodeBackend):
 
         try:
             self._remove_container(self.container_name(request), self.engine(request))
-        except docker.errors.NotFound:
-            pass
+        except Exception as exc:  # noqa: BLE001 - gone; or its machine's engine lost: reaped once it answers
+            if not isinstance(exc, docker.errors.NotFound) and not engines.lost(request, exc):
+                raise
         nodedisk.detach(request.node_dir)  # once no container binds it
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
@@ -232,8 +233,8 @@ class DockerBackend(NodeBackend):
         import docker  # noqa: PLC0415
 
         try:
-            container = self.engine(request).containers.get(self.container_name(request))
-            if container.status != "running" or container.attrs["Config"]["Image"] != MIRROR_IMAGE:
+            container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
+            if container is None or container.status != "running" or container.attrs["Config"]["Image"] != MIRROR_IMAGE:
                 return
             root = Path(f"/proc/{container.attrs['State']['Pid']}/root")
             try:
@@ -248,15 +249,12 @@ class DockerBackend(NodeBackend):
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""
-        import docker  # noqa: PLC0415
-
-        try:
-            container = self.engine(request).containers.get(self.container_name(request))
-        except docker.errors.NotFound:
+        container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
+        if container is None or container.status != "running":  # gone, or its machine lost
             return 0
-        if request.engine and container.status == "running":  # its pids are another machine's
+        if request.engine:  # its pids are another machine's
             return engines.stop_inside(container)
-        return kill_job_processes(container, self._running) if container.status == "running" else 0
+        return kill_job_processes(container, self._running)
 
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
         try:  # found once from the container's init: no engine call per read; none on another machine

@@ -218,3 +218,22 @@ def answering(labelled: Callable[..., list[dict]], label: str, client: Any) -> l
         return labelled(label, client)
     except (docker.errors.APIError, requests.exceptions.RequestException, OSError):
         return []
+
+
+def lost(request: NodeRequest, exc: BaseException) -> bool:
+    """Whether `exc` says the node's machine's engine (another machine's) does not answer."""
+    import requests  # noqa: PLC0415 - the SDK's transport
+
+    return bool(request.engine) and isinstance(exc, (BackendError, requests.exceptions.ConnectionError, OSError))
+
+
+def find(get: Callable[[], Any], request: NodeRequest) -> Any:
+    """The node's container, or None where it is gone or its machine's engine is lost."""
+    import docker  # noqa: PLC0415
+
+    try:
+        return get()
+    except Exception as exc:  # noqa: BLE001
+        if isinstance(exc, docker.errors.NotFound) or lost(request, exc):
+            return None
+        raise

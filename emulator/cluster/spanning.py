@@ -11,11 +11,12 @@ made on this machine's engine (the manager), encrypted where the kernel can.
 from __future__ import annotations
 
 import fcntl
+import functools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from amlemu.actions import Action
+from amlemu.actions import Action, execute
 from amlemu.backends import NodeRequest
 from amlemu.backends.base import LABEL
 from amlemu.backends.dockerapi import connect
@@ -51,7 +52,7 @@ def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
             if node_id not in {n.id for n in local.nodes.list()}:
                 raise BackendError(f"machine {request.machine}'s engine ({address}) is in another swarm; take it out "
                                    "(`docker swarm leave` there) or use another machine")
-            swarm.label_node(local, node_id, home_id)
+            _label(local, node_id, {**swarm.labels(home_id), f"{LABEL}.machine": request.machine})
         if any(not r.engine for r in spanning):
             _ensure_gwbridge(local, home_id)
         name = spanning[0].overlay
@@ -59,6 +60,15 @@ def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
             swarm.create_overlay(local, name, {LABEL: "1", f"{LABEL}.home": home_id,
                                                f"{LABEL}.cluster": spanning[0].cluster}, encrypted=True)
     return name
+
+
+def _label(manager: Any, node_id: str, labels: dict[str, str]) -> None:
+    """Mark a swarm node amlemu joined (swarm.label_node's labels and the machine it is), so that a
+    cleanup can remove its entry once the machine is gone."""
+    node = manager.nodes.get(node_id)
+    spec = dict(node.attrs["Spec"])
+    if any((spec.get("Labels") or {}).get(k) != v for k, v in labels.items()):
+        node.update({**spec, "Labels": {**(spec.get("Labels") or {}), **labels}})
 
 
 def _ensure_gwbridge(client: Any, home_id: str) -> None:
@@ -69,6 +79,33 @@ def _ensure_gwbridge(client: Any, home_id: str) -> None:
         client.networks.create(swarm.GWBRIDGE, driver="bridge", options={  # the swarm's: it goes with it
             "com.docker.network.bridge.name": swarm.GWBRIDGE, "com.docker.network.bridge.enable_icc": "false",
             "com.docker.network.bridge.enable_ip_masquerade": "true"})
+
+
+def plan_forget_lost(home: Home, store: Any) -> list[Action]:
+    """Before the nodes' cleanup: the swarm entries of machines this home joined that are lost (the
+    swarm says down, or their engine does not answer). A lost node's overlay attachments stay in
+    the swarm and keep the overlays from being removed until its entry goes."""
+    stored = registry.stored(store)
+    if not stored:
+        return []
+    local = connect()
+    if not (local.info().get("Swarm") or {}).get("ControlAvailable"):
+        return []
+    lost = {m.name for m in stored if not _answers(m)}
+    return [Action("remove", "swarm node", node.id[:12], {"machine": labels.get(f"{LABEL}.machine", "?"),
+                                                          "why": "a machine amlemu joined; it is lost"},
+                   run=functools.partial(node.remove, force=True))
+            for node in local.nodes.list() for labels in [node.attrs["Spec"].get("Labels") or {}]
+            if labels.get(f"{LABEL}.home") == home.id
+            and (node.attrs["Status"]["State"] == "down" or labels.get(f"{LABEL}.machine") in lost)]
+
+
+def _answers(machine: registry.Machine) -> bool:
+    try:
+        engines.connect(machine.address, machine.tls).close()
+    except AmlEmuError:
+        return False
+    return True
 
 
 def plan_reap(home: Home, store: Any) -> list[Action]:
@@ -85,4 +122,10 @@ def plan_reap(home: Home, store: Any) -> list[Action]:
             clients[machine.name] = engines.connect(machine.address, machine.tls)
         except AmlEmuError as exc:
             kept.append(Action("keep", "swarm membership", machine.name, {"why": str(exc)}))
-    return kept + swarm.plan_reap(clients, home.id)
+    listed = swarm.plan_reap(clients, home.id)
+    if not listed:
+        return kept
+    # Carried out as found when it runs, as hostguard's: the nodes' cleanup before it (a lost
+    # machine's swarm entry removed) changes what still uses the swarm.
+    return kept + [Action("reap", "swarm", registry.LOCAL, {"steps": [a.line() for a in listed]},
+                          run=lambda: execute(swarm.plan_reap(clients, home.id)) or False)]

@@ -181,8 +181,9 @@ def plan_cleanup(home: Home, store: Store, azurite: Azurite, all_homes: bool = F
                                        ("launch", record.launch_pid, None))
             if pid and ours(pid, record.id, started)]
     # The service and the fork server first: they would otherwise start runs while the nodes go.
-    plan = (plan_stop_service(home) + plan_stop_forkserver(home) + plan + plan_reap_nodes(home, all_homes)
-            + spanning.plan_reap(home, store) + plan_stop_azurite(azurite))  # the swarm: after the nodes
+    plan = (plan_stop_service(home) + plan_stop_forkserver(home) + plan + spanning.plan_forget_lost(home, store)
+            + plan_reap_nodes(home, all_homes) + spanning.plan_reap(home, store)  # the swarm: around the nodes
+            + plan_stop_azurite(azurite))
     plan.append(Action("forget", "runs and computes", "", {"runs": len(store.runs()), "computes": len(store.clusters())},
                        run=lambda: store.reset(keep_data=True)))
     return plan + [_remove_folder(home.root / sub) for sub in RUN_FOLDERS + SERVICE_RUN_DATA
