@@ -339,7 +339,8 @@ class DockerBackend(NodeBackend):
         return found + guards + cpugroup.plan_remove(None if all_homes else self.home.id)
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
-        return [Action("remove", "container", self.container_name(request), {"node": request.name},
+        where = {"machine": request.machine} if request.engine else {}
+        return [Action("remove", "container", self.container_name(request), {"node": request.name, **where},
                        run=lambda: self.remove_node(request))]
 
     def plan_remove_cluster(self, cluster: str) -> list[Action]:
