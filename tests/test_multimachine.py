@@ -7,8 +7,10 @@ each, an MPI allreduce across them, the second machine lost under a running job,
 either engine after the cleanup."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
+import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -247,3 +249,26 @@ def test_machine_add_takes_the_machines_network_addresses(home: Path) -> None:
     assert (action["service_address"], action["advertise_address"]) == ("100.72.0.1", "100.72.0.2")
     done = amlemu("machine", "add", "m2", socket_address, "--service-address", "gpu2.lan")
     assert done.exit_code == 1 and "--service-address: 'gpu2.lan' is not an IP address" in done.stderr
+
+
+def test_the_backend_reaches_an_ssh_engine_through_the_sdks_ssh_transport() -> None:
+    """An ssh:// machine's engine: the SDK's paramiko transport is used (a server that is not ssh
+    fails its handshake: SSHException), and the failure is one line naming the address."""
+    from amlemu.backends.dockerapi import connect  # noqa: PLC0415
+    from amlemu.errors import BackendError  # noqa: PLC0415
+
+    def not_ssh() -> None:  # answers as a web server would: paramiko finds no ssh banner at once
+        with contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            conn.sendall(b"HTTP/1.0 200 OK\r\n\r\n")
+            conn.close()
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        server.settimeout(10)
+        answering = threading.Thread(target=not_ssh)
+        answering.start()
+        with pytest.raises(BackendError) as failed:
+            connect(f"ssh://me@127.0.0.1:{port}")
+        answering.join()
+    assert str(failed.value).startswith(f"the Docker engine at ssh://me@127.0.0.1:{port} does not answer (SSHException)")

@@ -2,7 +2,10 @@
 engine answers, container names from list entries, and removals that tolerate a race."""
 from __future__ import annotations
 
+import importlib
+import logging
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +21,8 @@ def connect(address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
     """This machine's engine (docker.from_env), or the engine at `address` (another machine's,
     amlemu.machines: TLS files (ca, cert, key) for tcp://)."""
     docker = import_docker()  # the SDK is needed only where this backend is used
-
+    if address.startswith("ssh://"):
+        _ssh_transport()
     try:
         if address:
             config = docker.tls.TLSConfig(client_cert=tls[1:], ca_cert=tls[0], verify=True) if tls else None
@@ -33,6 +37,19 @@ def connect(address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
         raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
                            f"(`make setup` does) or use --backend process") from None
     return client
+
+
+def _ssh_transport() -> None:
+    """The SDK's paramiko transport for an ssh:// engine (lazydeps leaves it out of an SDK imported
+    without it); paramiko's failed handshakes logged nowhere: the one-line error says what failed."""
+    try:
+        importlib.import_module("paramiko")
+    except ImportError:
+        raise BackendError("ssh:// engines need paramiko; install amlemu's dependencies (scripts/setup.sh)") from None
+    logging.getLogger("paramiko").addHandler(logging.NullHandler())
+    client_module = sys.modules["docker.api.client"]
+    if not hasattr(client_module, "SSHHTTPAdapter"):
+        client_module.SSHHTTPAdapter = importlib.import_module("docker.transport.sshconn").SSHHTTPAdapter
 
 
 def listed_name(listed: dict) -> str:
