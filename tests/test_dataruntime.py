@@ -14,7 +14,11 @@ import pytest
 from fsspec.implementations.local import LocalFileSystem
 
 from amlemu.actions import execute
+from amlemu.cluster.store import Store
 from amlemu.errors import ConfigError
+from amlemu.home import default_cache
+from amlemu.storage.datastores import DEFAULT, Datastores
+from amlemu.storage.dataruntime.cache import DiskCache
 from amlemu.storage.dataruntime import settings as drs
 from amlemu.storage.dataruntime.mount import (ThreadMount, fuse_options, is_mounted, plan_unmount, start_process,
                                               unmount_argv)
@@ -86,10 +90,12 @@ def test_settings_defaults_are_azures() -> None:
         (8, 8, None, 150 * KB * KB, 30.0)
     s = drs.from_env({"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000", "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "True",
                       "DATASET_MOUNT_READ_BLOCK_SIZE": "4MB", "DATASET_MOUNT_CACHE_SIZE": "-10GB",
-                      "DATASET_MOUNT_MEMORY_CACHE_SIZE": "1GB"})
+                      "DATASET_MOUNT_MEMORY_CACHE_SIZE": "1GB",
+                      "DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET": "0.5"})
     assert (s.attribute_cache_ttl, s.block_based, s.read_block_size, s.cache_size, s.keep_free) == \
         (60.0, True, 4 * KB * KB, None, 10 * KB ** 3)
-    assert s.ignored == ("DATASET_MOUNT_MEMORY_CACHE_SIZE",) and drs.Settings.from_dict(s.to_dict()) == s
+    assert s.memory_cache_size == KB ** 3 and s.block_file_cache is True
+    assert s.ignored == ("DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET",) and drs.Settings.from_dict(s.to_dict()) == s
 
 
 @pytest.mark.parametrize("name,value", [("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "1m"),
@@ -208,3 +214,39 @@ def test_a_served_process_mount_unmounts_and_cleans_up(tmp_path: Path, data: Pat
     with pytest.raises(ProcessLookupError):
         os.kill(record.pid, 0)
     assert "unmounted" in (tmp_path / "logs" / "data-capability.log").read_text()
+
+
+def test_the_cache_keeps_the_reserved_free_space(tmp_path: Path) -> None:
+    free = {"bytes": 300 * KB}  # the disk's free space, as the cache reads it
+    settings = drs.Settings(reserved_free_disk_space=100 * KB, downloader_threads=1, read_threads=1)
+    cache = DiskCache(tmp_path / "cache", settings, None, lambda line: None, free_space=lambda _: free["bytes"])
+    try:
+        assert cache.reserve(150 * KB)  # 300 - 150 leaves 150 KiB free: above the 100 reserved
+        cache._add("a", tmp_path / "a", 150 * KB, pin=False)
+        free["bytes"] = 150 * KB
+        assert cache.reserve(100 * KB) and cache.stats.pruned == 1  # only by pruning "a"
+        free["bytes"] = 150 * KB
+        assert not cache.reserve(100 * KB)  # nothing left to prune: refused (the read streams instead)
+    finally:
+        cache.close()
+
+
+def test_a_blob_container_mounts_from_a_serving_process(tmp_path: Path) -> None:
+    root = tmp_path / "home"
+    root.mkdir()
+    datastores = Datastores(Store(root / "amlemu.db"), root, default_cache())
+    fs, container = datastores.filesystem(DEFAULT)  # the test session's Azurite
+    fs.pipe({f"{container}/dr/a/{i}.txt": f"blob {i}".encode() for i in range(5)})
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    start_process(fs.to_json(), f"{container}/dr", mnt, tmp_path / "state", tmp_path / "cache", tmp_path / "logs",
+                  drs.from_env({}, cores=1))
+    try:
+        assert sorted(os.listdir(mnt / "a")) == [f"{i}.txt" for i in range(5)] and os.stat(mnt / "a" / "3.txt").st_size == 6
+        assert (mnt / "a" / "3.txt").read_text() == "blob 3"
+        assert not (mnt / "a" / "9.txt").exists()
+        assert len(list((tmp_path / "cache" / "files").iterdir())) == 1  # the one blob read
+    finally:
+        execute(plan_unmount(tmp_path / "state"))
+    assert not is_mounted(mnt)
+    assert "getattr /a/9.txt: DataAccessError(NotFound)" in (tmp_path / "logs" / "data-capability.log").read_text()

@@ -62,12 +62,18 @@ class DiskCache:
         self.lock = threading.Lock()
         self.key_locks: dict[str, threading.Lock] = {}
         self.inflight: set[str] = set()  # blocks a read-ahead is fetching
+        # Block mode's memory tier: fetched blocks are served from here while their disk copies are
+        # written behind (a reader must not wait for the disk: writes stall under dirty-page throttling).
+        self.memory: OrderedDict[str, bytes] = OrderedDict()
+        self.memory_used = 0
         self.stats = Stats()
         self.pool = ThreadPoolExecutor(max(settings.downloader_threads, settings.read_threads),
                                        thread_name_prefix="dataruntime")
+        self.writer = ThreadPoolExecutor(2, thread_name_prefix="dataruntime-write")
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
+        self.writer.shutdown(wait=True)
 
     # --- fetching ---------------------------------------------------------------------------
     def fetch_range(self, remote: str, start: int, end: int) -> bytes:
@@ -183,9 +189,43 @@ class DiskCache:
             return self._add(key, dest, size, pin=True).path
 
     # --- blocks -----------------------------------------------------------------------------
+    def _remember(self, key: str, data: bytes) -> None:
+        with self.lock:
+            if key in self.memory:
+                return
+            self.memory[key] = data
+            self.memory_used += len(data)
+            while self.memory_used > self.settings.memory_cache_size and len(self.memory) > 1:
+                self.memory_used -= len(self.memory.popitem(last=False)[1])
+
+    def _recall(self, key: str) -> bytes | None:
+        with self.lock:
+            data = self.memory.get(key)
+            if data is not None:
+                self.memory.move_to_end(key)
+            return data
+
+    def _store(self, key: str, data: bytes) -> None:
+        """A block's disk copy, written behind the read, within the cache's limits."""
+        if not self.settings.block_file_cache or self._hit(key, pin=False) is not None:
+            return
+        if not self.reserve(len(data)):
+            self.stats.streamed += 1
+            return
+        path = self.root / "blocks" / self.name(key)
+        try:
+            path.write_bytes(data)
+        except OSError:
+            self.release(len(data))
+            return
+        self._add(key, path, len(data), pin=False)
+
     def block(self, key: str, remote: str, start: int, end: int) -> bytes:
-        """One block's bytes: from the cache, else fetched (and cached when it fits)."""
+        """One block's bytes: from memory, else from disk, else fetched now."""
         with self._key_lock(key):
+            data = self._recall(key)
+            if data is not None:
+                return data
             entry = self._hit(key, pin=False)
             if entry is not None:
                 try:
@@ -194,21 +234,13 @@ class DiskCache:
                     pass
             data = self.fetch_range(remote, start, end)
             self.stats.blocks_fetched += 1
-            if self.reserve(len(data)):
-                path = self.root / "blocks" / self.name(key)
-                try:
-                    path.write_bytes(data)
-                except OSError:
-                    self.release(len(data))
-                    raise
-                self._add(key, path, len(data), pin=False)
-            else:
-                self.stats.streamed += 1
-            return data
+            self._remember(key, data)
+        self.writer.submit(self._store, key, data)
+        return data
 
     def prefetch(self, keys: list[str], remote: str, start: int, block_size: int, end: int) -> None:
         """Consecutive blocks fetched in one ranged request (a request costs ~20 ms whatever its
-        size: one per 2 MiB block would cap a stream at ~100 MB/s), each stored as its own block.
+        size: one per 2 MiB block would cap a stream at ~100 MB/s), each kept as its own block.
         Each block's lock is held meanwhile (taken in order), so a read of one of them waits for
         this fetch instead of fetching it again."""
         locks = [self._key_lock(key) for key in keys]
@@ -216,34 +248,28 @@ class DiskCache:
             lock.acquire()
         try:
             with self.lock:
-                if all(key in self.entries for key in keys):
+                if all(key in self.entries or key in self.memory for key in keys):
                     return
             data = self.fetch_range(remote, start, end)
             self.stats.blocks_fetched += len(keys)
-            for i, key in enumerate(keys):
-                piece = data[i * block_size:(i + 1) * block_size]
-                if self._hit(key, pin=False) is not None or not self.reserve(len(piece)):
-                    continue
-                path = self.root / "blocks" / self.name(key)
-                path.write_bytes(piece)
-                self._add(key, path, len(piece), pin=False)
+            pieces = [(key, data[i * block_size:(i + 1) * block_size]) for i, key in enumerate(keys)]
+            for key, piece in pieces:
+                self._remember(key, piece)
         finally:
             for lock in locks:
                 lock.release()
             with self.lock:
                 self.inflight.difference_update(keys)
+        for key, piece in pieces:
+            self.writer.submit(self._store, key, piece)
 
     def claim(self, key: str) -> bool:
         """True once for a block neither cached nor being fetched: the caller fetches it."""
         with self.lock:
-            if key in self.entries or key in self.inflight:
+            if key in self.entries or key in self.memory or key in self.inflight:
                 return False
             self.inflight.add(key)
             return True
-
-    def cached(self, key: str) -> bool:
-        with self.lock:
-            return key in self.entries
 
     def disk_bytes(self) -> int:
         """What the cache folder holds now, counted on disk (what a test of bounded use measures)."""

@@ -203,22 +203,27 @@ class DataRuntimeFS(mfusepy.Operations):
         return data
 
     def _read_ahead(self, handle: Handle, index: int) -> None:
-        """Start fetching the next blocks, as many as READ_BUFFER_BLOCK_COUNT says and the cache
-        can hold beside the one being read (more would evict each other before being read), in
-        runs of consecutive blocks of up to RANGE bytes, one request each."""
+        """Start fetching the next blocks, as many as READ_BUFFER_BLOCK_COUNT says and the memory
+        cache holds beside the one being read (more would evict each other before being read). Blocks
+        go in aligned groups of RANGE bytes, one request a group: as the window slides one block,
+        the group it reaches is fetched whole, never one 2 MiB request a block."""
         bsize, count = self.settings.read_block_size, self.settings.read_buffer_block_count
-        if self.settings.cache_size is not None:
-            count = min(count, max(self.settings.cache_size // bsize - 2, 0))
-        last, per_run = (handle.size - 1) // bsize, max(RANGE // bsize, 1)
-        run: list[int] = []
-        for ahead in range(index + 1, min(index + count, last) + 1):
-            if self.cache.claim(self._key(handle, ahead)):
-                run.append(ahead)
-            if run and (len(run) == per_run or ahead != run[-1] or ahead == min(index + count, last)):
+        count = min(count, max(self.settings.memory_cache_size // bsize - 2, 0))
+        if count == 0:
+            return
+        per_group = max(min(RANGE // bsize, count), 1)
+        last = (handle.size - 1) // bsize
+        for group in range((index + 1) // per_group, min(index + count, last) // per_group + 1):
+            blocks = range(max(group * per_group, index + 1), min((group + 1) * per_group - 1, last) + 1)
+            run: list[int] = []
+            for block in blocks:
+                if self.cache.claim(self._key(handle, block)):
+                    run.append(block)
+                elif run:  # cached or being fetched: what was claimed so far goes as one request
+                    self._fetch_run(handle, run)
+                    run = []
+            if run:
                 self._fetch_run(handle, run)
-                run = []
-        if run:
-            self._fetch_run(handle, run)
 
     def _fetch_run(self, handle: Handle, run: list[int]) -> None:
         bsize = self.settings.read_block_size

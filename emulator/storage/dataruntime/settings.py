@@ -2,8 +2,8 @@
 
 Defaults are the ones Azure ML documents for its data runtime (the page "Access data in a job",
 its mount settings): whole-file open mode, an attribute cache that never expires, 2 MB blocks with
-32 read ahead in block mode, 4 threads per core, an unlimited disk cache that leaves 150 MB free,
-30 s to unmount. A bad value is one line naming the variable and the fix.
+32 read ahead in block mode through a 128 MB memory cache, 4 threads per core, an unlimited disk
+cache that leaves 150 MB free, 30 s to unmount. A bad value is one line naming the variable and the fix.
 """
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ MB = 1024 * 1024
 VARIABLES = ("DATASET_MOUNT_ATTRIBUTE_CACHE_TTL", "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED",
              "DATASET_MOUNT_READ_BLOCK_SIZE", "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT", "DATASET_MOUNT_READ_THREADS",
              "DATASET_MOUNT_CACHE_SIZE", "DATASET_RESERVED_FREE_DISK_SPACE", "DATASET_UNMOUNT_TIMEOUT_SECONDS",
-             "RSLEX_DOWNLOADER_THREADS")
-# Documented knobs of the runtime that this mount reads but does not act on (it has no memory tier
-# nor write path): named in the mount's log so a user sees they were taken in and not honoured.
-NOT_EMULATED = ("DATASET_MOUNT_MEMORY_CACHE_SIZE", "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED",
-                "DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE", "DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS",
+             "RSLEX_DOWNLOADER_THREADS", "DATASET_MOUNT_MEMORY_CACHE_SIZE", "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED")
+# Documented knobs of the runtime that this mount reads but does not act on (its disk writes have no
+# queue of their own, its pruning no thresholds, its fetches no retry count): named in the mount's
+# log so a user sees they were taken in and not honoured.
+NOT_EMULATED = ("DATASET_MOUNT_BLOCK_FILE_CACHE_MAX_QUEUE_SIZE", "DATASET_MOUNT_BLOCK_FILE_CACHE_WRITE_THREADS",
                 "DATASET_MOUNT_FILE_CACHE_PRUNE_THRESHOLD", "DATASET_MOUNT_FILE_CACHE_PRUNE_TARGET",
                 "AZUREML_DATASET_HTTP_RETRY_COUNT")
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
@@ -37,6 +37,8 @@ class Settings:
     read_block_size: int = 2 * MB
     read_buffer_block_count: int = 32  # blocks read ahead of the one asked for
     read_threads: int = 4
+    memory_cache_size: int = 128 * MB  # block mode: blocks read ahead wait here, then go to disk
+    block_file_cache: bool = True  # block mode: blocks are also kept on disk (within cache_size)
     cache_size: int | None = None  # None: unlimited
     keep_free: int | None = None  # a negative DATASET_MOUNT_CACHE_SIZE: disk space the cache leaves free
     reserved_free_disk_space: int = 150 * MB
@@ -76,11 +78,11 @@ def _int(env: dict[str, str], name: str, default: int, least: int = 1) -> int:
     return int(raw)
 
 
-def _bool(env: dict[str, str], name: str) -> bool:
+def _bool(env: dict[str, str], name: str, default: bool = False) -> bool:
     raw = env.get(name, "").strip().lower()
     if raw and raw not in TRUE + FALSE:
         raise ConfigError(name, f"'{env[name]}' is not true or false", "set it to true or false")
-    return raw in TRUE
+    return raw in TRUE if raw else default
 
 
 def _ttl(env: dict[str, str], name: str = "DATASET_MOUNT_ATTRIBUTE_CACHE_TTL") -> float | None:
@@ -118,6 +120,9 @@ def from_env(env: dict[str, str], cores: int | None = None) -> Settings:
         block_based=_bool(env, "DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED"),
         read_block_size=parse_size(env["DATASET_MOUNT_READ_BLOCK_SIZE"], "DATASET_MOUNT_READ_BLOCK_SIZE")
         if env.get("DATASET_MOUNT_READ_BLOCK_SIZE", "").strip() else 2 * MB,
+        memory_cache_size=parse_size(env["DATASET_MOUNT_MEMORY_CACHE_SIZE"], "DATASET_MOUNT_MEMORY_CACHE_SIZE")
+        if env.get("DATASET_MOUNT_MEMORY_CACHE_SIZE", "").strip() else 128 * MB,
+        block_file_cache=_bool(env, "DATASET_MOUNT_BLOCK_FILE_CACHE_ENABLED", default=True),
         read_buffer_block_count=_int(env, "DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT", 32, least=0),
         read_threads=_int(env, "DATASET_MOUNT_READ_THREADS", per_core),
         cache_size=limit, keep_free=keep_free,
