@@ -5,6 +5,7 @@ else of this machine: not the service's own port, not Azurite (every datastore, 
 well-known development key), not another service on this machine's loopback (another home's)."""
 from __future__ import annotations
 
+import ipaddress
 import json
 import socket
 from pathlib import Path
@@ -14,8 +15,9 @@ import pytest
 from conftest import served
 
 from amlemu import servicefile
-from amlemu.backends import hostguard
+from amlemu.backends import get_backend, hostguard
 from amlemu.api import Emulator
+from amlemu.cluster import autoscale
 from amlemu.home import default_cache
 from amlemu.specs import RunStatus
 from amlemu.storage.azurite import Azurite
@@ -135,3 +137,18 @@ def test_a_request_on_the_link_port_is_refused_the_studio_and_identity_routes(tm
         assert refused.json()["error"]["code"] == "AuthorizationFailed"  # ARM's error JSON, as every refusal
     assert get("/history/x", 4242).status_code == 200 and get("/studiox", 4242).status_code == 200
     assert any("403 (from a job)" in line for line in lines)
+
+
+def test_mpirun_and_its_daemons_talk_on_the_clusters_network_only(emu: Emulator, cluster) -> None:
+    """mpirun publishes only its address on the cluster's network, so a node's MPI daemon calls back
+    there at once instead of trying (and being refused at) every other address of this machine."""
+    spec = cluster()
+    backend = get_backend(emu.default_backend, emu.home)
+    request = autoscale.node_request(emu.home, spec, 0)
+    mca = backend.callback_mca(request)
+    if not backend.guards_host:  # process nodes: their own namespace, mpirun reached on its loopback
+        assert mca == {}
+        return
+    network = ipaddress.ip_network(mca["OMPI_MCA_oob_tcp_if_include"])
+    assert ipaddress.ip_address(backend.host_address(request)) in network
+    assert not any(ipaddress.ip_address(a) in network for a in host_addresses() if a != backend.host_address(request))
