@@ -69,7 +69,7 @@ class DiskCache:
         self.stats = Stats()
         self.pool = ThreadPoolExecutor(max(settings.downloader_threads, settings.read_threads),
                                        thread_name_prefix="dataruntime")
-        self.writer = ThreadPoolExecutor(2, thread_name_prefix="dataruntime-write")
+        self.writer = ThreadPoolExecutor(1, thread_name_prefix="dataruntime-write")
 
     def close(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=True)
@@ -98,20 +98,21 @@ class DiskCache:
         with self.lock:
             return self.key_locks.setdefault(key, threading.Lock())
 
-    def _room_locked(self, nbytes: int) -> int:
+    def _room_locked(self, nbytes: int, free: int) -> int:
         """Bytes still to free before `nbytes` more fit (0: they fit)."""
         s = self.settings
         over = self.used + nbytes - s.cache_size if s.cache_size is not None else 0
         keep = s.reserved_free_disk_space + (s.keep_free or 0)
-        short = keep + nbytes - self.free_space(self.root)
+        short = keep + nbytes - free
         return max(over, short, 0)
 
     def reserve(self, nbytes: int) -> bool:
         """Make room for `nbytes` by pruning least recently used unpinned entries, and count them as
         used at once (writers in parallel must not both take the same room); False when they cannot
         fit even then (nothing is pruned in that case)."""
+        free = self.free_space(self.root)  # outside the lock: statvfs can wait on a busy disk
         with self.lock:
-            need = self._room_locked(nbytes)
+            need = self._room_locked(nbytes, free)
             if need == 0:
                 self._take(nbytes)
                 return True
