@@ -2,7 +2,7 @@
 printed as ratios. Not a test: the figures are reported (docs/benchmarks.md).
 
     .venv/bin/python bench/multimachine_bench.py [--nodes 4] [--repeat 3] [--max-nodes 8]
-        [--steps one,two,largest]
+        [--steps one,two,seed,largest]
 
 The second machine is the test rig (amlemu.machines.rig: a second Docker engine on this machine in
 its own network namespace, reached over a veth link; root only), registered as machine m2. Both
@@ -13,7 +13,9 @@ swarm's VXLAN overlay, the veth link, the second engine's NAT), not more hardwar
    an mpi4py job, one rank per node: 200 allreduces of one integer (latency) and 20 of 1 MiB of
    float64 (bandwidth), timed inside rank 0, and the job's submit-to-completed wall time;
 2. two: the same cluster spread over this machine and m2 (half the nodes on each, one overlay);
-3. largest: clusters over both machines of 4, 8, ... up to --max-nodes nodes, one rank per node
+3. seed: the seed's job (trainer/job.yml, Horovod MNIST, one epoch on 2 nodes) on this machine
+   and over both machines (a node on each), samples/s, --repeat runs each, alternated;
+4. largest: clusters over both machines of 4, 8, ... up to --max-nodes nodes, one rank per node
    (the mpi4py job), the seconds per size until one fails or runs over.
 Everything it made is removed at the end (the cleanup, then the rig), interrupted or not.
 """
@@ -37,6 +39,7 @@ from amlemu.api import Emulator  # noqa: E402
 from amlemu.machines import registry, rig  # noqa: E402
 from amlemu.machines.registry import Machine  # noqa: E402
 from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
+from pytest_amlemu import mnist  # noqa: E402
 
 ALLREDUCE = """
 import json, time
@@ -90,6 +93,26 @@ def measure(emu: Emulator, work: Path, name: str, machines: tuple[str, ...], nod
     return {"machines": list(machines) or ["local"], "nodes": nodes, "cold_wall_s": cold["wall_s"], **median}
 
 
+def seed(emu: Emulator, repeat: int) -> dict:
+    """The seed's job (trainer/job.yml: Horovod MNIST, one epoch, 2 nodes) on 2 nodes of this
+    machine and on 2 nodes spread over both, alternated (this machine's speed drifts)."""
+    data = mnist.prepare().root
+    for name, machines in (("seed1", ()), ("seed2", ("local", "m2"))):
+        emu.create_compute(ClusterSpec(name, "STANDARD_D2_V2", max_nodes=2, machines=machines,
+                                       idle_seconds_before_scaledown=3600))
+    sps: dict[str, list[float]] = {"seed1": [], "seed2": []}
+    for _ in range(repeat):
+        for name in sps:
+            run = emu.submit(REPO / "trainer" / "job.yml",
+                             overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", f"compute={name}"])
+            if run.wait(timeout=1800) is not RunStatus.COMPLETED:
+                raise RuntimeError(f"seed run {run.id} on {name}: {run.events()[-1][2]}")
+            sps[name].append(json.loads((run.outputs / "summary.json").read_text())["samples_per_second"])
+    one, two = (statistics.median(sps[n]) for n in ("seed1", "seed2"))
+    return {"one_machine_samples_per_s": one, "two_machines_samples_per_s": two, "ratio": round(two / one, 3),
+            "runs": sps}
+
+
 def largest(emu: Emulator, work: Path, max_nodes: int) -> dict:
     sizes, nodes = {}, 4
     while nodes <= max_nodes:
@@ -112,7 +135,7 @@ def main() -> int:
     parser.add_argument("--nodes", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=8)
-    parser.add_argument("--steps", default="one,two,largest")
+    parser.add_argument("--steps", default="one,two,seed,largest")
     args = parser.parse_args()
     wanted = set(args.steps.split(","))
     with bench_home("amlemu-multimachine-", "docker") as (work, emu):
@@ -130,6 +153,8 @@ def main() -> int:
             if one and two:
                 steps.results["ratio_two_over_one"] = {
                     key: round(two[key] / one[key], 2) for key in ("wall_s", "allreduce_latency_us", "allreduce_1mib_mb_s")}
+            if "seed" in wanted:
+                steps.run("seed", 3600, lambda: seed(emu, args.repeat))
             if "largest" in wanted:
                 steps.run("largest", 1800, lambda: largest(emu, work, args.max_nodes))
             steps.results["rig_up_s"] = state.get("up_s")
