@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -73,8 +74,9 @@ def unmount_tool() -> str:
 
 def is_mounted(mountpoint: str | Path) -> bool:
     target = os.path.realpath(mountpoint)
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
-        return any(line.split()[4] == target for line in info)
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:  # spaces and the like as \ooo escapes
+        return any(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) == target
+                   for line in info)
 
 
 def serve(ops: Any, mountpoint: str, settings: Settings) -> None:
