@@ -49,13 +49,14 @@ class MountRecord:
 def fuse_options(settings: Settings, name: str = "amlemu-dataruntime") -> dict[str, Any]:
     """The libfuse options of a mount: read-only, readable by a node's users (allow_other), and
     the kernel's own attribute caches no longer than the runtime's TTL (the kernel would otherwise
-    hide a change the TTL lets through). auto_cache: the kernel keeps a file's pages across opens
-    while its attributes (as the TTL serves them) are unchanged, so warm reads run at page-cache
-    speed and a change the TTL lets through drops them."""
+    hide a change the TTL lets through). The kernel keeps a file's pages across opens: always
+    when attributes never expire (kernel_cache: no check on open), else while its attributes, as
+    the TTL serves them, are unchanged (auto_cache: a change the TTL lets through drops them)."""
     ttl = settings.attribute_cache_ttl
     kernel = 3600.0 if ttl is None else 0.0
+    pages = {"kernel_cache": True} if ttl is None else {"auto_cache": True}
     return {"ro": True, "allow_other": True, "default_permissions": True, "fsname": name, "subtype": "dataruntime",
-            "attr_timeout": kernel, "entry_timeout": kernel, "negative_timeout": 0.0, "auto_cache": True}
+            "attr_timeout": kernel, "entry_timeout": kernel, "negative_timeout": 0.0, **pages}
 
 
 def unmount_argv(mountpoint: str, tool: str = "fusermount3", lazy: bool = False) -> list[str]:
