@@ -21,7 +21,7 @@ from amlemu.storage.datastores import DEFAULT, Datastores
 from amlemu.storage.dataruntime.cache import DiskCache
 from amlemu.storage.dataruntime import settings as drs
 from amlemu.storage.dataruntime.mount import (ThreadMount, fuse_options, is_mounted, plan_unmount, start_process,
-                                              unmount_argv)
+                                              unmount, unmount_argv)
 from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
 
 KB = 1024
@@ -250,3 +250,19 @@ def test_a_blob_container_mounts_from_a_serving_process(tmp_path: Path) -> None:
         execute(plan_unmount(tmp_path / "state"))
     assert not is_mounted(mnt)
     assert "getattr /a/9.txt: DataAccessError(NotFound)" in (tmp_path / "logs" / "data-capability.log").read_text()
+
+
+def test_a_busy_mount_is_detached_after_the_unmount_timeout(tmp_path: Path, data: Path) -> None:
+    settings = drs.from_env({"DATASET_UNMOUNT_TIMEOUT_SECONDS": "0.3"}, cores=1)
+    ops = DataRuntimeFS(CountingFS(), str(data), tmp_path / "cache", tmp_path / "logs", settings)
+    (tmp_path / "mnt").mkdir()
+    mount = ThreadMount(ops, tmp_path / "mnt", tmp_path / "state", settings)
+    reader = open(tmp_path / "mnt" / "labels.csv", "rb")  # a job still reading: the mount is busy
+    try:
+        done = unmount(str(tmp_path / "mnt"), settings.unmount_timeout)
+        assert done.startswith(f"detached {tmp_path / 'mnt'} (busy after 0.3s") and not is_mounted(tmp_path / "mnt")
+        assert reader.read() == b"a,b\n1,2\n"  # a lazy unmount: the open file still reads
+    finally:
+        reader.close()
+        mount.unmount()
+    assert not mount.thread.is_alive()

@@ -170,7 +170,7 @@ def unmount(mountpoint: str, timeout: float = 30.0) -> str:
             return f"unmounted {mountpoint}"
         if time.monotonic() >= deadline:
             subprocess.run(unmount_argv(mountpoint, tool, lazy=True), capture_output=True, timeout=timeout)
-            return f"detached {mountpoint} (busy after {timeout:.0f}s: {done.stderr.strip()})"
+            return f"detached {mountpoint} (busy after {timeout:g}s: {done.stderr.strip()})"
         time.sleep(0.2)  # busy (a reader has a file open): the runtime retries until its timeout
 
 
