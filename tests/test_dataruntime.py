@@ -15,7 +15,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from amlemu.actions import execute
 from amlemu.cluster.store import Store
-from amlemu.errors import ConfigError
+from amlemu.errors import BackendError, ConfigError
 from amlemu.home import default_cache
 from amlemu.storage.datastores import DEFAULT, Datastores
 from amlemu.storage.dataruntime.cache import DiskCache
@@ -139,6 +139,8 @@ def test_a_file_larger_than_the_cache_streams_in_blocks_with_bounded_disk(mounte
         while chunk := f.read(128 * KB):
             digest.update(chunk)
             peak = max(peak, mount.ops.cache.disk_bytes())  # the cache folder, as du sees it
+    mount.unmount()  # the blocks' disk copies are written behind the reads: all landed now
+    peak = max(peak, mount.ops.cache.disk_bytes())
     assert digest.digest() == hashlib.sha256(big).digest()
     assert peak <= 512 * KB and mount.ops.cache.stats.peak_bytes <= 512 * KB  # 8x smaller than the file
     assert mount.ops.cache.stats.pruned > 0 and fs.fetched["big.bin"] < 1.5 * len(big)
@@ -266,3 +268,19 @@ def test_a_busy_mount_is_detached_after_the_unmount_timeout(tmp_path: Path, data
         reader.close()
         mount.unmount()
     assert not mount.thread.is_alive()
+
+
+def test_a_file_that_cannot_fit_the_cache_is_streamed_in_whole_file_mode(mounted, data: Path) -> None:
+    mount, fs, _ = mounted({"DATASET_MOUNT_CACHE_SIZE": "8KB"})  # smaller than any shard
+    assert (mount.mountpoint / "shards" / "part-003.bin").read_bytes() == bytes([3]) * (16 * KB + 3)
+    assert mount.ops.cache.stats.files_downloaded == 0 and fs.fetched["part-003.bin"] == 16 * KB + 3
+    assert "/shards/part-003.bin: 16387 bytes do not fit the cache; streaming it in blocks" in mount.ops.log.rslex.read_text()
+
+
+def test_a_mount_that_fails_is_one_line(tmp_path: Path, data: Path) -> None:
+    settings = drs.from_env({}, cores=1)
+    ops = DataRuntimeFS(CountingFS(), str(data), tmp_path / "cache", tmp_path / "logs", settings)
+    with pytest.raises(BackendError) as err:
+        ThreadMount(ops, tmp_path / "no-such-folder", tmp_path / "state", settings)
+    assert str(err.value).startswith(f"data runtime mount at {tmp_path / 'no-such-folder'}: not mounted")
+    assert "\n" not in str(err.value) and not (tmp_path / "state" / "mount.json").exists()

@@ -103,9 +103,12 @@ class ThreadMount:
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name=f"dataruntime {mountpoint}", daemon=True)
         self.thread.start()
-        if not ready.wait(timeout):
+        deadline = time.monotonic() + timeout
+        while not ready.wait(0.05) and self.thread.is_alive() and time.monotonic() < deadline:
+            pass  # mounted, failed (the thread ended) or out of time, whichever comes first
+        if not ready.is_set():
             self.unmount()
-            raise BackendError(f"data runtime mount at {mountpoint}: not mounted within {timeout:.0f}s"
+            raise BackendError(f"data runtime mount at {mountpoint}: not mounted within {timeout:g}s"
                                + (f" ({self.error})" if self.error else "") + "; check that /dev/fuse and fusermount3 exist")
         state.mkdir(parents=True, exist_ok=True)
         self.record = MountRecord(str(mountpoint), os.getpid(), str(ops.cache.root), str(ops.log.session.parent),
@@ -205,5 +208,6 @@ def plan_unmount(state: Path) -> list[Action]:
         Action("stop", "data runtime server", str(record.pid), run=lambda: _stop(record.pid, record.unmount_timeout)),
         Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
         Action("remove", "data runtime record", str(state / RECORD),
-               run=lambda: (state / RECORD).unlink(missing_ok=True), always=True),
+               run=lambda: [(state / name).unlink(missing_ok=True) for name in ("serve.err", RECORD)] and None,
+               always=True),
     ]
