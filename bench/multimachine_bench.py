@@ -95,22 +95,31 @@ def measure(emu: Emulator, work: Path, name: str, machines: tuple[str, ...], nod
 
 def seed(emu: Emulator, repeat: int) -> dict:
     """The seed's job (trainer/job.yml: Horovod MNIST, one epoch, 2 nodes) on 2 nodes of this
-    machine and on 2 nodes spread over both, alternated (this machine's speed drifts)."""
+    machine and on 2 nodes spread over both, alternated (this machine's speed drifts). Over both,
+    each node has its machine's 2 cores to itself (2 threads per rank), which here are the same 2
+    cores: so it also runs with the one-machine run's thread setting (1), what isolates the path."""
     data = mnist.prepare().root
     for name, machines in (("seed1", ()), ("seed2", ("local", "m2"))):
         emu.create_compute(ClusterSpec(name, "STANDARD_D2_V2", max_nodes=2, machines=machines,
                                        idle_seconds_before_scaledown=3600))
-    sps: dict[str, list[float]] = {"seed1": [], "seed2": []}
+    kinds = {"one_machine": ("seed1", []), "two_machines": ("seed2", []),
+             "two_machines_same_threads": ("seed2", ["environment_variables.OMP_NUM_THREADS='1'"])}
+    sps: dict[str, list[float]] = {kind: [] for kind in kinds}
+    threads: dict[str, object] = {}
     for _ in range(repeat):
-        for name in sps:
+        for kind, (name, extra) in kinds.items():
             run = emu.submit(REPO / "trainer" / "job.yml",
-                             overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", f"compute={name}"])
+                             overrides=[f"inputs.data_dir.path={data}", "inputs.epochs=1", f"compute={name}", *extra])
             if run.wait(timeout=1800) is not RunStatus.COMPLETED:
                 raise RuntimeError(f"seed run {run.id} on {name}: {run.events()[-1][2]}")
-            sps[name].append(json.loads((run.outputs / "summary.json").read_text())["samples_per_second"])
-    one, two = (statistics.median(sps[n]) for n in ("seed1", "seed2"))
-    return {"one_machine_samples_per_s": one, "two_machines_samples_per_s": two, "ratio": round(two / one, 3),
-            "runs": sps}
+            summary = json.loads((run.outputs / "summary.json").read_text())
+            sps[kind].append(summary["samples_per_second"])
+            threads[kind] = summary.get("threads")
+    medians = {kind: statistics.median(values) for kind, values in sps.items()}
+    return {**{f"{kind}_samples_per_s": value for kind, value in medians.items()},
+            "ratio": round(medians["two_machines"] / medians["one_machine"], 3),
+            "ratio_same_threads": round(medians["two_machines_same_threads"] / medians["one_machine"], 3),
+            "threads": threads, "runs": sps}
 
 
 def largest(emu: Emulator, work: Path, max_nodes: int) -> dict:

@@ -118,6 +118,17 @@ def test_a_lost_machines_engine_is_reported_not_raised(tmp_path: Path) -> None:
     assert backend.stop_processes(request) == 0
 
 
+def test_a_swarm_advertised_on_an_address_gone_from_this_machine_is_refused() -> None:
+    """Joined workers would get no overlay packet to this machine (a test rig's link removed after
+    its swarm was made): said in one line, before any node is made."""
+    from amlemu.cluster import spanning  # noqa: PLC0415
+    from amlemu.errors import BackendError  # noqa: PLC0415
+
+    spanning._check_advertised(swarm.SwarmState("n", True, False, "127.0.0.1:2377", "t"))  # noqa: SLF001
+    with pytest.raises(BackendError, match="this machine's swarm advertises 192.0.2.99, which is no longer an address"):
+        spanning._check_advertised(swarm.SwarmState("n", True, False, "192.0.2.99:2377", "t"))  # noqa: SLF001
+
+
 def test_another_machines_traffic_is_refused_but_the_swarms_and_a_runs_ports() -> None:
     rules = hostguard.source_rules("100.72.0.2", "amlemu:h:c1")
     assert rules[0][1][:2] == ["-s", "100.72.0.2"] and "ESTABLISHED,RELATED" in rules[0][1]
@@ -214,7 +225,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"),
                                        idle_seconds_before_scaledown=600))
         run = emu.submit(JobFactory(tmp_path / "jobs")(ALLREDUCE, nodes=4))
-        assert run.wait(timeout=180) is RunStatus.COMPLETED, run.logs(0)[-2000:]
+        assert run.wait(timeout=180) is RunStatus.COMPLETED, (run.events()[-1][2], run.logs(0)[-2000:])
         for rank in range(4):  # every rank's log, from both machines' nodes, agrees
             assert f"rank {rank} total 10 hosts c1-node-0,c1-node-1,c1-node-2,c1-node-3 addresses 4" in run.logs(rank)
         assert sorted(p.read_text() for p in run.outputs.glob("rank-*.txt")) == [f"10 c1-node-{i}" for i in range(4)]

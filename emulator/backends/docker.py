@@ -165,7 +165,7 @@ class DockerBackend(NodeBackend):
                 plan.image, command=list(plan.command), name=plan.name, hostname=plan.hostname,
                 labels=plan.labels, environment=plan.environment, host_config=host_config,
                 networking_config=networking, detach=True)
-            api.start(created["Id"])
+            engines.start(api, created["Id"], retry=bool(request.overlay))
         except docker.errors.APIError as exc:
             self.remove_node(request)
             raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None

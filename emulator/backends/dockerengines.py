@@ -237,3 +237,18 @@ def find(get: Callable[[], Any], request: NodeRequest) -> Any:
         if isinstance(exc, docker.errors.NotFound) or lost(request, exc):
             return None
         raise
+
+
+ATTACH_FAILED = "attaching to network failed"  # a swarm's attachment not ready in time (a busy manager)
+
+
+def start(api: Any, container_id: str, retry: bool) -> None:
+    """Start a created container; on an overlay, once more where the swarm was slow to attach it."""
+    import docker  # noqa: PLC0415
+
+    try:
+        api.start(container_id)
+    except docker.errors.APIError as exc:
+        if not retry or ATTACH_FAILED not in str(exc.explanation or exc):
+            raise
+        api.start(container_id)

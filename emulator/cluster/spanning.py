@@ -12,9 +12,12 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from amlemu.actions import Action, execute
 from amlemu.backends import NodeRequest
@@ -24,6 +27,8 @@ from amlemu.errors import AmlEmuError, BackendError
 from amlemu.home import Home
 from amlemu.machines import engines, registry, swarm
 from amlemu.machines.address import TlsFiles
+
+JOIN_READY_S = 60.0  # a deadline: a worker the manager does not see ready by then cannot take nodes
 
 
 def _tls(request: NodeRequest) -> TlsFiles | None:
@@ -43,6 +48,7 @@ def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
         local = connect()
         manager_addr = next(iter(remote.values())).service_address if remote else None
         made = swarm.ensure_swarm(local, manager_addr or "127.0.0.1", home_id)
+        _check_advertised(made)
         for address, request in remote.items():
             client = engines.connect(address, _tls(request))
             try:
@@ -53,6 +59,7 @@ def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
                 raise BackendError(f"machine {request.machine}'s engine ({address}) is in another swarm; take it out "
                                    "(`docker swarm leave` there) or use another machine")
             _label(local, node_id, {**swarm.labels(home_id), f"{LABEL}.machine": request.machine})
+            _until_ready(local, node_id, request.machine)
         if any(not r.engine for r in spanning):
             _ensure_gwbridge(local, home_id)
         name = spanning[0].overlay
@@ -69,6 +76,29 @@ def _label(manager: Any, node_id: str, labels: dict[str, str]) -> None:
     spec = dict(node.attrs["Spec"])
     if any((spec.get("Labels") or {}).get(k) != v for k, v in labels.items()):
         node.update({**spec, "Labels": {**(spec.get("Labels") or {}), **labels}})
+
+
+def _check_advertised(made: swarm.SwarmState) -> None:
+    """The swarm's manager (this machine's engine) is reached at the address it advertised when the
+    swarm was made: where that address is gone from this machine (the link it was on removed, a
+    test rig's), workers still join but no overlay packet reaches this machine: refused."""
+    host = made.manager_addr.rsplit(":", 1)[0].strip("[]")
+    here = {a.address for addresses in psutil.net_if_addrs().values() for a in addresses}
+    if host not in here:
+        raise BackendError(f"this machine's swarm advertises {host}, which is no longer an address of this machine; "
+                           "take the engine out of it (`docker swarm leave --force`) once nothing uses it, or "
+                           "add the address back")
+
+
+def _until_ready(manager: Any, node_id: str, machine: str, limit: float = JOIN_READY_S) -> None:
+    """A worker just joined is `unknown` to the manager for a moment; a container attached to an
+    overlay on it then may fail ("attaching to network failed ... context deadline exceeded")."""
+    deadline = time.monotonic() + limit
+    while (state := manager.nodes.get(node_id).attrs["Status"]["State"]) != "ready":
+        if time.monotonic() > deadline:
+            raise BackendError(f"machine {machine}'s engine joined the swarm but is {state} after {limit:g} s; "
+                               "check the swarm's ports between the machines (docs/swarm.md)")
+        time.sleep(0.1)
 
 
 def _ensure_gwbridge(client: Any, home_id: str) -> None:
