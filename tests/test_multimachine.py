@@ -72,10 +72,12 @@ def test_node_requests_name_their_machine_engine_and_overlay(tmp_path: Path) -> 
         assert (first.service_address, first.advertise, first.cpus) == ("100.72.0.1", "100.72.0.2", 2.0)
         assert first.labels[f"{LABEL}.machine"] == "m2"
         assert (second.machine, second.engine, second.overlay, second.service_address) == ("local", "", overlay, None)
+        assert second.advertise == "100.72.0.1"  # this machine, as m2 reaches it: where the swarm is advertised
         assert f"{LABEL}.machine" not in second.labels  # a node of this machine is labelled as before
         gpus = ClusterSpec("g1", "STANDARD_NC6", max_nodes=2, machines=("m2",))  # each node its own GPU there
-        assert [autoscale.node_request(emu.home, gpus, i, host_gpus=("0",)).gpus for i in range(2)] == [
-            ("GPU-a",), ("GPU-b",)]
+        there = [autoscale.node_request(emu.home, gpus, i, host_gpus=("0",)) for i in range(2)]
+        assert [r.gpus for r in there] == [("GPU-a",), ("GPU-b",)]
+        assert there[0].overlay == placing.overlay_name(emu.home.id, "g1")  # on another machine only: its overlay too
         plain = autoscale.node_request(emu.home, ClusterSpec("c2", max_nodes=2), 1, host_gpus=())
         assert (plain.machine, plain.engine, plain.overlay) == ("local", "", None)
         # a machine added without its network addresses cannot take part in a spanning cluster

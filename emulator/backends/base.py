@@ -80,7 +80,7 @@ class NodeRequest:
     engine_tls: tuple[str, str, str] | None = None
     overlay: str | None = None
     service_address: str | None = None
-    advertise: str | None = None  # that machine's own address as this one reaches it (its traffic's source)
+    advertise: str | None = None  # its machine's address as the cluster's other machines reach it
 
     @property
     def name(self) -> str:

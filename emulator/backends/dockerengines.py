@@ -159,7 +159,7 @@ def open_port(request: NodeRequest, gateway_here: str | None, port: int, home_id
         return
     if gateway_here and hostguard.supported(GWBRIDGE) is None:
         hostguard.open_port(GWBRIDGE, gateway_here, port, home_id, request.cluster, run_id)
-    for source in {*hostguard.sources(home_id, request.cluster), *([request.advertise] if request.advertise else [])}:
+    for source in {*hostguard.sources(home_id, request.cluster), *([request.advertise] if request.engine else [])}:
         hostguard.open_source_port(source, None, port, home_id, request.cluster, run_id)
 
 

@@ -14,8 +14,8 @@ finds it on the same machine without storing it:
   machine share it today, by a fair share); GPUs are never shared: too few is refused;
 - each node's limits are node_limits on its own machine, with the cluster's nodes placed there.
 
-A cluster whose nodes are all on one machine keeps its bridge network; one that spans machines
-gets its overlay network's name (the swarm is made before its nodes: cluster/spanning.py).
+A cluster whose nodes are all on this machine keeps its bridge network; one with a node on another
+machine gets its overlay network's name (the swarm is made before its nodes: cluster/spanning.py).
 """
 from __future__ import annotations
 
@@ -49,6 +49,13 @@ class Placement:
     @property
     def spans(self) -> bool:
         return len(set(self.by_index)) > 1
+
+    @property
+    def overlay(self) -> bool:
+        """Its nodes span machines, or are on another machine's engine only: an overlay network
+        (whose nodes reach this machine's service link, and this machine guards against); all on
+        this machine: its bridge, as before."""
+        return self.spans or any(name != LOCAL for name in self.by_index)
 
     def machine(self, index: int) -> Machine:
         if index >= len(self.by_index):
@@ -119,14 +126,23 @@ def on_machine(home: Home, spec: ClusterSpec, request: NodeRequest, host_gpus: t
     gpus = (gpu_list.visible_gpus() if host_gpus is None else host_gpus) if local else machine.gpus
     limits = node_limits(spec.size, host_cpus=max(1, int(machine.cores)), host_memory_bytes=machine.memory_bytes,
                          host_gpus=len(gpus), nodes=sharing)
-    if where.spans and not local and not (machine.service_address and machine.advertise_address):
-        raise ConfigError("machines", f"machine {machine.name} has no service or advertise address, and the nodes "
-                          f"of compute {spec.name} span machines",
+    if where.overlay and not local and not (machine.service_address and machine.advertise_address):
+        raise ConfigError("machines", f"machine {machine.name} has no service or advertise address, which nodes "
+                          f"on another machine need (compute {spec.name})",
                           f"add it again with --service-address and --advertise-address (docs/machines.md)")
     tls = (machine.tls.ca, machine.tls.cert, machine.tls.key) if machine.tls else None
     return replace(request, machine=machine.name, engine="" if local else machine.address, engine_tls=tls,
                    cpus=limits.cpus, memory_bytes=limits.memory_bytes, cpu_share=limits.cpu_share,
                    gpus=gpu_list.assign(gpus, ordinal, limits.gpus),
-                   overlay=overlay_name(home.id, spec.name) if where.spans else None,
+                   overlay=overlay_name(home.id, spec.name) if where.overlay else None,
                    service_address=None if local else machine.service_address or None,
-                   advertise=None if local else machine.advertise_address or None)
+                   advertise=_advertise(where, machine) if where.overlay else None)
+
+
+def _advertise(where: Placement, machine: Machine) -> str | None:
+    """The address the node's machine is reached at by the cluster's other machines: its record's
+    for another machine; for this one, the first other machine's service address (the swarm's
+    manager is advertised there, whichever node of the cluster is made first)."""
+    if machine.name != LOCAL:
+        return machine.advertise_address or None
+    return next((m.service_address for m in where.machines if m.name != LOCAL and m.name in where.by_index), None)

@@ -46,7 +46,8 @@ def prepare(root: Path, requests: Sequence[NodeRequest]) -> str | None:
     with open(root / "swarm.lock", "a") as lock:  # two runs of a cluster: one swarm, one overlay
         fcntl.flock(lock, fcntl.LOCK_EX)
         local = connect()
-        manager_addr = next(iter(remote.values())).service_address if remote else None
+        manager_addr = next((r.advertise for r in spanning if not r.engine and r.advertise), None) or \
+            next((r.service_address for r in remote.values()), None)
         made = swarm.ensure_swarm(local, manager_addr or "127.0.0.1", home_id)
         _check_advertised(made)
         for address, request in remote.items():
