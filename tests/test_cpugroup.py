@@ -10,6 +10,7 @@ import psutil
 import pytest
 from conftest import BLOCK, release, wait_until
 
+from amlemu.actions import execute
 from amlemu.api import Emulator
 from amlemu.backends import cpugroup
 from amlemu.specs import RunStatus
@@ -86,3 +87,17 @@ def test_a_docker_clusters_ranks_share_one_cpu_group_and_keep_their_containers_m
     assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
     emu.delete_compute("c1")
     assert not group.exists() and cpugroup.groups(emu.home.id) == []
+
+
+def test_a_group_made_after_the_cleanup_was_planned_goes_too(tmp_path: Path) -> None:
+    """A job launched while a cleanup was read makes its cluster's group then: the plan's last step
+    removes whatever groups of the home exist when it runs."""
+    (tmp_path / cpugroup.PARENT).mkdir()
+    plan = cpugroup.plan_remove("h1", tmp_path)
+    assert [a.what for a in plan] == ["cpu groups made since"]
+    made = cpugroup.group_dir("h1", "c1", tmp_path)
+    made.mkdir()
+    other = cpugroup.group_dir("h2", "c1", tmp_path)
+    other.mkdir()
+    execute(plan)
+    assert cpugroup.groups("h1", tmp_path) == [] and cpugroup.groups("h2", tmp_path) == [other]

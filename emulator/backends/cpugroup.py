@@ -154,9 +154,17 @@ def groups(home_id: str | None, root: Path = ROOT) -> list[Path]:
 
 
 def plan_remove(home_id: str | None, root: Path = ROOT) -> list[Action]:
-    """The reaper's step: each cluster group of the home, removed."""
-    return [Action("remove", "cpu group", str(g), run=functools.partial(remove, g, root), always=True)
-            for g in groups(home_id, root)]
+    """The reaper's step: each cluster group of the home, removed; then any made since the plan was
+    read (a job launched while a cleanup was planned makes its cluster's group then, before the
+    cleanup's first step stops its supervisor)."""
+    listed = [Action("remove", "cpu group", str(g), run=functools.partial(remove, g, root), always=True)
+              for g in groups(home_id, root)]
+    return listed + [Action("remove", "cpu groups made since", f"{home_id or '*'}.*",
+                            run=functools.partial(_remove_all, home_id, root), always=True)]
+
+
+def _remove_all(home_id: str | None, root: Path = ROOT) -> bool:
+    return any([remove(g, root) for g in groups(home_id, root)])
 
 
 def sharer_for(home_id: str, cluster: str, nodes: Mapping[int, tuple[Pids, int, int]],
