@@ -44,7 +44,7 @@ AGENT = str(Path(sys.prefix, "bin", "amlemu-agent"))  # the launch agent, as the
 # own file (the standard library only), without site (-S: its path hooks, an editable install's
 # finder, ~18 ms of every launch) and isolated (-I). Open MPI splits its agent on spaces: where a
 # path holds one, the console script. Its first word must exist on the nodes (dockerplan binds it).
-MPI_AGENT_ARGV = (sys.executable, "-SI", str(Path(__file__).with_name("agent.py")))
+MPI_AGENT_ARGV = (sys.executable, "-SI", str(Path(__file__).resolve().with_name("agent.py")))
 MPI_AGENT = " ".join(MPI_AGENT_ARGV) if not any(" " in part for part in MPI_AGENT_ARGV) else AGENT
 COMMAND = "\0command\0"  # where the agent's command goes in a host's argv (no argv can hold a NUL)
 
