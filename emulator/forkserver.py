@@ -110,18 +110,26 @@ def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0) -> dic
     return answer if "pid" in answer else None
 
 
-def _recorded(path: Path) -> Owner | None:
-    """The process a pid file names, if it is still that process (and not a zombie)."""
+def alive(pid: int, started: float) -> bool:
+    """Is `pid` still the process that started at `started` (psutil's create_time), and not a
+    zombie? Never act on a reused pid."""
     import psutil  # noqa: PLC0415
 
     try:
+        proc = psutil.Process(pid)
+        return abs(proc.create_time() - started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _recorded(path: Path) -> Owner | None:
+    """The process a pid file names, if it is still that process."""
+    try:
         pid, started = path.read_text().split(":")
-        proc = psutil.Process(int(pid))
-        if abs(proc.create_time() - float(started)) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE:
-            return Owner(int(pid), float(started))
-    except (OSError, ValueError, psutil.Error):
-        pass
-    return None
+        found = Owner(int(pid), float(started))
+    except (OSError, ValueError):
+        return None
+    return found if alive(found.pid, float(started)) else None
 
 
 def running(home_root: Path) -> Owner | None:

@@ -44,10 +44,10 @@ def ours(pid: int, run_id: str, started: float | None = None) -> bool:
     """Is `pid` still the live supervisor or launch of this run? (Never act on a reused pid.)
     `started`: the start time recorded with the pid (an owner forked by the home's fork server
     carries the server's argv, emulator/forkserver.py): then that process, whatever its argv."""
+    if started is not None:
+        return forkserver.alive(pid, started)
     try:
         proc = psutil.Process(pid)
-        if started is not None:
-            return abs(proc.create_time() - started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
         # The id as a whole word of the argv (an argument, a path component): a job may be named
         # `a`, which a bare substring test would find in almost any process reusing the pid.
         word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
