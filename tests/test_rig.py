@@ -66,6 +66,30 @@ def test_mounts_left_under_the_rig_are_unmounted_deepest_first() -> None:
     assert rigproc.umount_argv("/p", lazy=True) == ["umount", "--lazy", "/p"]
 
 
+def test_the_rig_engine_is_known_by_its_argv_even_while_it_execs(tmp_path: Path) -> None:
+    """nsenter execs dockerd: for a moment inside execve the pid's argv reads empty, which once
+    made a starting rig look exited (CI). Each process here is looked up at once after it starts."""
+    import subprocess
+    import sys
+
+    lay = rig.Layout("race0000", tmp_path)
+    script = "import time; time.sleep(5)"
+    for _ in range(60):
+        child = subprocess.Popen(["env", sys.executable, "-c", script, lay.address])
+        try:
+            assert rigproc.ours(lay, child.pid) is not None
+        finally:
+            child.kill()
+            child.wait()
+
+
+def test_a_rig_engine_that_exits_at_once_is_reported_with_its_status_and_log(tmp_path: Path) -> None:
+    lay = rig.Layout("exit0000", tmp_path)
+    engine = rigproc.start(["sh", "-c", "echo 'failed to start daemon: no space'; exit 3"], lay)
+    with pytest.raises(rigproc.BackendError, match=r"exited with status 3 .*failed to start daemon: no space"):
+        rigproc.wait_ready(lay, engine, 10.0)
+
+
 def test_the_rig_needs_root_and_says_so_in_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(rig.os, "geteuid", lambda: 1000)
     why = rig.missing()
@@ -196,6 +220,7 @@ def _labelled(client: Any, home_id: str) -> list[str]:
 @pytest.mark.xdist_group("second-engine")  # one swarm on this machine's engine: its tests in turn (test_multimachine)
 def test_nodes_on_two_engines_reach_each_other_on_their_clusters_overlay(second_engine: SecondEngine) -> None:
     local, remote, state = docker.from_env(), second_engine.client, second_engine.state
+    rigproc.import_mirror(local)  # the node image, where no earlier test of this session made it
     home_id = f"t{uuid.uuid4().hex[:7]}"
     made = swarm.ensure_swarm(local, state["host_addr"], home_id)
     try:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import psutil
 
-from amlemu import servicefile
+from amlemu import procinfo, servicefile
 from amlemu.actions import Action
 from amlemu.backends import BACKENDS, backend_class, get_backend, nodedisk
 from amlemu.cluster import autoscale, spanning
@@ -53,24 +53,13 @@ def ours(pid: int, run_id: str, started: float | None = None) -> bool:
         word = re.compile(rf"(?<![\w-]){re.escape(run_id)}(?![\w-])")
         if proc.status() == psutil.STATUS_ZOMBIE:
             return False
-        if any(word.search(part) for part in _cmdline(proc)):
+        if any(word.search(part) for part in procinfo.argv(proc)):
             return True
         # mpirun's argv names the run's folder by a hash, as Azure ML's does; its environment names
         # the run's launch agent configuration (runs/agent.py), which a process reusing the pid would not have.
         return bool(word.search(proc.environ().get(AGENT_CONFIG_VARIABLE, "")))
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
-
-
-def _cmdline(proc: psutil.Process, wait: float = 2.0) -> list[str]:
-    """The process's argv. Empty for a moment right after it was started: the kernel closes the
-    close-on-exec pipe that Popen waits on before it sets the new program's argv, so a supervisor
-    just submitted can read as a nameless process (3 in 300 here when idle, often under load) and be
-    taken for a dead one. Only a zombie or a kernel thread stays nameless; wait out the moment."""
-    deadline = time.monotonic() + wait
-    while not (found := proc.cmdline()) and time.monotonic() < deadline and proc.status() != psutil.STATUS_ZOMBIE:
-        time.sleep(0.01)
-    return found
 
 
 def _kill_group(pid: int, wait: float = 30.0) -> bool | None:

@@ -220,9 +220,10 @@ def up(home: str | Path | None) -> dict[str, Any]:
                  "host_addr": host, "node_addr": node, "data_root": str(lay.data_root),
                  "exec_root": str(lay.exec_root), "log": str(lay.log), "labels": {LABEL: "1", f"{LABEL}.home": lay.rig_id}}
         started = time.monotonic()
-        state["pid"] = rigproc.start(dockerd_argv(lay), lay)
+        engine = rigproc.start(dockerd_argv(lay), lay)
+        state["pid"] = engine.pid
         lay.state_file.write_text(json.dumps(state, indent=1))  # recorded before waiting: down finds it
-        rig = rigproc.wait_ready(lay, state["pid"], READY_S)
+        rig = rigproc.wait_ready(lay, engine, READY_S)
         state["engine_start_s"] = round(time.monotonic() - started, 3)
         rigproc.import_mirror(rig)
         state["up_s"] = round(time.monotonic() - began, 3)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import psutil
 
+from amlemu import procinfo
 from amlemu.backends.base import LABEL
 from amlemu.errors import BackendError
 
@@ -21,12 +22,11 @@ if TYPE_CHECKING:
 STOP_S = 15.0  # SIGTERM's grace: dockerd stops its containerd and saves its state
 
 
-def start(argv: list[str], lay: Layout) -> int:
-    """Start the engine detached from this process's session; its pid (nsenter execs dockerd)."""
+def start(argv: list[str], lay: Layout) -> subprocess.Popen[bytes]:
+    """Start the engine detached from this process's session (nsenter execs dockerd: one pid)."""
     with open(lay.log, "ab") as log:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+        return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    return proc.pid
 
 
 def ours(lay: Layout, pid: int | None) -> psutil.Process | None:
@@ -36,7 +36,7 @@ def ours(lay: Layout, pid: int | None) -> psutil.Process | None:
     try:
         proc = psutil.Process(int(pid))
         alive = proc.status() != psutil.STATUS_ZOMBIE
-        return proc if alive and lay.address in proc.cmdline() else None
+        return proc if alive and lay.address in procinfo.argv(proc) else None
     except (psutil.Error, ValueError):
         return None
 
@@ -57,14 +57,15 @@ def answers(lay: Layout, pid: int | None) -> bool:
         return False
 
 
-def wait_ready(lay: Layout, pid: int, within: float) -> Any:
+def wait_ready(lay: Layout, proc: subprocess.Popen[bytes], within: float) -> Any:
     """A client of the engine once it answers; an error with its log's last line if it exits or
-    does not answer `within` seconds."""
+    does not answer `within` seconds. Exited means this process's child ended (its own handle,
+    not a pid's argv, which is empty for a moment while nsenter execs dockerd)."""
     deadline = time.monotonic() + within
     what = f"did not answer within {within:.0f} s"
     while time.monotonic() < deadline:
-        if ours(lay, pid) is None:
-            what = "exited"
+        if proc.poll() is not None:
+            what = f"exited with status {proc.returncode}"
             break
         if lay.socket.exists():
             with contextlib.suppress(Exception):

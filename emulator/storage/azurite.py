@@ -38,6 +38,7 @@ from pathlib import Path
 
 import psutil
 
+from amlemu import procinfo
 from amlemu.errors import BackendError
 
 # Azurite's published development account: public, identical on every machine, not a secret.
@@ -118,7 +119,7 @@ class Azurite:
         info = json.loads(self.state.read_text())
         try:
             proc = psutil.Process(info["pid"])
-            if proc.status() != psutil.STATUS_ZOMBIE and str(self.dir) in " ".join(proc.cmdline()):
+            if proc.status() != psutil.STATUS_ZOMBIE and str(self.dir) in " ".join(procinfo.argv(proc)):
                 return AzuriteEndpoint(info["port"])
         except psutil.NoSuchProcess:
             pass
