@@ -3,7 +3,7 @@ one (the rig: tests/rigfixture.py), on one overlay network.
 
 Placement into node requests, the agent's argv addressed to a node's engine and the firewall's
 rules for another machine are checked as data; then once for real: two machines, two nodes on
-each, an MPI allreduce across them, the second machine lost under a running job, and nothing left on
+each, an MPI allreduce across them (and a torch+Horovod allreduce between a node of each), the second machine lost under a running job, and nothing left on
 either engine after the cleanup."""
 from __future__ import annotations
 
@@ -154,6 +154,14 @@ os.makedirs("outputs", exist_ok=True)
 with open(f"outputs/rank-{comm.rank}.txt", "w") as fh:
     fh.write(f"{total} {socket.gethostname()}")
 print("rank", comm.rank, "total", total, "hosts", ",".join(hosts), "addresses", len(set(addresses)), flush=True)
+if comm.rank < 2:  # Horovod (torch, over MPI) on node 0 here and node 1 on the other machine: 2 imports of torch, not 4
+    import torch
+    import horovod.torch as hvd
+    hvd.init(comm=[0, 1])
+    summed = hvd.allreduce(torch.full((1024,), float(hvd.rank() + 1)), op=hvd.Sum, name="across")
+    peers = hvd.allgather_object(socket.gethostname())
+    print("horovod", hvd.rank(), "of", hvd.size(), "sum", int(summed[0]), "all", int((summed == 3).sum()),
+          "peers", ",".join(peers), flush=True)
 """
 
 
@@ -231,6 +239,8 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
         for rank in range(4):  # every rank's log, from both machines' nodes, agrees
             assert f"rank {rank} total 10 hosts c1-node-0,c1-node-1,c1-node-2,c1-node-3 addresses 4" in run.logs(rank)
         assert sorted(p.read_text() for p in run.outputs.glob("rank-*.txt")) == [f"10 c1-node-{i}" for i in range(4)]
+        for rank in range(2):  # Horovod's allreduce between a node of each machine
+            assert f"horovod {rank} of 2 sum 3 all 1024 peers c1-node-0,c1-node-1" in run.logs(rank), run.logs(rank)[-2000:]
         on_m2 = sorted(c.labels[f"{LABEL}.node"] for c in remote.containers.list(
             filters={"label": f"{LABEL}.home={emu.home.id}"}))
         assert on_m2 == ["c1-node-1", "c1-node-3"]  # spread: the odd nodes on the second machine, idle there now
