@@ -13,8 +13,8 @@ from typing import Any
 
 from amlemu import skus
 from amlemu.api import Emulator, Run
-from amlemu.runs.homestore import ensure_store, store_path
-from amlemu.runs.metrics import SKIP_TAGS, all_runs, chunks
+from amlemu.runs.homestore import store_path, template_path
+from amlemu.runs.metrics import SKIP_TAGS, all_runs, chunks, empty_store
 from amlemu.specs import RunStatus
 
 UI_RUN_TAG = "amlemu.run_id"
@@ -35,8 +35,8 @@ def build_ui_store(emu: Emulator, dest: Path) -> int:
     was still active is brought up to date. Returns how many runs were copied or refreshed."""
     dest = Path(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    if dest == store_path(emu.home.root):
-        ensure_store(emu.home.root)  # from the machine's template: no MLflow migrations per home
+    if not dest.exists():  # from the machine's template: no MLflow migrations (seconds of CPU) per store
+        empty_store(template_path(), dest, (dest.parent / "artifacts" / "0").as_uri())
     # Two `amlemu ui` starting at once must not both copy the same run.
     with open(dest.parent / ".copy.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
