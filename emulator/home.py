@@ -9,7 +9,7 @@ from pathlib import Path
 
 from amlemu.errors import ConfigError
 
-# In a run's launch environment: the launch agent's configuration, <home>/runs/<run id>/agent-config.json
+# In a run's launch environment: the launch agent's configuration, <home>/runs/<run id>/agent-config.marshal
 # (runs/agent.py reads it; cleanup knows a launch by it, as mpirun's argv does not name the run).
 AGENT_CONFIG_VARIABLE = "AMLEMU_AGENT_CONFIG"
 

@@ -339,7 +339,7 @@ def test_cleanup_knows_a_runs_mpirun_by_its_agent_config(tmp_path: Path) -> None
     """mpirun's argv names the run's folder by a hash, so a launch left by a dead supervisor is
     known by the launch agent's configuration its environment names; a process reusing the pid has none."""
     run_id = "brave_apple_0123456789"
-    env = {**os.environ, AGENT_CONFIG_VARIABLE: str(tmp_path / "runs" / run_id / "agent-config.json")}
+    env = {**os.environ, AGENT_CONFIG_VARIABLE: str(tmp_path / "runs" / run_id / "agent-config.marshal")}
     with subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env) as launch, \
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) as stranger:
         try:

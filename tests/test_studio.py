@@ -96,7 +96,7 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Home:
     (r1 / "system_logs" / "lifecycle.txt").write_text("started")
     (r1 / "system_logs" / "launch.json").write_text(json.dumps(PLAN))
     (r1 / "system_logs" / "launch.json").chmod(0o600)
-    (r1 / "agent-config.json").write_text("{}")
+    (r1 / "agent-config.marshal").write_text("{}")
     (r1 / "snapshot").mkdir()
     (r1 / "snapshot" / "train.py").write_text("print(1)")
     (r1 / PLOT_NAME).write_bytes(b"\x89PNG\r\n\x1a\n")
@@ -197,7 +197,7 @@ def test_files_download_from_the_run_folder_and_never_run_as_a_page(client: Test
     "r1/outputs/%2e%2e/%2e%2e/%2e%2e/amlemu.db", "r1/outputs/..%2F..%2F..%2Famlemu.db",  # out by ..
     "r1/outputs//etc/passwd", "r1/%2Fetc/passwd", "r1/snapshot/train.py", "r1/mlflow.db",  # not a download
     "%2e%2e/amlemu.db", "r3/outputs/model.bin",  # not a job
-    "r1/system_logs/launch.json", "r1/agent-config.json", "r1/outputs/mine.key",  # private: launch plan, agent config, owner-only
+    "r1/system_logs/launch.json", "r1/agent-config.marshal", "r1/outputs/mine.key",  # private: launch plan, agent config, owner-only
 ])
 @ONE_HOME
 def test_no_path_leads_out_of_a_runs_downloads(client: TestClient, path: str) -> None:

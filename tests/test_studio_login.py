@@ -173,11 +173,11 @@ def service(tmp_path: Path) -> tuple[TestClient, Auth, Emulator]:
     emu = Emulator(tmp_path / "home", backend="process")
     run_dir = emu.home.run_dir("r1")
     for rel, text in {"user_logs/std_log.txt": "a log", "outputs/model.txt": "weights", "artifacts/notes.txt": "up",
-                      "system_logs/launch.json": '{"env": {"API_KEY": "planted"}}', "agent-config.json": "{}",
+                      "system_logs/launch.json": '{"env": {"API_KEY": "planted"}}', "agent-config.marshal": "{}",
                       "outputs/mine.key": "owner-only"}.items():
         (run_dir / rel).parent.mkdir(parents=True, exist_ok=True)
         (run_dir / rel).write_text(text)
-    for private in ("system_logs/launch.json", "agent-config.json", "outputs/mine.key"):
+    for private in ("system_logs/launch.json", "agent-config.marshal", "outputs/mine.key"):
         (run_dir / private).chmod(0o600)
     auth = Auth.fresh()
     return TestClient(build_app(Context(EmulatorState(emu, lambda line: None), auth, log=lambda line: None))), auth, emu
@@ -199,8 +199,8 @@ def test_a_log_url_is_signed_with_its_expiry(service: tuple[TestClient, Auth, Em
         assert answer.status_code == 403 and answer.json()["error"]["code"] == "AuthenticationFailed", query
 
 
-@pytest.mark.parametrize("path", ["system_logs/launch.json", "agent-config.json", "outputs/mine.key",
-                                  "../r1/agent-config.json", "snapshot/train.py"])
+@pytest.mark.parametrize("path", ["system_logs/launch.json", "agent-config.marshal", "outputs/mine.key",
+                                  "../r1/agent-config.marshal", "snapshot/train.py"])
 def test_a_log_url_never_serves_a_private_file(service: tuple[TestClient, Auth, Emulator], path: str) -> None:
     client, auth, _ = service
     answer = client.get(f"/logs/r1/{path}?{auth.sign_until('logs/r1')}")

@@ -4,7 +4,7 @@ its launch plan as the studio shows it.
 A job is untrusted code and wrote most of a run's folder: a file is opened with no link followed
 on the way (`open_in_run`), and never one of the run's private files: the launch plan
 (system_logs/launch.json: the job's environment_variables, which may hold secrets), the launch
-agent's configuration (agent-config.json), or any file kept owner-only (mode 0600: the platform keeps its
+agent's configuration (agent-config.marshal), or any file kept owner-only (mode 0600: the platform keeps its
 secrets so; `amlemu job download` still copies them for the home's owner). The studio shows the
 launch plan through `shown_plan`, with the values of the job's variables and of anything named
 like a secret masked.
@@ -24,7 +24,7 @@ from amlemu.runs.metrics import PLOT_NAME
 # What of a run's record the page lists and serves: what `amlemu job download` gives.
 DOWNLOADABLE = ("outputs", "logs", "user_logs", "system_logs", "azureml-logs")
 MAX_FILES = 500  # listed per run; the rest is in `amlemu job download`
-LAUNCH_PLAN, AGENT_CONFIG = "system_logs/launch.json", "agent-config.json"
+LAUNCH_PLAN, AGENT_CONFIG = "system_logs/launch.json", "agent-config.marshal"
 PRIVATE = frozenset({LAUNCH_PLAN, AGENT_CONFIG})
 MASK = "***"
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|KEY|CREDENTIAL|SAS|SIGNATURE|AUTH|CONNECTION_STRING", re.I)

@@ -28,7 +28,8 @@ from amlemu.runs.metrics import plot_run
 from amlemu.runs.mounts import RunData
 from amlemu.runs.outcome import POLL, Attempt, Outcome, Watch, ending
 from amlemu.runs.jobplan import job_launch, node_requests
-from amlemu.runs.plan import LaunchPlan, agent_config
+from amlemu.runs.plan import LaunchPlan, agent_config, agent_file
+from amlemu.runs.runfiles import AGENT_CONFIG
 from amlemu.runs.runlogs import RunLogs, failure_reason
 from amlemu.runs.timeline import Timeline
 from amlemu.specs import JobSpec, RunStatus
@@ -156,9 +157,8 @@ class Supervisor:
         self.mark("node folders and env files laid out")
         self.prepare_data()
         self.mark("inputs ready")
-        config = agent_config(self.backend, self.requests, self.run_id,
-                              sandbox_root=self.home.root / "process-nodes" / ".root")
-        statefile.write_json(self.run_dir / "agent-config.json", config, owner_only=True)
+        config = agent_config(self.backend, self.requests, self.run_id, self.home.root / "process-nodes" / ".root")
+        statefile.write_bytes(self.run_dir / AGENT_CONFIG, agent_file(config), owner_only=True)
         if self.canceled():
             self.set(RunStatus.CANCELED, "canceled while preparing")
             self.cleanup_nodes(dead=set())
@@ -178,7 +178,7 @@ class Supervisor:
             return self.restart()
         # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
         statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
-        env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / "agent-config.json")}
+        env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to, on their network
             env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests[0]))
