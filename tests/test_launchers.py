@@ -136,3 +136,22 @@ def test_mpirun_runs_the_agent_on_its_file_without_site() -> None:
     assert MPI_AGENT_ARGV[:2] == (sys.executable, "-SI")
     done = subprocess.run(MPI_AGENT_ARGV, capture_output=True, text=True, env={}, check=False)
     assert (done.returncode, done.stderr) == (2, "usage: amlemu-agent <host> <command...>\n")
+
+
+def test_the_nodes_kept_from_earlier_runs_are_checked_all_at_once() -> None:
+    """A warm submit asks the backend whether each kept node fits the job; on docker each answer is a
+    call to the engine, so they are asked side by side (serially, the barrier below would break)."""
+    import threading
+    from types import SimpleNamespace
+
+    from amlemu.runs import nodework
+
+    asked = threading.Barrier(3, timeout=10)
+
+    def fits(request: SimpleNamespace) -> bool:
+        asked.wait()
+        return request.name != "n1"
+
+    nodes = [SimpleNamespace(name=f"n{i}") for i in range(3)]
+    assert nodework.unfit(SimpleNamespace(fits=fits), nodes) == [nodes[1]]  # type: ignore[arg-type]
+    assert nodework.unfit(SimpleNamespace(fits=fits), []) == []  # type: ignore[arg-type]

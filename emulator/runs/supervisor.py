@@ -126,7 +126,7 @@ class Supervisor:
         self.mark("environment ready")
         self.requests = node_requests(self.home, spec, [n.idx for n in allocation.nodes], self.job, self.software)
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
-        for request in [r for r in self.requests if r not in new and not self.backend.fits(r)]:
+        for request in nodework.unfit(self.backend, [r for r in self.requests if r not in new]):
             self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size, environment "
                                "or hosts entry differ)")
             self.backend.remove_node(request)
