@@ -13,8 +13,6 @@ import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Optional
 
-import numpy as np
-
 from amlemu.sweeps.draw import History, is_distribution, new_seed, quantize
 from amlemu.sweeps.space import Branch, Choice, SearchSpace
 
@@ -38,6 +36,8 @@ class BayesianSampler:
         self.space, self.goal, self.seed = space, goal, new_seed(seed)
 
     def suggest(self, history: History) -> dict[str, Any]:
+        import numpy as np  # noqa: PLC0415 - here, as optuna: not on every CLI call's import path
+
         optuna = _optuna()
         with warnings.catch_warnings():  # constant_liar is marked experimental
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)

@@ -14,8 +14,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Optional, Protocol, Union
 
-import numpy as np
-
 from amlemu.errors import ConfigError
 from amlemu.sweeps.bayesian import BAYESIAN_KINDS, BayesianSampler
 from amlemu.sweeps.draw import History, is_distribution, new_seed, realize
@@ -55,6 +53,8 @@ class RandomSampler:
         if self.rule == "sobol":
             point = self._sobol_point(k)
             return realize(self.space, lambda path: float(point[self.dims[path]]), self.logbase)
+        import numpy as np  # noqa: PLC0415 - here: every CLI call and the service import this module (~0.1-0.2 s)
+
         rng = np.random.default_rng([self.seed, k])
         return realize(self.space, lambda _path: float(rng.random()), self.logbase)
 
