@@ -75,7 +75,8 @@ def portable(plan: ContainerPlan, home: Home) -> dict[str, Any]:
             continue
         if src.startswith(str(home.root)):
             src = HOME_VAR + src.removeprefix(str(home.root))
-        volumes.append(f"{src}:{spec['bind']}:{spec['mode']}")
+        # rslave serves mounts a supervisor makes in a node's disk: none here (and a plain folder refuses it)
+        volumes.append(f"{src}:{spec['bind']}:{spec['mode'].removesuffix(',rslave')}")
     at = next(i for i, v in enumerate(volumes) if v.startswith(HOME_VAR))
     volumes[at:at] = [f"{PYTHON_VAR}:{PYTHON_VAR}:ro", f"{VENV_HOST_VAR}:{VENV_NODE_VAR}:ro"]
     env = dict(plan.environment)

@@ -21,7 +21,7 @@ from amlemu.errors import AmlEmuError, ConfigError, NotFoundError, name_taken
 from amlemu.home import Home
 from amlemu.jobs import gitcode
 from amlemu.jobs.snapshot import SnapshotPlan, plan_snapshot
-from amlemu.runs import memwatch
+from amlemu.runs import datamounts, memwatch
 from amlemu.runs.contract import LOCAL_SOURCE, Binding, bindings
 from amlemu.specs import JobSpec
 from amlemu.storage import urlinputs
@@ -115,6 +115,8 @@ def check(job: JobSpec, ws: Workspace, *, probe: bool, look_for_data: bool = Fal
             raise name_taken(job.name)
     with verdict.rule():  # a registered environment must exist in the workspace, as Azure ML checks
         resolve(job.environment, job.environment_def, ws.store.environment)
+    with verdict.rule():  # the data runtime's variables and AMLEMU_DATA_PREFETCH (runs/datamounts.py)
+        datamounts.plan_mounts(job, bindings(job, RUN_ID))
     with verdict.rule():  # ranks this home measured before, too many to fit in this machine's memory now
         memwatch.check_fits(ws.home.root, job)
     if bound and look_for_data:

@@ -254,9 +254,9 @@ def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, backend: st
     run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
     assert run.wait(timeout=600) is RunStatus.COMPLETED, run.record.error
     images = data / "MNIST" / "raw" / "train-images-idx3-ubyte"
-    for node in ("c1-node-0", "c1-node-1"):
-        raw = emu.home.cache_dir("c1", node) / "data" / "workspaceblobstore" / "mnist" / "MNIST" / "raw"
-        assert (raw / "train-images-idx3-ubyte").read_bytes() == images.read_bytes()
+    for node in ("c1-node-0", "c1-node-1"):  # each node's data runtime mount fetched the images itself
+        rslex = "".join(p.read_text() for p in (run.dir / "system_logs" / "data_capability" / node).glob("rslex.log.*"))
+        assert f"opened /MNIST/raw/train-images-idx3-ubyte ({images.stat().st_size} bytes, whole file)" in rslex
     summary = json.loads((run.outputs / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["params_in_sync"] is True and summary["resumed_from"] is None
     assert "parameters identical on all 2 ranks: True" in run.logs(0)

@@ -1,4 +1,4 @@
-"""Datastores on the emulated nodes, end to end on both backends: read-only mounts through each
+"""Datastores on the emulated nodes, end to end on both backends: read-only mounts prefetched into each
 node's own cache, stale reads on a long-lived node, download mode, outputs written back whatever
 the ending, v1's data references, errors that name the input, and no credential anywhere."""
 from __future__ import annotations
@@ -18,6 +18,7 @@ from amlemu.storage.datastores import DEFAULT, DatastoreSpec
 
 pytestmark = pytest.mark.slow
 WS = f"azureml://datastores/{DEFAULT}/paths"
+PREFETCH = "AMLEMU_DATA_PREFETCH"  # these tests are of the prefetched node cache (the data runtime's mount: test_datamounts.py)
 
 
 def _put(emu: Emulator, path: str, data: bytes) -> None:
@@ -53,6 +54,8 @@ def test_ro_mount_is_read_only_per_node_cache_and_download_is_a_copy(emu: Emulat
 inputs:
   mounted: {{path: {WS}/shared, mode: ro_mount}}
   copied: {{path: {WS}/shared, mode: download}}
+environment_variables:
+  {PREFETCH}: "true"
 """,
                    args="${{inputs.mounted}} ${{inputs.copied}}")
     run = emu.submit(job)
@@ -82,13 +85,14 @@ def test_a_long_lived_node_serves_stale_data_within_the_ttl(emu: Emulator, clust
     _put(emu, "d/v.txt", b"version 1")
 
     def run_job(env: str = "") -> str:
-        job = make_job(READ_ONCE, extra=f"inputs:\n  d: {{path: {WS}/d}}\n{env}",
+        job = make_job(READ_ONCE, extra=f"inputs:\n  d: {{path: {WS}/d}}\n{env or 'environment_variables:'}\n"
+                                        f"  {PREFETCH}: 'true'\n",
                        args="${{inputs.d}}")
         run = emu.submit(job)
         assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
         return run.logs().strip()
 
-    long_ttl = "environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 3600000\n"
+    long_ttl = "environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 3600000"
     assert run_job(long_ttl) == "read: version 1"
     _put(emu, "d/v.txt", b"version 2")
     assert run_job(long_ttl) == "read: version 1"  # stale: the node's cache is younger than the TTL
@@ -112,7 +116,7 @@ def test_a_running_job_sees_a_changed_blob_once_the_ttl_has_passed(emu: Emulator
     cluster(max_nodes=1)
     _put(emu, "w/v.txt", b"before")
     job = make_job(WATCH, extra=f"inputs:\n  d: {{path: {WS}/w}}\n"
-                                "environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 1000\n",
+                                f"environment_variables:\n  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: 1000\n  {PREFETCH}: 'true'\n",
                    args="${{inputs.d}}")
     run = emu.submit(job)
     wait_until(lambda: "first: before" in run.logs(), STARTUP, "the job read the file")

@@ -254,6 +254,18 @@ class NodeBackend(abc.ABC):
         """Variables the node's shell has before the run's (a container's image defaults)."""
         return {}
 
+    def late_mounts(self, request: NodeRequest) -> str | None:
+        """Why a mount the host makes in the node's disk after the node started would not reach its
+        processes (None: it does). A container sees it through slave propagation from its disk,
+        which must be a shared mount on this machine's engine (nodedisk: root's sized disks)."""
+        from amlemu.backends import nodedisk  # noqa: PLC0415 - base stays free of the disk's imports
+
+        if request.engine:
+            return f"the node is on another machine's engine ({request.machine})"
+        if not nodedisk.propagates(request.node_dir):
+            return "its disk is not a shared mount (as root, node disks of their own size are: AMLEMU_NODE_DISK_GB)"
+        return None
+
     def reset_node(self, request: NodeRequest) -> None:
         """After a run, with no job process left: forget what the run left in the node outside its
         disk (which the supervisor empties), so the next run on it starts clean."""

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from amlemu.backends import gpudevices
+from amlemu.backends import gpudevices, nodedisk
 from amlemu.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode, node_base_env, software_bin,
                                   software_paths)
 
@@ -63,6 +63,12 @@ def _mirror_mounts() -> Volumes:
     return {p: {"bind": p, "mode": "ro"} for p in software_paths()}
 
 
+def _disk_mode(request: NodeRequest) -> str:
+    """rslave: a data runtime mount the host makes in the node's disk during a run reaches the
+    container (runs/datamounts.py); the disk must be a shared mount, which nodedisk makes it."""
+    return "rw,rslave" if not request.engine and nodedisk.size(request.disk_bytes)[0] is not None else "rw"
+
+
 def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bool, container_name: str,
                    network: str, host_guard: str, cgroup_parent: str | None = None) -> ContainerPlan:
     """The container of one node: the job's image when the engine has it (else the host mirror),
@@ -70,7 +76,7 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
     volumes = {} if use_job_image else _mirror_mounts()
     if request.python_env and not use_job_image:  # the job's environment, at its own path
         volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
-    volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": "rw"}
+    volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": _disk_mode(request)}
     # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
     volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
     if use_job_image:

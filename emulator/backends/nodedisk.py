@@ -94,7 +94,9 @@ def image_path(node_dir: Path) -> Path:
 
 
 def attach(node_dir: Path, disk_bytes: int | None) -> None:
-    """The node's folder, a disk of `disk_bytes` mounted there (None: a plain folder)."""
+    """The node's folder, a disk of `disk_bytes` mounted there (None: a plain folder). The disk is a
+    shared mount: a data runtime mount made in it later reaches a docker node that binds it with
+    slave propagation (runs/datamounts.py)."""
     node_dir.mkdir(parents=True, exist_ok=True)
     if disk_bytes is None or os.path.ismount(node_dir):
         return
@@ -105,6 +107,7 @@ def attach(node_dir: Path, disk_bytes: int | None) -> None:
             out.truncate(disk_bytes)  # sparse: blocks are used as the job writes them
         _run([*MKFS, str(image)])
         _run(["mount", "-o", MOUNT_OPTIONS, str(image), str(node_dir)])
+        _run(["mount", "--make-shared", str(node_dir)])
     except BaseException:
         image.unlink(missing_ok=True)
         raise
@@ -133,6 +136,17 @@ def detach(node_dir: Path) -> None:
             folder.rmdir()
         except OSError:
             break
+
+
+def propagates(node_dir: Path) -> bool:
+    """Whether the node's disk is a shared mount (attach made it one): mounts made in it later reach
+    a container that binds it with slave propagation."""
+    try:
+        table = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        return False
+    return any(line.split()[4].encode().decode("unicode_escape") == str(node_dir)
+               and "shared:" in line.split(" - ", 1)[0] for line in table.splitlines())
 
 
 def _mounts() -> list[tuple[Path, str]]:

@@ -168,6 +168,9 @@ class ProcessBackend(NodeBackend):
                 **({"netns": str(network)} if network is not None else {}),
                 "software": [request.python_env] if request.python_env else []}  # the job's environment, read-only
 
+    def late_mounts(self, request: NodeRequest) -> str | None:
+        return None  # each launch's sandbox binds the disk recursively, mounts made in it included
+
     def host_address(self, request: NodeRequest) -> str | None:
         return "127.0.0.1"  # the nodes' loopback, where link_listener puts the link
 

@@ -4,7 +4,7 @@
 # It builds the view a docker node has, on a tmpfs at ROOT (a mount point only this namespace
 # sees): this machine's SOFTWARE paths read-only at their own paths, a private /tmp, /dev/shm and
 # /root, a minimal /dev, /proc of its own PID namespace (no other process is visible), the node's
-# disk at /mnt/azureml and its cache read-only at /mnt/amlemu/cache; nothing else of the host (no
+# disk at /mnt/azureml (with the run's data runtime mounts in it) and its cache read-only at /mnt/amlemu/cache; nothing else of the host (no
 # home folders, no emulator state, no Docker socket). Then it changes root and drops every
 # capability, so the job's root can neither remount, mknod nor leave; the node's environment is
 # only what ENVFILE (written by the platform) sets. When the agent dies, --kill-child ends this
@@ -64,7 +64,7 @@ for dev in null zero full random urandom tty /dev/nvidia*; do
 done
 queue "mode=1777,size=$shm" amlemu-shm "$root/dev/shm" tmpfs  # resources.shm_size
 queue defaults proc "$root/proc" proc
-queue bind "$disk" "$root/mnt/azureml"
+queue rbind "$disk" "$root/mnt/azureml"  # recursive: the data runtime's mounts in it (read-only themselves)
 queue bind,ro "$cache" "$root/mnt/amlemu/cache"
 mount -a -T "$table"
 rm "$table"

@@ -26,6 +26,7 @@ from amlemu.errors import StateError
 from amlemu.home import AGENT_CONFIG_VARIABLE, Home
 from amlemu import forkserver
 from amlemu.storage.azurite import Azurite
+from amlemu.storage.dataruntime import mount as drmount
 
 # What a cleanup empties in the home; the home's MLflow store (mlflow: the runs' MLflow data, live
 # from the service or copied by `amlemu ui --mlflow`) goes with the runs; mlflow-ui: older homes' copy; rank-memory:
@@ -126,8 +127,9 @@ def plan_delete_compute(home: Home, store: Store, name: str) -> list[Action]:
 def plan_reap_nodes(home: Home, all_homes: bool) -> list[Action]:
     """Every node and network of the home (of every home: all_homes), on every usable backend;
     then every node disk still mounted in the home (a node whose record was lost)."""
-    return [a for name in BACKENDS if backend_class(name).available()[0]
-            for a in get_backend(name, home).plan_reap(all_homes)] + plan_release_disks(home.root / "nodes", all_homes)
+    return drmount.plan_unmount_under(home.root / "caches") + [  # data runtime mounts first: they are in node disks
+        a for name in BACKENDS if backend_class(name).available()[0]
+        for a in get_backend(name, home).plan_reap(all_homes)] + plan_release_disks(home.root / "nodes", all_homes)
 
 
 def plan_release_disks(folder: Path, all_homes: bool = False) -> list[Action]:

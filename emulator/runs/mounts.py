@@ -1,6 +1,8 @@
 """A run's data on its nodes, done by the host (nodes never hold a credential or a privilege):
 
-- ro_mount: the input is synced into each node's blob cache (`nodecache`); the run's mount
+- ro_mount of a v2 job: the data runtime's mount on each node (runs/datamounts.py), unless
+  prefetch is chosen (AMLEMU_DATA_PREFETCH) or the node cannot take a mount made after it started;
+- ro_mount prefetched (and v1's): the input is synced into each node's blob cache (`nodecache`); the run's mount
   (`.../mounts/<datastore>`) and `INPUT_<name>` point into the cache, which the node sees read-only;
 - download: the input is copied onto the node's disk before the job starts (never refreshed);
 - direct: the URI is passed through, the job reads it itself;
@@ -18,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.errors import AmlEmuError, BackendError
+from amlemu.runs import datamounts
 from amlemu.runs.contract import CACHE_ROOT, LOCAL_SOURCE, NODE_ROOT, Binding, bindings, mount_dir
 from amlemu.runs.modelmount import copy_model, is_mlflow_model
 from amlemu.specs import DataMode, JobSpec
@@ -40,6 +43,9 @@ class RunData:
         self._urls = {b.datastore: (b.uri, b.type) for b in self.bindings if is_url_source(b.datastore)}
         self._sources: dict[str, Source] = {}
         self._lock = threading.Lock()
+        self.job = job
+        self.lazy, self.settings = datamounts.plan_mounts(job, self.bindings)  # the data runtime's mounts
+        self.late: set[str] = set()  # nodes that take them (prepare_nodes)
 
     @property
     def mounted(self) -> list[Binding]:
@@ -59,6 +65,9 @@ class RunData:
                     self._sources[name] = Source(name, fs, root)
             return self._sources[name]
 
+    def _guard_mount(self, mount: Any, action: Callable[[], Any]) -> Any:
+        return self._guarded(next(b for b in self.bindings if b.ref == mount.ref), action)
+
     def _guarded(self, binding: Binding, action: Callable[[], Any]) -> Any:
         """Run one data step; its error names the binding, with no secret in it."""
         try:
@@ -74,8 +83,9 @@ class RunData:
 
     # --- before the job ----------------------------------------------------------------------
     def prepare_node(self, node: str, node_dir: Path, cache: NodeCache) -> None:
+        lazy = {m.ref for m in self.lazy} if node in self.late else set()
         for b in self.bindings:
-            if b.mode is DataMode.DIRECT:
+            if b.mode is DataMode.DIRECT or b.ref in lazy:
                 continue
             target = host_path(node_dir, b.node_path)
             folder = target if b.type == "uri_folder" else target.parent
@@ -123,12 +133,27 @@ class RunData:
         with ThreadPoolExecutor(WORKERS) as pool:
             list(pool.map(fetch, files))
 
-    def prepare_nodes(self, requests: list[Any]) -> None:
-        """Inputs into every node's cache (or disk), output folders made; nodes in parallel."""
+    def prepare_nodes(self, requests: list[Any], backend: Any = None, run_dir: Path | None = None) -> None:
+        """Inputs into every node's cache (or disk) or mounted, output folders made; nodes in parallel.
+        A node that cannot take a mount made after it started (`backend.late_mounts`) gets prefetch."""
         if not self.bindings:
             return
+        if self.lazy and requests:  # its thread defaults per core: the node's, as the plan has them
+            self.lazy, self.settings = datamounts.plan_mounts(self.job, self.bindings, requests[0].cpus)
+        for r in requests if self.lazy and backend is not None and run_dir is not None else []:
+            why = backend.late_mounts(r)
+            if why is None:
+                self.late.add(r.name)
+            else:
+                self.log(f"notice: {r.name}: ro_mount inputs prefetched, not mounted: {why}")
+
+        def one(r: Any) -> None:
+            self.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir))
+            if r.name in self.late:
+                datamounts.mount_node(r, self.run_id, run_dir / "system_logs" / "data_capability",  # type: ignore[operator]
+                                      self.lazy, self.settings, self.source, self._guard_mount, self.log)
         with ThreadPoolExecutor(len(requests)) as pool:
-            list(pool.map(lambda r: self.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir)), requests))
+            list(pool.map(one, requests))
 
     def refresh_while(self, requests: list[Any], stop: threading.Event) -> None:
         """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
@@ -145,7 +170,7 @@ class RunData:
 
     def refresh(self, node: str, cache: NodeCache) -> None:
         """While the job runs: entries past the TTL are revalidated, as a mount would on the next open."""
-        for b in self.mounted:
+        for b in [b for b in self.mounted if node not in self.late or b.ref not in {m.ref for m in self.lazy}]:
             report = self._guarded(b, lambda b=b: cache.sync(self.source(b.datastore), b.path, self.policy))
             if report.downloaded or report.removed:
                 self.log(f"{b.ref}: refreshed on {node} after the TTL: {report.line()}")

@@ -17,7 +17,7 @@ from amlemu.cluster import autoscale
 from amlemu.cluster.store import Store
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home
-from amlemu.runs import rundisk
+from amlemu.runs import datamounts, rundisk
 from amlemu.runs.metrics import LIVE_DIR
 from amlemu.runs.outcome import POLL
 from amlemu.specs import ClusterSpec
@@ -47,6 +47,7 @@ def quiesce(backend: NodeBackend, requests: list[NodeRequest], run_id: str, run_
 
     def one(request: NodeRequest) -> None:
         backend.stop_processes(request)
+        datamounts.unmount_node(request.cache_dir, run_id, log)  # before anything reads the disk
         made = rundisk.secure(request.node_dir, run_id)
         if made:
             log(f"notice: {request.name}: not collected (links or special files, which Azure ML does not "
@@ -68,6 +69,7 @@ def clean(home: Home, store: Store, backend: NodeBackend, spec: ClusterSpec, run
     def one(request: NodeRequest) -> None:
         if stop:
             backend.stop_processes(request)
+        datamounts.unmount_node(request.cache_dir, run_id, log)  # done by quiesce, unless it did not run
         nodefs.wipe(request.node_dir)
         backend.reset_node(request)
     each_node(requests, one)

@@ -35,6 +35,7 @@ from amlemu.runs.contract import (
     rank_layout,
     run_env,
 )
+from amlemu.runs.datamounts import DataMount, plan_mounts
 from amlemu.runs.launchers import ProcessPlan, launcher, node_processes
 from amlemu.runs.services import ServicePlan, plan_services
 from amlemu.specs import DistributionType, JobSpec
@@ -78,6 +79,8 @@ class LaunchPlan:
     data: tuple[Binding, ...]
     notices: tuple[str, ...]
     services: tuple[ServicePlan, ...] = ()  # the job's services: beside it, for its lifetime
+    data_mounts: tuple[DataMount, ...] = ()  # ro_mount inputs the data runtime's mount serves on every node
+    data_runtime: dict[str, Any] | None = None  # its settings (from the job's DATASET_MOUNT_* variables)
 
     def node_environment(self, node: NodePlan) -> dict[str, str]:
         """The whole environment of a node's processes (the env file the node's shell sources)."""
@@ -97,6 +100,8 @@ class LaunchPlan:
             "data": [{**asdict(b), "mode": b.mode.value} for b in self.data],
             "notices": list(self.notices),
             "services": [s.to_dict() for s in self.services],
+            "data_runtime": {"mounts": [m.to_dict() for m in self.data_mounts], "settings": self.data_runtime}
+            if self.data_mounts else None,
         }
 
 
@@ -109,6 +114,8 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
     `launch_prefix` (the backend's) puts mpirun in the cluster's network (process nodes' namespace)."""
     slots = [NodeSlot(i, r.name, address) for i, (r, address) in enumerate(zip(requests, addresses))]
     _, cache_notices = policy_from_env(job.environment_variables, job_start=0.0)
+    data = tuple(bindings(job, run_id))
+    mounts, settings = plan_mounts(job, data, requests[0].cpus)  # a bad DATASET_* value fails here, in one line
     how = launcher(job)
     # The node image's OMPI_* defaults serve the platform's mpirun: torch's and TF's processes,
     # started without it, see none (a docker node's container has them: the command unsets them).
@@ -125,8 +132,9 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
         processes=() if mpirun else tuple(node_processes(job, run_id, slots, agent=AGENT, unset=hidden)),
         env=run_env(job, run_id, workspace, slots, node_cpus=requests[0].cpu_share, cluster=compute,
                     node_gpus=len(requests[0].gpus)),
-        ranks=tuple(rank_layout(job, slots)), data=tuple(bindings(job, run_id)),
-        notices=(*notices, *cache_notices), services=plan_services(job, run_id, slots, agent=AGENT))
+        ranks=tuple(rank_layout(job, slots)), data=data,
+        notices=(*notices, *cache_notices), services=plan_services(job, run_id, slots, agent=AGENT),
+        data_mounts=mounts, data_runtime=settings.to_dict() if settings else None)
 
 
 def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:

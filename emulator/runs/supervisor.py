@@ -170,7 +170,7 @@ class Supervisor:
         policy, _ = policy_from_env(self.job.environment_variables, job_start=time.time())  # notices: in the plan
         self.data = RunData(Datastores(self.store, self.home.root, default_cache()), self.job, self.run_id,
                             policy, self.logs.platform)
-        self.data.prepare_nodes(self.requests)
+        self.data.prepare_nodes(self.requests, self.backend, self.run_dir)  # the data runtime's mounts too
 
     def execute(self, plan: LaunchPlan) -> bool:
         """Run the plan to its end; True when the run was preempted and must be restarted."""

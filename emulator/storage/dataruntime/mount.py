@@ -37,6 +37,12 @@ class MountRecord:
     logs: str
     state: str  # the folder that holds this record
     unmount_timeout: float = 30.0
+    fsname: str = ""  # the mount's source in the mount table: found by it if its folder was moved
+
+    def where(self) -> str:
+        """Where the mount is now, as the mount table has its fsname (no link followed): a job may
+        rename a folder above its mount point, and the mount moves with it."""
+        return (find_mount(self.fsname) if self.fsname else None) or self.mountpoint
 
     def save(self) -> None:
         Path(self.state, RECORD).write_text(json.dumps(asdict(self)))
@@ -80,11 +86,25 @@ def is_mounted(mountpoint: str | Path) -> bool:
                    for line in info)
 
 
-def serve(ops: Any, mountpoint: str, settings: Settings) -> None:
+def _unescape(field: str) -> str:
+    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+
+
+def find_mount(fsname: str) -> str | None:
+    """The mount point of the FUSE mount whose source is `fsname` (None: not mounted)."""
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        for line in info:
+            tail = line.split(" - ", 1)[-1].split()
+            if len(tail) > 1 and tail[0].startswith("fuse") and _unescape(tail[1]) == fsname:
+                return _unescape(line.split()[4])
+    return None
+
+
+def serve(ops: Any, mountpoint: str, settings: Settings, fsname: str = "amlemu-dataruntime") -> None:
     """Serve `ops` at `mountpoint` until it is unmounted (blocks)."""
     import mfusepy  # noqa: PLC0415 - libfuse is loaded only where a mount is served
 
-    mfusepy.FUSE(ops, mountpoint, foreground=True, **fuse_options(settings))
+    mfusepy.FUSE(ops, mountpoint, foreground=True, **fuse_options(settings, fsname))
 
 
 class ThreadMount:
@@ -127,16 +147,17 @@ class ThreadMount:
 
 
 def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache: Path, logs: Path,
-                  settings: Settings, timeout: float = 20.0) -> MountRecord:
+                  settings: Settings, timeout: float = 20.0, only: str | None = None,
+                  fsname: str = "amlemu-dataruntime") -> MountRecord:
     """Serve the mount from a process of its own (`python -m amlemu.storage.dataruntime.serve`);
     the filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv)."""
     state.mkdir(parents=True, exist_ok=True)
     config = {"fs": fs_json, "root": root, "mountpoint": str(mountpoint), "cache": str(cache), "logs": str(logs),
-              "settings": settings.to_dict()}
+              "settings": settings.to_dict(), "only": only, "fsname": fsname}
     proc = subprocess.Popen([sys.executable, "-m", "amlemu.storage.dataruntime.serve"], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=open(state / "serve.err", "wb"),  # noqa: SIM115
                             text=True, start_new_session=True)
-    record = MountRecord(str(mountpoint), proc.pid, str(cache), str(logs), str(state), settings.unmount_timeout)
+    record = MountRecord(str(mountpoint), proc.pid, str(cache), str(logs), str(state), settings.unmount_timeout, fsname)
     record.save()
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write(json.dumps(config))
@@ -199,12 +220,18 @@ def _stop(pid: int, timeout: float) -> str | bool:
     return f"killed data runtime server {pid}"
 
 
+def plan_unmount_under(folder: Path, pattern: str = "*/*/dataruntime/*/*") -> list[Action]:
+    """Cleanup's plan for every mount recorded in state folders under `folder` matching `pattern`
+    (a home's caches/: <cluster>/<node>/dataruntime/<run>/<input>)."""
+    return [a for record in sorted(folder.glob(f"{pattern}/{RECORD}")) for a in plan_unmount(record.parent)]
+
+
 def plan_unmount(state: Path) -> list[Action]:
     """Cleanup's plan for one recorded mount: unmount, end its server, remove its cache and record."""
     record = MountRecord.load(state)
     return [
         Action("unmount", "data runtime mount", record.mountpoint, {"timeout_s": record.unmount_timeout},
-               run=lambda: unmount(record.mountpoint, record.unmount_timeout)),
+               run=lambda: unmount(record.where(), record.unmount_timeout)),
         Action("stop", "data runtime server", str(record.pid), run=lambda: _stop(record.pid, record.unmount_timeout)),
         Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
         Action("remove", "data runtime record", str(state / RECORD),

@@ -61,8 +61,10 @@ class DataRuntimeFS(mfusepy.Operations):
     use_ns = True
 
     def __init__(self, fs: Any, root: str, cache_dir: Path, log_dir: Path, settings: Settings,
-                 clock: Callable[[], float] = time.monotonic, on_ready: Callable[[], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_ready: Callable[[], None] | None = None,
+                 only: str | None = None) -> None:
         self.fs, self.root, self.settings, self.clock = fs, root.rstrip("/"), settings, clock
+        self.only = only  # a uri_file input: its folder shows that one file, nothing beside it
         self.log = RuntimeLog(log_dir)
         self.cache = DiskCache(cache_dir, settings, fs, self.log.runtime)
         self.on_ready = on_ready
@@ -91,6 +93,8 @@ class DataRuntimeFS(mfusepy.Operations):
         path = "/" + path.strip("/")
         if path == "/":
             return {"type": "directory", "size": 0}
+        if self.only is not None and path.split("/")[1] != self.only:
+            raise self._fail("getattr", path, FileNotFoundError(path))
         with self.mutex:
             cached = self.attrs.get(path)
             parent = self.listings.get(posixpath.dirname(path))
@@ -101,6 +105,7 @@ class DataRuntimeFS(mfusepy.Operations):
         if parent is not None and self._fresh(parent[1]) and posixpath.basename(path) not in parent[0]:
             raise self._fail("getattr", path, FileNotFoundError(path))
         try:
+            self._forget(posixpath.dirname(path), path)
             info = self.fs.info(self.remote(path))
         except (FileNotFoundError, PermissionError) as exc:
             with self.mutex:
@@ -109,6 +114,12 @@ class DataRuntimeFS(mfusepy.Operations):
         with self.mutex:
             self.attrs[path] = (info, self.clock())
         return info
+
+    def _forget(self, *paths: str) -> None:
+        """fsspec's own listings cache (adlfs keeps one per instance) dropped for these paths: the
+        TTL above decides how long a listing is trusted, not the filesystem's cache."""
+        for path in paths:
+            self.fs.invalidate_cache(self.remote(path))
 
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         info = self.info(path)
@@ -120,11 +131,15 @@ class DataRuntimeFS(mfusepy.Operations):
 
     def readdir(self, path: str, fh: int) -> list[str]:
         path = "/" + path.strip("/")
+        if self.only is not None and path == "/":
+            self.info("/" + self.only)
+            return [".", "..", self.only]
         with self.mutex:
             cached = self.listings.get(path)
         if cached is not None and self._fresh(cached[1]):
             return [".", "..", *cached[0]]
         try:
+            self._forget(path)
             entries = self.fs.ls(self.remote(path), detail=True)
         except (FileNotFoundError, PermissionError) as exc:
             raise self._fail("readdir", path, exc) from None

@@ -25,8 +25,9 @@ def main() -> int:
     def ready() -> None:
         print(READY, flush=True)
 
-    ops = DataRuntimeFS(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings, on_ready=ready)
-    serve(ops, config["mountpoint"], settings)
+    ops = DataRuntimeFS(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings, on_ready=ready,
+                         only=config.get("only"))
+    serve(ops, config["mountpoint"], settings, config.get("fsname") or "amlemu-dataruntime")
     return 0
 
 

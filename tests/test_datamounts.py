@@ -1,0 +1,140 @@
+"""A v2 job's ro_mount inputs served on its nodes by the data runtime's mount (runs/datamounts.py),
+on both backends: the listing at once, only the file read transferred, a change in storage not
+seen until the attribute cache's TTL passes, the logs in system_logs/data_capability/, nothing
+left mounted; and the pure parts: which inputs are mounted, the settings from the job's variables."""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import STARTUP, wait_until
+
+from amlemu.api import Emulator
+from amlemu.errors import ConfigError
+from amlemu.runs.contract import bindings
+from amlemu.runs.datamounts import PREFETCH_VAR, DataMount, fsname, plan_mounts
+from amlemu.specs import DataInput, DataMode, JobSpec, RunStatus
+from amlemu.storage.datastores import DEFAULT
+
+WS = f"azureml://datastores/{DEFAULT}/paths"
+TTL_MS = 4000
+
+READER = """
+import errno, json, os, sys, time
+folder, single = sys.argv[1], sys.argv[2]
+listed_at = time.time()
+print("listed", len(os.listdir(folder)), sorted(os.listdir(os.path.dirname(single))), flush=True)
+path = os.path.join(folder, "f07.txt")
+print("first", listed_at, open(path).read()[:6], open(single).read()[:6], flush=True)
+try:
+    open(os.path.join(folder, "new.txt"), "w")
+    print("write allowed")
+except OSError as exc:
+    print("write", errno.errorcode[exc.errno])
+reads, deadline = [], time.time() + 60
+while time.time() < deadline:
+    text = open(path).read()
+    reads.append((time.time(), text[:6]))
+    if text.startswith("after"):
+        break
+    time.sleep(0.1)
+print("reads", json.dumps(reads), flush=True)
+"""
+
+
+def _job(inputs: dict[str, DataInput], env: dict[str, str] | None = None, layout: str = "v2") -> JobSpec:
+    return JobSpec(code=None, compute="c1", experiment_name="e", command="true", inputs=inputs,
+                   environment_variables=env or {}, log_layout=layout)
+
+
+def test_which_inputs_the_data_runtime_mounts_and_its_settings() -> None:
+    inputs = {"folder": DataInput(type="uri_folder", path=f"{WS}/d"),
+              "file": DataInput(type="uri_file", path=f"{WS}/d/f.csv"),
+              "copied": DataInput(type="uri_folder", path=f"{WS}/d", mode=DataMode.DOWNLOAD)}
+    job = _job(inputs, {"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true"})
+    mounts, settings = plan_mounts(job, bindings(job, "r1"), cores=2)
+    by_ref = {m.ref: m for m in mounts}
+    assert set(by_ref) == {"inputs.folder", "inputs.file"}  # download is a copy, as before
+    assert by_ref["inputs.folder"] == DataMount("inputs.folder", by_ref["inputs.folder"].node_path, DEFAULT, "d")
+    assert by_ref["inputs.folder"].node_path.endswith("/INPUT_folder")
+    # a uri_file input: its folder on the node is the mount, showing that one file
+    assert (by_ref["inputs.file"].path, by_ref["inputs.file"].only) == ("d", "f.csv")
+    assert by_ref["inputs.file"].node_path.endswith("/INPUT_file")
+    assert settings is not None and settings.block_based and settings.read_threads == 8  # 4 per core of the node
+    # prefetch chosen: for every ro_mount input, or for the inputs named
+    for choice, left in (("true", set()), ("file", {"inputs.folder"}), ("false", {"inputs.folder", "inputs.file"})):
+        chosen = _job(inputs, {PREFETCH_VAR: choice})
+        assert {m.ref for m in plan_mounts(chosen, bindings(chosen, "r1"))[0]} == left
+    v1 = _job(inputs, layout="v1")  # v1's datastore mounts stay blobfuse's long-TTL cache
+    assert plan_mounts(v1, bindings(v1, "r1")) == ((), None)
+
+
+@pytest.mark.parametrize(("env", "named"), [
+    ({"DATASET_MOUNT_READ_THREADS": "0"}, "environment_variables.DATASET_MOUNT_READ_THREADS"),
+    ({"DATASET_MOUNT_CACHE_SIZE": "lots"}, "environment_variables.DATASET_MOUNT_CACHE_SIZE"),
+    ({"DATASET_UNMOUNT_TIMEOUT_SECONDS": "$(reboot)"}, "environment_variables.DATASET_UNMOUNT_TIMEOUT_SECONDS"),
+    ({PREFETCH_VAR: "nope"}, f"environment_variables.{PREFETCH_VAR}"),
+])
+def test_a_bad_variable_is_one_line_naming_it(env: dict[str, str], named: str) -> None:
+    job = _job({"d": DataInput(type="uri_folder", path=f"{WS}/d")}, env)
+    with pytest.raises(ConfigError) as caught:
+        plan_mounts(job, bindings(job, "r1"))
+    assert str(caught.value).startswith(named + ":") and "\n" not in str(caught.value)
+
+
+def test_each_mount_has_its_own_name_in_the_mount_table() -> None:
+    names = {fsname(run, node, name) for run in ("r1", "r2") for node in ("c-node-0", "c-node-1") for name in ("a", "b")}
+    assert len(names) == 8 and all(re.fullmatch(r"amlemu-dataruntime:[A-Za-z0-9_.:-]+", n) for n in names)
+
+
+def _put(emu: Emulator, path: str, data: bytes) -> None:
+    fs, root = emu.datastores.filesystem(DEFAULT)
+    fs.pipe(f"{root}/{path}", data)
+
+
+def _mounted(name_part: str) -> list[str]:
+    return [line for line in Path("/proc/self/mountinfo").read_text().splitlines() if name_part in line]
+
+
+def test_a_job_reads_one_file_of_many_through_the_mount_and_sees_a_change_after_the_ttl(
+        emu: Emulator, cluster, make_job) -> None:
+    cluster(max_nodes=1)
+    before, after = b"before" + b"." * 65530, b"after!" + b"," * 1000
+    fs, root = emu.datastores.filesystem(DEFAULT)
+    fs.pipe({f"{root}/many/f{i:02d}.txt": before for i in range(30)})
+    job = make_job(READER, extra=f"""
+inputs:
+  folder: {{path: {WS}/many, mode: ro_mount}}
+  single: {{type: uri_file, path: {WS}/many/f03.txt, mode: ro_mount}}
+environment_variables:
+  DATASET_MOUNT_ATTRIBUTE_CACHE_TTL: {TTL_MS}
+""", args="${{inputs.folder}} ${{inputs.single}}")
+    run = emu.submit(job)
+    first = wait_until(lambda: re.search(r"^first (\S+) before before$", run.logs(), re.MULTILINE), STARTUP,
+                       "the job read the file through the mount")
+    _put(emu, "many/f07.txt", after)
+    changed_at = __import__("time").time()
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    log = run.logs()
+    assert "listed 30 ['f03.txt']" in log  # the whole listing at once; a uri_file's folder shows that file
+    assert "write EROFS" in log
+    listed_at = float(first.group(1))
+    reads = json.loads(re.search(r"^reads (.*)$", log, re.MULTILINE).group(1))
+    assert reads[-1][1] == "after!"  # seen once the TTL passed...
+    seen = next(at for at, text in reads if text == "after!")
+    assert seen >= listed_at + TTL_MS / 1000 and changed_at < listed_at + TTL_MS / 1000
+    assert any(text == "before" and at > changed_at for at, text in reads)  # ...and not before: a stale read
+    logs = run.dir / "system_logs" / "data_capability" / "c1-node-0"
+    session = (logs / "data-capability.log").read_text()
+    fetched = sorted(int(n) for n in re.findall(r"unmounted \S+: (\d+) bytes fetched", session))
+    # only the files opened were transferred: f03 once (the uri_file), f07 twice (the change); never the other 28
+    assert fetched == sorted([len(before), len(before) + len(after)])
+    rslex = "".join(p.read_text() for p in logs.glob("rslex.log.*"))
+    assert {m for m in re.findall(r"opened /(\S+) \(", rslex)} == {"f07.txt", "f03.txt"}
+    plan = json.loads((run.dir / "system_logs" / "launch.json").read_text())["data_runtime"]
+    assert {m["ref"] for m in plan["mounts"]} == {"inputs.folder", "inputs.single"}
+    assert plan["settings"]["attribute_cache_ttl"] == TTL_MS / 1000
+    assert not _mounted("amlemu-dataruntime:" + fsname(run.id, "x", "x").split(":")[1])  # unmounted at the end
+    assert not list(emu.home.cache_dir("c1", "c1-node-0").glob("dataruntime/*/*"))  # records and caches removed
