@@ -27,16 +27,17 @@ def second_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondEn
     home = tmp_path_factory.mktemp("rig-home")
     state = rig.up(home)
     engine = SecondEngine(home=home, state=state, client=rig.client(state))
+    lay = rig.layout(home)
     try:
         yield engine
     finally:
         engine.client.close()
+        pids = {state["pid"], (rig.read_state(lay) or {}).get("pid")} - {None}  # a test may restart its engine
         rig.down(home)
-    lay = rig.layout(home)
     left = [what for what, there in (
         ("the namespace", lay.netns.exists()),
         ("the veth", Path("/sys/class/net", lay.veth_host).exists()),
-        ("the engine's process", psutil.pid_exists(state["pid"]) and psutil.Process(state["pid"]).status() != "zombie"),
+        ("the engine's process", any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids)),
         ("its folders", lay.runtime.exists() or lay.rig_dir.exists()),
         ("mounts", any(str(lay.runtime) in line or str(lay.rig_dir) in line
                        for line in Path("/proc/self/mountinfo").read_text().splitlines())),

@@ -117,7 +117,8 @@ def test_up_again_is_the_same_engine(second_engine: SecondEngine) -> None:
 # --- the swarm's specs and its reaping plan --------------------------------------------------------
 def test_swarm_specs_listen_on_the_link_only_and_label_what_amlemu_makes() -> None:
     assert swarm.init_spec("100.72.0.1", "h1") == {
-        "advertise_addr": "100.72.0.1", "listen_addr": "100.72.0.1:2377", "labels": {LABEL: "1", f"{LABEL}.home": "h1"}}
+        "advertise_addr": "100.72.0.1", "listen_addr": "100.72.0.1:2377", "labels": {LABEL: "1", f"{LABEL}.home": "h1"},
+        "dispatcher_heartbeat_period": swarm.HEARTBEAT_S * 10**9}  # a machine cut off is seen down in seconds
     assert swarm.join_spec("TOKEN", "100.72.0.1:2377", "100.72.0.2") == {
         "remote_addrs": ["100.72.0.1:2377"], "join_token": "TOKEN", "advertise_addr": "100.72.0.2",
         "listen_addr": "100.72.0.2:2377"}

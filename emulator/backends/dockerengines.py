@@ -31,6 +31,7 @@ from amlemu.backends.base import LABEL, NodeInfo, NodeRequest
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.errors import BackendError
 
+RECORD = "docker-engines.json"  # in the home (DockerBackend.engines): every other engine it placed a node on
 GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
 REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
 # Kill every process in the node but its init and the idle sleep, from inside it (pid 1 is tini).

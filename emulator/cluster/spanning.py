@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,6 +24,7 @@ from amlemu.actions import Action, execute
 from amlemu.backends import NodeRequest
 from amlemu.backends.base import LABEL
 from amlemu.backends.dockerapi import connect
+from amlemu.backends.dockerengines import RECORD as ENGINES_RECORD
 from amlemu.errors import AmlEmuError, BackendError
 from amlemu.home import Home
 from amlemu.machines import engines, registry, swarm
@@ -112,12 +114,42 @@ def _ensure_gwbridge(client: Any, home_id: str) -> None:
             "com.docker.network.bridge.enable_ip_masquerade": "true"})
 
 
+def machines_down(nodes: Sequence[dict[str, Any]], home_id: str) -> dict[str, str]:
+    """The machines this home joined whose swarm entry the manager has marked down (its heartbeat
+    lost: the machine cut off from this one, or its engine gone): machine -> the swarm's message
+    (pure: from the manager's node list, each node's attrs)."""
+    return {labels[f"{LABEL}.machine"]: n["Status"].get("Message") or "no heartbeat"
+            for n in nodes for labels in [n["Spec"].get("Labels") or {}]
+            if labels.get(f"{LABEL}.home") == home_id and f"{LABEL}.machine" in labels
+            and n["Status"].get("State") == "down"}
+
+
+def down_now(manager: Any, home_id: str) -> dict[str, str]:
+    """machines_down, as this machine's engine (the swarm's manager) sees it now; {} outside a swarm."""
+    if not (manager.info().get("Swarm") or {}).get("ControlAvailable"):
+        return {}
+    return machines_down([n.attrs for n in manager.nodes.list()], home_id)
+
+
+def recorded_engines(home: Home, stored: Sequence[registry.Machine]) -> dict[str, TlsFiles | None]:
+    """The engines the home placed nodes on (the docker backend's record, <home>/docker-engines.json)
+    that are not among `stored` machines: address -> TLS files. What a cleanup reaches without the
+    machines' registry (its state database gone, or a machine forgotten while its nodes were left)."""
+    try:
+        record = json.loads((home.root / ENGINES_RECORD).read_text())
+    except (OSError, ValueError):
+        return {}
+    known = {m.address for m in stored}
+    return {address: TlsFiles(*tls) if tls else None for address, tls in record.items() if address not in known}
+
+
 def plan_forget_lost(home: Home, store: Any) -> list[Action]:
     """Before the nodes' cleanup: the swarm entries of machines this home joined that are lost (the
     swarm says down, or their engine does not answer). A lost node's overlay attachments stay in
-    the swarm and keep the overlays from being removed until its entry goes."""
-    stored = registry.stored(store)
-    if not stored:
+    the swarm and keep the overlays from being removed until its entry goes. `store` None: the
+    state database is gone; the engines are those the home recorded."""
+    stored = registry.stored(store) if store is not None else []
+    if not stored and not recorded_engines(home, stored):
         return []
     local = connect()
     if not (local.info().get("Swarm") or {}).get("ControlAvailable"):
@@ -142,17 +174,21 @@ def _answers(machine: registry.Machine) -> bool:
 def plan_reap(home: Home, store: Any) -> list[Action]:
     """The swarm's part of a cleanup (machines.swarm.plan_reap) on this machine's engine and every
     machine of the home: the home's overlays, then the swarm amlemu made where nothing else uses it.
-    Nothing where the home has no other machine; a machine whose engine does not answer is kept."""
-    stored = registry.stored(store)
-    if not stored:
+    Nothing where the home has no other machine; a machine whose engine does not answer is kept.
+    The machines are the registry's and every engine the home recorded placing nodes on: `store`
+    None (the state database gone: cleanup's reaper) leaves the latter alone."""
+    stored = registry.stored(store) if store is not None else []
+    others = [(m.name, m.address, m.tls) for m in stored] + \
+        [(f"engine {address}", address, tls) for address, tls in recorded_engines(home, stored).items()]
+    if not others:
         return []
     clients: dict[str, Any] = {registry.LOCAL: connect()}
     kept = []
-    for machine in stored:
+    for name, address, tls in others:
         try:
-            clients[machine.name] = engines.connect(machine.address, machine.tls)
+            clients[name] = engines.connect(address, tls)
         except AmlEmuError as exc:
-            kept.append(Action("keep", "swarm membership", machine.name, {"why": str(exc)}))
+            kept.append(Action("keep", "swarm membership", name, {"why": str(exc)}))
     listed = swarm.plan_reap(clients, home.id)
     if not listed:
         return kept

@@ -185,7 +185,8 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
     """What cleanup can do when the state database cannot be read: supervisors found by their
     command line (`python -m amlemu.runs.supervisor <home> <run id>`, each leading its own process
     group: exactly that, never a looser match), nodes and networks found as reap finds them
-    (Docker labels, process nodes' folders), and Azurite."""
+    (Docker labels, process nodes' folders, on every engine the home recorded), the swarm amlemu
+    made for them, and Azurite."""
     groups: dict[int, str] = {}  # a supervisor's group; its watchdog (same command line) is in it
     for p in psutil.process_iter(["pid", "cmdline"]):  # the fork server, and the owners it forked (their argv is its)
         if {"amlemu.runs.supervisor", forkserver.MODULE} & set(p.info["cmdline"] or []) \
@@ -194,7 +195,8 @@ def plan_reap_without_state(home: Home, all_homes: bool, cache: Path) -> list[Ac
                 groups.setdefault(os.getpgid(p.info["pid"]), p.info["cmdline"][-1])
     supervisors = [Action("stop", "process group", str(pgid), {"run": run, "role": "supervisor"},
                           run=functools.partial(_kill_group, pgid)) for pgid, run in sorted(groups.items())]
-    return (plan_stop_service(home) + supervisors + plan_reap_nodes(home, all_homes)
+    return (plan_stop_service(home) + supervisors + spanning.plan_forget_lost(home, None)
+            + plan_reap_nodes(home, all_homes) + spanning.plan_reap(home, None)  # other machines: as the home recorded them
             + plan_stop_azurite(Azurite(home.root, cache)))
 
 

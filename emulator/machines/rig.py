@@ -252,6 +252,29 @@ def down(home: str | Path | None) -> list[str]:
     return done
 
 
+def stop_engine(home: str | Path | None) -> list[str]:
+    """The rig's dockerd stopped as a machine's engine stops (SIGTERM: its containers stop), its
+    link, namespace and data root kept: a machine whose engine went away (tests)."""
+    lay = layout(home)
+    return rigproc.halt(lay, (read_state(lay) or {}).get("pid"))
+
+
+def start_engine(home: str | Path | None) -> dict[str, Any]:
+    """The rig's dockerd started again after stop_engine, on its data root as it was (its
+    containers, its swarm membership); its record."""
+    lay = layout(home)
+    state = read_state(lay)
+    if not state:
+        raise BackendError(f"rig: no rig in {lay.rig_dir} (`up` makes one)")
+    if rigproc.answers(lay, state.get("pid")):
+        return state
+    engine = rigproc.start(dockerd_argv(lay), lay)
+    state["pid"] = engine.pid
+    lay.state_file.write_text(json.dumps(state, indent=1))  # before waiting: down finds it
+    rigproc.wait_ready(lay, engine, READY_S).close()
+    return state
+
+
 def status(home: str | Path | None) -> dict[str, Any]:
     lay = layout(home)
     state = read_state(lay)

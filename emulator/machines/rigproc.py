@@ -106,13 +106,19 @@ def _empty(lay: Layout) -> list[str]:
 
 def stop(lay: Layout, pid: int | None) -> list[str]:
     """Stop the rig's engine: emptied, SIGTERM, SIGKILL after STOP_S; then its helpers that outlived it."""
+    return halt(lay, pid, empty=True)
+
+
+def halt(lay: Layout, pid: int | None, empty: bool = False) -> list[str]:
+    """Stop the rig's engine by its pid (`empty`: its containers and swarm membership removed first;
+    else they stay in its data root, as a machine's engine that stops keeps them)."""
     proc = ours(lay, pid)
     if proc is None and lay.pidfile.exists():
         with contextlib.suppress(ValueError, OSError):
             proc = ours(lay, int(lay.pidfile.read_text().strip()))
     if proc is None:
         return []
-    done = _empty(lay)
+    done = _empty(lay) if empty else []
     helpers = _descendants(proc)
     _end(proc, STOP_S)
     for helper in helpers:

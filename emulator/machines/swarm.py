@@ -21,6 +21,9 @@ from amlemu.backends.base import LABEL
 from amlemu.errors import BackendError
 
 SWARM_PORT = 2377  # the managers' API (tcp); gossip is 7946 tcp+udp, VXLAN data 4789 udp
+# A worker's heartbeat to the manager (Docker's default 5 s): the manager marks a machine down after
+# about 3 missed ones, and a run on a machine cut off ends then (runs/machinewatch.py): ~7 s, not ~20.
+HEARTBEAT_S = 2
 GWBRIDGE = "docker_gwbridge"  # the bridge a swarm makes on each engine for its overlays' way out
 INGRESS = "ingress"  # the overlay every swarm has (routing mesh): goes with the swarm
 
@@ -56,7 +59,7 @@ def init_spec(advertise_addr: str, home_id: str) -> dict[str, Any]:
     """The arguments of swarm init (pure): listening on the advertised address only, not on every
     interface of the machine, and labelled as amlemu's."""
     return {"advertise_addr": advertise_addr, "listen_addr": f"{advertise_addr}:{SWARM_PORT}",
-            "labels": labels(home_id)}
+            "labels": labels(home_id), "dispatcher_heartbeat_period": HEARTBEAT_S * 10**9}  # nanoseconds
 
 
 def join_spec(token: str, manager_addr: str, advertise_addr: str) -> dict[str, Any]:

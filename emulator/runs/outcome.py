@@ -23,6 +23,7 @@ class Outcome(str, enum.Enum):
     PREEMPTED = "preempted"  # a low-priority node was taken away: the run restarts
     PARTITIONED = "partitioned"  # a node cut off from the cluster's network for too long
     OUT_OF_MEMORY = "out_of_memory"  # the job drove this machine out of memory (runs/memwatch.py)
+    MACHINE_CUT = "machine_cut"  # another machine of the cluster cut off (runs/machinewatch.py): its nodes are lost
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,7 @@ class Watch:
     due: list[tuple[float, str]] = field(default_factory=list)
     limit: float | None = None  # limits.timeout, seconds
     out_of_memory: Callable[[], bool] = lambda: False
+    machine_cut: Callable[[], bool] = lambda: False
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
 
@@ -98,6 +100,8 @@ class Watch:
             return Outcome.PARTITIONED
         if self.out_of_memory():
             return Outcome.OUT_OF_MEMORY
+        if self.machine_cut():  # its nodes are lost: the run ends as a lost node ends it (`ending`'s last case)
+            return Outcome.MACHINE_CUT
         return None
 
     def until_done(self, poll: Callable[[], int | None]) -> Outcome:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 TAG_SPLIT_RE = re.compile(r"\[\d+,(\d+)\]<(stdout|stderr)>:")
@@ -108,12 +108,15 @@ def _rank_failed(rank: int, what: str, layout: list, run_dir: Path) -> str:
 
 
 def failure_reason(mpi_log: str, layout: list, run_dir: Path, exit_code: int, lost: list[str],
-                   killed: frozenset[str] = frozenset(), failed_rank: int | None = None) -> str:
+                   killed: frozenset[str] = frozenset(), failed_rank: int | None = None,
+                   machines: Mapping[str, str] | None = None) -> str:
     """One sentence naming what failed (node, rank, exit code), then the tail of that rank's log.
-    `failed_rank`: the first process of a node-launched job that failed (mpirun's log names it for MPI)."""
+    `failed_rank`: the first process of a node-launched job that failed (mpirun's log names it for MPI).
+    `machines`: for a lost node on another machine, what became of that machine (runs/machinewatch.py)."""
     if lost:
-        how = "was killed (an injected fault)" if set(lost) <= killed else \
-            "was lost (its container or processes stopped)"
+        said = sorted({machines[n] for n in lost if n in (machines or {})})
+        how = f"was lost ({'; '.join(said)})" if said else "was killed (an injected fault)" if set(lost) <= killed \
+            else "was lost (its container or processes stopped)"
         return f"node {', '.join(lost)} {how} while the job ran; the job was stopped on all nodes"
     if failed_rank is not None and len(layout) > 1:
         what = f"exit code {exit_code}" if exit_code >= 0 else f"signal {-exit_code}"

@@ -22,7 +22,7 @@ from amlemu.envs.software import missing_import, plan_software, realize
 from amlemu.errors import AmlEmuError
 from amlemu.home import AGENT_CONFIG_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, memwatch, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
+from amlemu.runs import homestore, machinewatch, memwatch, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import plot_run
 from amlemu.runs.mounts import RunData
@@ -199,11 +199,11 @@ class Supervisor:
         mirror.start()
         memory = memwatch.start(self.backend, self.requests, list(plan.ranks), stop_refresh, self.logs.platform)
         cpugroup.start(lambda: self.backend.cpu_sharer(self.requests), stop_refresh)  # docker: one CPU group a cluster
-        watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()),
-                      partitioned=self.partitioned_too_long, preempt=self.policy_preempt,
-                      due=policy_schedule(self.store, self.cluster.spec.name, self.run_id,
-                                          [r.name for r in self.requests]),
-                      limit=self.job.max_run_duration_seconds, out_of_memory=lambda: memory.reason is not None)
+        self.machines = machinewatch.Machines(self.requests)  # a node's machine cut off: its nodes are lost
+        watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()), partitioned=self.partitioned_too_long,
+                      preempt=self.policy_preempt, machine_cut=self.machines.cut_off, limit=self.job.max_run_duration_seconds,
+                      due=policy_schedule(self.store, self.cluster.spec.name, self.run_id, [r.name for r in self.requests]),
+                      out_of_memory=lambda: memory.reason is not None)
         outcome = watch.until_done(gang.poll)
         if outcome is not Outcome.EXITED or gang.poll():  # a failed process: the others go, as mpirun stops its ranks
             self.stop(gang)
@@ -219,8 +219,8 @@ class Supervisor:
         if outcome is Outcome.PREEMPTED and not self.canceled():
             self.stop(gang)
             return self.restart()
-        # A node with a kill recorded is lost even if its engine still says running (its state lags the SIGKILL).
-        killed = {f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since)}
+        # A node with a kill recorded, or on a machine cut off, is lost even if its engine still says running.
+        killed = {f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since)} | set(self.machines.cut)
         lost = [r.name for r, alive in zip(self.requests, self.node_states()) if not alive or r.name in killed]
         self.gang_failure = gang.failure
         self.finalize(outcome, exit_code, lost)
@@ -285,8 +285,8 @@ class Supervisor:
         """Why the job failed by itself: the failing rank, node and exit code, from the logs."""
         mpi_log = self.logs.mpi_path.read_text(errors="replace")
         killed = frozenset(f["node"] for f in self.store.faults(self.run_id, "kill", since=self.attempt_since))
-        failed = self.gang_failure[0] if self.gang_failure else None
-        reason = failure_reason(mpi_log, list(self.plan.ranks), self.run_dir, exit_code, lost, killed, failed)
+        reason = failure_reason(mpi_log, list(self.plan.ranks), self.run_dir, exit_code, lost, killed,
+                                self.gang_failure[0] if self.gang_failure else None, self.machines.why(lost))
         return reason + (f"\n{hint}" if (hint := missing_import(reason, self.software, self.logs.platform)) else "")
 
     def policy_preempt(self, node: str) -> None:
