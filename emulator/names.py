@@ -52,6 +52,8 @@ ENV_ENTRY_MAX = 128 * 1024 - 1
 # that set one would break its own launch or pass for another run. Everything else (PATH,
 # OMP_NUM_THREADS, NCCL_*, the data runtime's DATASET_MOUNT_*) stays the job's to set.
 PLATFORM_VARIABLE_PREFIXES = ("AZUREML_", "AZ_BATCH", "OMPI_", "PMIX_", "AMLEMU_")
+# ...but for the emulator's choices a job may make: prefetch its ro_mount inputs (runs/datamounts.py).
+JOB_CHOICES = frozenset({"AMLEMU_DATA_PREFETCH"})
 PLATFORM_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
                                 "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"})
 
@@ -161,7 +163,7 @@ def check_environment_variables(env: Mapping[Any, Any]) -> dict[str, str]:
         if not isinstance(key, str) or not ENV_NAME_RE.fullmatch(name):
             raise ConfigError(field, "is not a valid variable name",
                               "use letters, digits and '_', not starting with a digit (e.g. MY_SETTING)")
-        if name in PLATFORM_VARIABLES or name.startswith(PLATFORM_VARIABLE_PREFIXES):
+        if name in PLATFORM_VARIABLES or (name.startswith(PLATFORM_VARIABLE_PREFIXES) and name not in JOB_CHOICES):
             raise ConfigError(field, "is set by the platform on every node",
                               "remove it (the job may not override it) or use a name of your own")
         if isinstance(raw, (dict, list)):

@@ -138,3 +138,39 @@ environment_variables:
     assert plan["settings"]["attribute_cache_ttl"] == TTL_MS / 1000
     assert not _mounted("amlemu-dataruntime:" + fsname(run.id, "x", "x").split(":")[1])  # unmounted at the end
     assert not list(emu.home.cache_dir("c1", "c1-node-0").glob("dataruntime/*/*"))  # records and caches removed
+
+
+def test_cleanup_finds_and_unmounts_a_mount_left_behind_even_where_a_job_moved_it(tmp_path: Path) -> None:
+    """What recovery and `amlemu cleanup` do with a mount whose supervisor died: found by its record
+    in the node's cache folder, unmounted where the mount table has it (a job renamed a folder above
+    its mount point), its server ended, its cache and record removed."""
+    import fsspec
+    import psutil
+
+    from amlemu.actions import execute
+    from amlemu.runs.datamounts import state_dir, unmount_node
+    from amlemu.storage.dataruntime.mount import is_mounted, plan_unmount_under, start_process
+    from amlemu.storage.dataruntime.settings import Settings
+
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.txt").write_text("a")
+    caches, records = tmp_path / "caches", []
+    for node in ("c-node-0", "c-node-1"):
+        point = tmp_path / "nodes" / node / "wd" / "INPUT_d"
+        point.mkdir(parents=True)
+        state = state_dir(caches / "c" / node, "run-1", "d")
+        records.append(start_process(fsspec.filesystem("file").to_json(), str(tmp_path / "store"), point, state,
+                                     state / "cache", tmp_path / "logs", Settings(unmount_timeout=5),
+                                     fsname=fsname("run-1", node, "d")))
+        assert (point / "a.txt").read_text() == "a"
+    moved = tmp_path / "nodes" / "c-node-0" / "elsewhere"
+    (tmp_path / "nodes" / "c-node-0" / "wd").rename(moved)  # the mount moves with its folder
+    assert is_mounted(moved / "INPUT_d")
+    unmount_node(caches / "c" / "c-node-0", "run-1", print)  # the run's end (or its recovery) on one node
+    plan = plan_unmount_under(caches)  # cleanup: whatever is still recorded in the home's caches
+    assert [a.what for a in plan].count("data runtime mount") == 1
+    execute(plan)
+    for record in records:
+        assert not _mounted(record.fsname)
+        assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE
+    assert not list(caches.glob("*/*/dataruntime/*/*/*"))

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.backends import nodefs
-from amlemu.errors import ConfigError
+from amlemu.errors import ConfigError, NotFoundError
 from amlemu.runs.contract import NODE_ROOT, Binding, run_folder_id
 from amlemu.specs import DataMode, JobSpec
 from amlemu.storage.dataruntime import mount as drmount
@@ -119,11 +119,25 @@ def mount_node(request: Any, run_id: str, logs: Path, mounts: tuple[DataMount, .
         point = nodefs.fresh_dir(request.node_dir, str(Path(m.node_path).relative_to(NODE_ROOT)))
         state = state_dir(request.cache_dir, run_id, m.name)
         src = source(m.datastore)
+        guarded(m, lambda m=m, src=src: _there(src, m))
         record = guarded(m, lambda m=m, src=src, point=point, state=state: drmount.start_process(
             src.fs.to_json(), src.remote(m.path), point, state, state / "cache", logs / request.name, settings,
             only=m.only, fsname=fsname(run_id, request.name, m.name)))
         log(f"{m.ref}: ro_mount of {m.datastore}/{m.path}{'/' + m.only if m.only else ''} on {request.name}: "
             f"the data runtime's mount (server {record.pid}; files fetched when opened)")
+
+
+def _there(src: Any, m: DataMount) -> None:
+    """The input's path is there and readable with the datastore's credential (one request): as
+    on AmlCompute, a mount of a missing path fails the run before the job starts, naming the input."""
+    path = posixpath.join(m.path, m.only) if m.only else m.path
+    try:
+        info = src.fs.info(src.remote(path)) if path else {"type": "directory"}
+    except FileNotFoundError:
+        info = None
+    if info is None:
+        raise NotFoundError("path", f"{path or '/'} in datastore {m.datastore}",
+                            f"list what is there with `amlemu data ls azureml://datastores/{m.datastore}/paths/`")
 
 
 def unmount_node(cache_dir: Path, run_id: str, log: Callable[[str], None]) -> None:
