@@ -90,6 +90,27 @@ def test_node_requests_name_their_machine_engine_and_overlay(tmp_path: Path) -> 
         emu.store.close()
 
 
+def test_a_machine_on_another_host_is_refused_until_its_nodes_folders_can_go_there(tmp_path: Path) -> None:
+    """Nodes bind this machine's node disks, caches, code snapshots and env files; an engine over ssh://
+    or tcp:// is another host, where Docker would make them empty folders: refused in one line when
+    the compute is made, before anything is created. A unix:// engine is taken to be this machine's."""
+    emu = Emulator(home=tmp_path / "home", backend="docker")
+    try:
+        for name, address in (("gpu2", "ssh://me@gpu2.lan"), ("ci3", "tcp://ci3.lan:2376"), ("m2", "unix:///run/m2.sock")):
+            execute(registry.plan_add(emu.store, _machine(name, 2, address=address)))
+        for name, address in (("gpu2", "ssh://me@gpu2.lan"), ("ci3", "tcp://ci3.lan:2376")):
+            for machines in (("local", name), ("all",)):
+                with pytest.raises(ConfigError) as refused:
+                    emu.plan_compute(ClusterSpec("c1", max_nodes=2, machines=machines), "docker")
+                line = str(refused.value)
+                assert "\n" not in line and "would bind this machine's node disks" in line, line
+                assert f"machine {'ci3' if machines == ('all',) else name} ({'tcp://ci3.lan:2376' if machines == ('all',) else address}) is another host" in line, line
+        assert emu.plan_compute(ClusterSpec("c1", max_nodes=2, machines=("local", "m2")), "docker")["backend"] == "docker"
+        assert emu.computes() == []
+    finally:
+        emu.store.close()
+
+
 def test_the_agent_reaches_a_node_through_its_own_machines_engine() -> None:
     config = {"tools": {"docker": "/usr/bin/docker"}, "env_file": "/mnt/env", "hosts": {
         "c1-node-0": {"container": "amlemu-h-c1-node-0"},

@@ -146,16 +146,37 @@ def _no_local() -> Machine:  # not reached: plan_remove refuses `local` first
 
 def resolve(store: StateStore, wanted: Iterable[str]) -> tuple[str, ...]:
     """A compute's --machines, checked against the home's machines at create time: ('all',) is
-    every machine known now; an unknown name is refused listing the known ones."""
+    every machine known now; an unknown name is refused listing the known ones, and so is a
+    machine on another host (check_shares_files)."""
     wanted = tuple(wanted)
     known = names(store)
     if wanted == (MACHINES_ALL,):
-        return tuple(known)
+        wanted = tuple(known)
     unknown = [name for name in wanted if name not in known]
     if unknown:
         raise ConfigError("--machines", f"no machine named {', '.join(unknown)}",
                           f"known machines: {', '.join(known)} (add one with `amlemu machine add`)")
+    for machine in stored(store):
+        if machine.name in wanted:
+            check_shares_files(machine)
     return wanted
+
+
+REMOTE_SCHEMES = ("ssh", "tcp")  # an engine on another host; unix:// is taken to be this machine's
+
+
+def check_shares_files(machine: Machine) -> None:
+    """A node container binds this machine's folders: its node disk (the code snapshot, the run's
+    env file, outputs), its blob cache, the software the mirror image mounts. An engine on another
+    host has none of them, and Docker makes a missing bind's source an empty folder there: jobs
+    would start without their code, and their outputs would never come back. Refused in one line
+    until the per-node folders are shipped to that machine (docs/machines.md)."""
+    scheme = machine.address.partition("://")[0]
+    if machine.name != LOCAL and scheme in REMOTE_SCHEMES:
+        raise ConfigError("--machines", f"machine {machine.name} ({machine.address}) is another host: its nodes "
+                          "would bind this machine's node disks, blob caches, code snapshots and env files, which "
+                          "do not exist there", "place nodes on engines of this machine (unix://) only for now: "
+                          "docs/machines.md, 'What is and is not emulated'")
 
 
 def check_backend(machines_: Sequence[str], backend: str) -> None:
