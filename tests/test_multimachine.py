@@ -20,7 +20,7 @@ from typing import Any
 
 import docker
 import pytest
-from conftest import STARTUP, JobFactory, assert_nothing_left, wait_until
+from conftest import FULL, REPO, STARTUP, JobFactory, assert_nothing_left, wait_until
 from rigfixture import SecondEngine
 
 from amlemu.actions import execute
@@ -371,6 +371,39 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
     if swarm_before == "inactive":  # the swarm amlemu made for the cluster is gone from both engines
         assert local.info()["Swarm"]["LocalNodeState"] == remote.info()["Swarm"]["LocalNodeState"] == "inactive"
         assert local.networks.list(names=[swarm.GWBRIDGE]) == []
+
+
+@FULL
+@pytest.mark.xdist_group("second-engine")
+def test_the_seeds_job_with_a_node_on_each_machine(second_engine: SecondEngine, mnist_subset: Path,
+                                                    tmp_path: Path) -> None:
+    """The seed's job (trainer/job.yml: Horovod MNIST, 2 nodes x 1 process, MPI), unchanged, with
+    node 0 on this machine's engine and node 1 on the rig's, reading MNIST from workspaceblobstore:
+    it learns (2,000 images, 2 epochs: ~0.58; chance 0.1) and both ranks end with the same
+    parameters. `make test-full`: the 2-machine allreduce in make test covers Horovod's path."""
+    state, remote = second_engine.state, second_engine.client
+    info = remote.info()
+    emu = Emulator(home=tmp_path / "home", backend="docker")
+    try:
+        execute(registry.plan_add(emu.store, Machine(
+            "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
+            service_address=state["host_addr"], advertise_address=state["node_addr"])))
+        emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=2, machines=("local", "m2"),
+                                       idle_seconds_before_scaledown=600))
+        emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
+        run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1"])
+        assert run.wait(timeout=900) is RunStatus.COMPLETED, run.record.error
+        summary = json.loads((run.outputs / "summary.json").read_text())
+        assert summary["world_size"] == 2 and summary["params_in_sync"] is True, summary
+        assert summary["test_accuracy"] >= 0.5, summary
+        assert "parameters identical on all 2 ranks: True" in run.logs(0)
+        assert [c.labels[f"{LABEL}.node"] for c in remote.containers.list(  # idle there now, for 10 minutes
+            all=True, filters={"label": f"{LABEL}.home={emu.home.id}"})] == ["c1-node-1"]
+    finally:
+        emu.cleanup()
+        emu.store.close()
+    assert_nothing_left(emu, "docker")
+    assert _ours(remote, emu.home.id) == []
 
 
 def test_machine_add_takes_the_machines_network_addresses(home: Path) -> None:
