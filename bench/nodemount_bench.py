@@ -57,7 +57,7 @@ def run_once(emu, spec: Path) -> tuple[float, object]:  # type: ignore[no-untype
 
 def disk_used(emu, run, prefetch: bool) -> int:  # type: ignore[no-untyped-def]
     if prefetch:
-        cache = emu.home.cache_dir("c1", "c1-node-0") / "data"
+        cache = emu.home.cache_dir("c1", "c1-node-0") / "data" / DEFAULT / "hundred"  # the cache also holds the other sets
         return sum(p.stat().st_size for p in cache.rglob("*") if p.is_file())
     log = (run.dir / "system_logs" / "data_capability" / "c1-node-0" / "data-capability.log").read_text()
     return int(re.findall(r"peak cache (\d+) bytes", log)[-1])
