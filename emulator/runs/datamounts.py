@@ -23,6 +23,7 @@ import posixpath
 import re
 import shutil
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -114,17 +115,20 @@ def mount_node(request: Any, run_id: str, logs: Path, mounts: tuple[DataMount, .
                source: Callable[[str], Any], guarded: Callable[[DataMount, Callable[[], Any]], Any],
                log: Callable[[str], None]) -> None:
     """Every mount of the run on one node, each at its input's folder on the node's disk (made
-    fresh by the host before the job starts: no link of the job's on the way)."""
-    for m in mounts:
-        point = nodefs.fresh_dir(request.node_dir, str(Path(m.node_path).relative_to(NODE_ROOT)))
-        state = state_dir(request.cache_dir, run_id, m.name)
-        src = source(m.datastore)
-        guarded(m, lambda m=m, src=src: _there(src, m))
-        record = guarded(m, lambda m=m, src=src, point=point, state=state: drmount.start_process(
+    fresh by the host before the job starts: no link of the job's on the way); inputs side by side
+    (a serving process's start is mostly its imports)."""
+    points = [nodefs.fresh_dir(request.node_dir, str(Path(m.node_path).relative_to(NODE_ROOT))) for m in mounts]
+
+    def one(m: DataMount, point: Path) -> None:
+        state, src = state_dir(request.cache_dir, run_id, m.name), source(m.datastore)
+        guarded(m, lambda: _there(src, m))
+        record = guarded(m, lambda: drmount.start_process(
             src.fs.to_json(), src.remote(m.path), point, state, state / "cache", logs / request.name, settings,
             only=m.only, fsname=fsname(run_id, request.name, m.name)))
         log(f"{m.ref}: ro_mount of {m.datastore}/{m.path}{'/' + m.only if m.only else ''} on {request.name}: "
             f"the data runtime's mount (server {record.pid}; files fetched when opened)")
+    with ThreadPoolExecutor(len(mounts)) as pool:
+        list(pool.map(one, mounts, points))
 
 
 def _there(src: Any, m: DataMount) -> None:
