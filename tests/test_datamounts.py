@@ -174,3 +174,18 @@ def test_cleanup_finds_and_unmounts_a_mount_left_behind_even_where_a_job_moved_i
         assert not _mounted(record.fsname)
         assert not psutil.pid_exists(record.pid) or psutil.Process(record.pid).status() == psutil.STATUS_ZOMBIE
     assert not list(caches.glob("*/*/dataruntime/*/*/*"))
+
+
+def test_the_mount_logs_never_hold_the_datastore_credential(tmp_path: Path) -> None:
+    """A storage error may quote its request: the SAS token (and its signature alone) are masked."""
+    import errno
+
+    from amlemu.storage.dataruntime.logs import RuntimeLog, secrets_of
+
+    fs_json = json.dumps({"cls": "adlfs.spec:AzureBlobFileSystem", "account_name": "acct",
+                          "sas_token": "sv=2020-10-02&ss=b&sig=S3CRETsignature%3D"})
+    log = RuntimeLog(tmp_path, secrets=secrets_of(fs_json))
+    log.error("open", "/a.txt", errno.EACCES, "https://acct/c/a.txt?sv=2020-10-02&ss=b&sig=S3CRETsignature%3D")
+    log.error("open", "/b.txt", errno.EACCES, "signature S3CRETsignature%3D did not match")
+    text = "".join(p.read_text() for p in tmp_path.iterdir())
+    assert "S3CRET" not in text and "acct" in text and text.count("***") == 2

@@ -62,10 +62,10 @@ class DataRuntimeFS(mfusepy.Operations):
 
     def __init__(self, fs: Any, root: str, cache_dir: Path, log_dir: Path, settings: Settings,
                  clock: Callable[[], float] = time.monotonic, on_ready: Callable[[], None] | None = None,
-                 only: str | None = None) -> None:
+                 only: str | None = None, secrets: tuple[str, ...] = ()) -> None:
         self.fs, self.root, self.settings, self.clock = fs, root.rstrip("/"), settings, clock
         self.only = only  # a uri_file input: its folder shows that one file, nothing beside it
-        self.log = RuntimeLog(log_dir)
+        self.log = RuntimeLog(log_dir, secrets=secrets)
         self.cache = DiskCache(cache_dir, settings, fs, self.log.runtime)
         self.on_ready = on_ready
         self.attrs: dict[str, tuple[dict[str, Any] | None, float]] = {}  # None: known not to exist

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import fsspec
 
+from amlemu.storage.dataruntime.logs import secrets_of
 from amlemu.storage.dataruntime.mount import READY, serve
 from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
 from amlemu.storage.dataruntime.settings import Settings
@@ -26,7 +27,7 @@ def main() -> int:
         print(READY, flush=True)
 
     ops = DataRuntimeFS(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings, on_ready=ready,
-                         only=config.get("only"))
+                         only=config.get("only"), secrets=secrets_of(config["fs"]))
     serve(ops, config["mountpoint"], settings, config.get("fsname") or "amlemu-dataruntime")
     return 0
 
