@@ -50,9 +50,16 @@ class Service:
                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
 
 
-@pytest.fixture
-def service(tmp_path: Path, _homes: set[str]) -> Iterator[Service]:
-    home, project = tmp_path / "home", tmp_path / "project"
+# One service for the module's tests, on one xdist worker: a service's start and cleanup, and its
+# compute's 2 docker nodes (idle 120 s, as the script makes them), are paid once, not per test. The
+# tests share its home and compute as a user's scripts share a workspace; each asserts on its own job.
+pytestmark = pytest.mark.xdist_group("service-sdk")
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory: pytest.TempPathFactory, _homes: set[str]) -> Iterator[Service]:
+    root = tmp_path_factory.mktemp("service-sdk")
+    home, project = root / "home", root / "project"
     home.mkdir()
     project.mkdir()
     _homes.add(Home.at(home).id)
@@ -99,7 +106,8 @@ def test_a_failing_job_ends_the_stream_with_its_failure(service: Service, tmp_pa
     """The job waits in the queue behind a blocker until the stream is seen running: streaming a job
     that has already ended prints no log, on Azure as here, and a failing job ends within seconds."""
     emu = Emulator(home=service.home, backend="docker")
-    emu.create_compute(ClusterSpec("cpu-cluster", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=120))
+    if "cpu-cluster" not in {c.spec.name for c in emu.computes()}:  # the script's compute, unless an earlier test made it
+        emu.create_compute(ClusterSpec("cpu-cluster", "STANDARD_D2_V2", max_nodes=2, idle_seconds_before_scaledown=120))
     (tmp_path / "block").mkdir()
     (tmp_path / "block" / "block.py").write_text(BLOCK)
     (tmp_path / "block.yml").write_text("type: command\ncode: block\ncommand: python block.py\n"
