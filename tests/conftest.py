@@ -384,13 +384,14 @@ def stop_service_home(home: Path) -> None:
     left: the service itself, its jobs' supervisors, the nodes."""
 
     import docker  # noqa: PLC0415
+    from click.testing import CliRunner  # noqa: PLC0415
 
     from amlemu import servicefile  # noqa: PLC0415
+    from amlemu.cli import cli  # noqa: PLC0415
     from amlemu.home import Home  # noqa: PLC0415
 
     running = servicefile.read_state(home)
-    subprocess.run([sys.executable, "-m", "amlemu", "--home", str(home), "cleanup", "--yes"], timeout=180,
-                   capture_output=True)
+    CliRunner().invoke(cli, ["--home", str(home), "cleanup", "--yes"])  # in this process: no interpreter's imports
     assert running is None or not psutil.pid_exists(running.pid), "the service outlived amlemu cleanup"
     assert servicefile.read_state(home) is None
     left = docker.from_env().containers.list(all=True, filters={"label": f"amlemu.home={Home.at(home).id}"})
