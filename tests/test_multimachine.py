@@ -277,20 +277,22 @@ time.sleep(600)
 """
 
 
-def _start(emu: Emulator, tmp_path: Path, script: str) -> Any:
-    run = emu.submit(JobFactory(tmp_path / "jobs")(script, nodes=4))
-    wait_until(lambda: all("started" in run.logs(rank) for rank in range(4)) or run.status.is_terminal, STARTUP,
+def _start(emu: Emulator, tmp_path: Path, script: str, nodes: int = 4) -> Any:
+    run = emu.submit(JobFactory(tmp_path / "jobs")(script, nodes=nodes))
+    wait_until(lambda: all("started" in run.logs(rank) for rank in range(nodes)) or run.status.is_terminal, STARTUP,
                "every rank started")
     return run
 
 
-def _fails_naming(emu: Emulator, run: Any, what: str, within: float) -> str:
-    """The run fails as a lost node fails it on AmlCompute: the second machine's nodes named, what
-    became of that machine said, within `within` seconds (a deadline, not a wait); those nodes go."""
+def _fails_naming(emu: Emulator, run: Any, what: str, within: float, nodes: int = 4) -> str:
+    """The run fails as a lost node fails it on AmlCompute: the second machine's nodes (the odd
+    ones) named, what became of that machine said, within `within` seconds (a deadline, not a
+    wait); those nodes go."""
     wait_until(lambda: run.status.is_terminal, within, f"the run ends once {what}")
     reason = run.events()[-1][2]
-    assert run.status is RunStatus.FAILED and "node c1-node-1, c1-node-3 was lost (machine m2" in reason, reason
-    assert sorted(n.name for n in emu.store.nodes("c1")) == ["c1-node-0", "c1-node-2"]
+    lost, kept = ", ".join(f"c1-node-{i}" for i in range(1, nodes, 2)), [f"c1-node-{i}" for i in range(0, nodes, 2)]
+    assert run.status is RunStatus.FAILED and f"node {lost} was lost (machine m2" in reason, reason
+    assert sorted(n.name for n in emu.store.nodes("c1")) == kept
     return reason
 
 
@@ -308,16 +310,17 @@ def _a_machine_cut_off_fails_the_run(emu: Emulator, rig_state: dict[str, Any], t
         subprocess.run([*link, "up"], check=True)
 
 
-def _an_engine_stopped_fails_the_run(emu: Emulator, engine: SecondEngine, tmp_path: Path) -> None:
-    """The second machine's dockerd stops under a running job (its nodes stop with it): the run
-    fails naming the machine; its nodes' containers stay on it (stopped), for the cleanup to find."""
-    run = _start(emu, tmp_path, HOLD)  # the cut-off nodes made again on m2, once the swarm has it back
-    rig.stop_engine(engine.home)
-    _fails_naming(emu, run, "the second machine's engine stopped", 60)
+def _an_engine_stopped_fails_the_run(emu: Emulator, engine: SecondEngine, tmp_path: Path, nodes: int) -> None:
+    """The second machine's dockerd dies under a running job (SIGKILL, its nodes' processes with it:
+    the machine crashed): the run fails naming the machine; its nodes' containers stay on it, which
+    no one could remove while it did not answer, for the cleanup to find once it is back."""
+    run = _start(emu, tmp_path, HOLD, nodes)
+    rig.stop_engine(engine.home, kill=True)
+    _fails_naming(emu, run, "the second machine's engine stopped", 60, nodes)
     assert "machine m2's engine does not answer" in run.events()[-1][2]
     engine.state.update(rig.start_engine(engine.home))  # the session's rig, with its new pid
     left = engine.client.containers.list(all=True, filters={"label": f"{LABEL}.home={emu.home.id}"})
-    assert sorted(c.labels[f"{LABEL}.node"] for c in left) == ["c1-node-1", "c1-node-3"]
+    assert sorted(c.labels[f"{LABEL}.node"] for c in left) == [f"c1-node-{i}" for i in range(1, nodes, 2)]
 
 
 def _cleanup_without_state(emu: Emulator) -> None:
@@ -361,8 +364,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
             filters={"label": f"{LABEL}.home={emu.home.id}"}))
         assert on_m2 == ["c1-node-1", "c1-node-3"]  # spread: the odd nodes on the second machine, idle there now
         _closed_to_the_nodes(local, remote, emu.home.id, state["host_addr"])
-        _a_machine_cut_off_fails_the_run(emu, state, tmp_path)
-        _an_engine_stopped_fails_the_run(emu, second_engine, tmp_path)
+        _a_machine_cut_off_fails_the_run(emu, state, tmp_path)  # its engine stopped: the seed's test (make test-full)
     finally:
         second_engine.state.update(rig.start_engine(second_engine.home))  # as it was, whatever failed
         _cleanup_without_state(emu)
@@ -380,7 +382,9 @@ def test_the_seeds_job_with_a_node_on_each_machine(second_engine: SecondEngine, 
     """The seed's job (trainer/job.yml: Horovod MNIST, 2 nodes x 1 process, MPI), unchanged, with
     node 0 on this machine's engine and node 1 on the rig's, reading MNIST from workspaceblobstore:
     it learns (2,000 images, 2 epochs: ~0.58; chance 0.1) and both ranks end with the same
-    parameters. `make test-full`: the 2-machine allreduce in make test covers Horovod's path."""
+    parameters. Then the rig's dockerd stopped under a job on the warm nodes: the run fails naming
+    the machine, and once the engine is back `cleanup` removes the stopped node left on it.
+    `make test-full` (the 2-machine allreduce in make test covers Horovod's path and a machine cut off)."""
     state, remote = second_engine.state, second_engine.client
     info = remote.info()
     emu = Emulator(home=tmp_path / "home", backend="docker")
@@ -399,8 +403,10 @@ def test_the_seeds_job_with_a_node_on_each_machine(second_engine: SecondEngine, 
         assert "parameters identical on all 2 ranks: True" in run.logs(0)
         assert [c.labels[f"{LABEL}.node"] for c in remote.containers.list(  # idle there now, for 10 minutes
             all=True, filters={"label": f"{LABEL}.home={emu.home.id}"})] == ["c1-node-1"]
+        _an_engine_stopped_fails_the_run(emu, second_engine, tmp_path, nodes=2)
     finally:
-        emu.cleanup()
+        second_engine.state.update(rig.start_engine(second_engine.home))  # as it was, whatever failed
+        emu.cleanup()  # with the state database: the leftovers on the machine whose engine came back
         emu.store.close()
     assert_nothing_left(emu, "docker")
     assert _ours(remote, emu.home.id) == []

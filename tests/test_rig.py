@@ -144,7 +144,7 @@ class _Engine:
         self.services = SimpleNamespace(list=lambda: [])
         self._overlays = [SimpleNamespace(id=name, name=name, attrs={"Labels": lab}) for name, lab in overlays]
         self.networks = SimpleNamespace(list=self._list, get=lambda n: SimpleNamespace(
-            remove=lambda: self.done.append(f"rm {n}")))
+            remove=lambda: self.done.append(f"rm {n}"), disconnect=lambda endpoint, force: None))
 
     def info(self) -> dict[str, Any]:
         return self._info

@@ -252,11 +252,12 @@ def down(home: str | Path | None) -> list[str]:
     return done
 
 
-def stop_engine(home: str | Path | None) -> list[str]:
-    """The rig's dockerd stopped as a machine's engine stops (SIGTERM: its containers stop), its
-    link, namespace and data root kept: a machine whose engine went away (tests)."""
+def stop_engine(home: str | Path | None, kill: bool = False) -> list[str]:
+    """The rig's dockerd stopped as a machine's engine stops (SIGTERM: its containers stop; `kill`:
+    SIGKILL, as the machine crashing, its containers' processes ended with it), its link, namespace
+    and data root kept: a machine whose engine went away (tests)."""
     lay = layout(home)
-    return rigproc.halt(lay, (read_state(lay) or {}).get("pid"))
+    return rigproc.halt(lay, (read_state(lay) or {}).get("pid"), kill=kill)
 
 
 def start_engine(home: str | Path | None) -> dict[str, Any]:

@@ -109,9 +109,10 @@ def stop(lay: Layout, pid: int | None) -> list[str]:
     return halt(lay, pid, empty=True)
 
 
-def halt(lay: Layout, pid: int | None, empty: bool = False) -> list[str]:
+def halt(lay: Layout, pid: int | None, empty: bool = False, kill: bool = False) -> list[str]:
     """Stop the rig's engine by its pid (`empty`: its containers and swarm membership removed first;
-    else they stay in its data root, as a machine's engine that stops keeps them)."""
+    else they stay in its data root, as a machine's engine that stops keeps them; `kill`: SIGKILL at
+    once, as a machine that crashes: it stops answering before anyone can remove them)."""
     proc = ours(lay, pid)
     if proc is None and lay.pidfile.exists():
         with contextlib.suppress(ValueError, OSError):
@@ -120,7 +121,7 @@ def halt(lay: Layout, pid: int | None, empty: bool = False) -> list[str]:
         return []
     done = _empty(lay) if empty else []
     helpers = _descendants(proc)
-    _end(proc, STOP_S)
+    _end(proc, 0.0 if kill else STOP_S)
     for helper in helpers:
         _end(helper, 5.0)
     return done + [f"stopped dockerd {proc.pid}"]
@@ -135,7 +136,7 @@ def _descendants(proc: psutil.Process) -> list[psutil.Process]:
 
 def _end(proc: psutil.Process, grace: float) -> None:
     """SIGTERM, then SIGKILL after `grace`; waited for (and reaped, where it is this process's child)."""
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0))[0 if grace else 1:]:
         try:
             proc.send_signal(sig)
             proc.wait(timeout=wait)

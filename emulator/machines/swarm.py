@@ -9,6 +9,7 @@ and only when nothing else uses it (`plan_reap`). Worker nodes amlemu joins get 
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from typing import Any
 
 from amlemu.actions import Action
 from amlemu.backends.base import LABEL
+from amlemu.backends.dockerapi import until_gone
 from amlemu.errors import BackendError
 
 SWARM_PORT = 2377  # the managers' API (tcp); gossip is 7946 tcp+udp, VXLAN data 4789 udp
@@ -26,6 +28,7 @@ SWARM_PORT = 2377  # the managers' API (tcp); gossip is 7946 tcp+udp, VXLAN data
 HEARTBEAT_S = 2
 GWBRIDGE = "docker_gwbridge"  # the bridge a swarm makes on each engine for its overlays' way out
 INGRESS = "ingress"  # the overlay every swarm has (routing mesh): goes with the swarm
+INGRESS_SANDBOX = "gateway_ingress-sbox"  # its endpoint on each engine's docker_gwbridge
 
 
 def labels(home_id: str) -> dict[str, str]:
@@ -173,9 +176,14 @@ def _remove_gwbridge(client: Any) -> Any:
         import docker  # noqa: PLC0415
 
         try:
-            client.networks.get(GWBRIDGE).remove()
+            network = client.networks.get(GWBRIDGE)
         except docker.errors.NotFound:
             return False
+        # The swarm's ingress sandbox may stay on the bridge after the engine left the swarm ("has
+        # active endpoints"): Docker's docs on docker_gwbridge disconnect it by force first.
+        with contextlib.suppress(docker.errors.APIError):
+            network.disconnect(INGRESS_SANDBOX, force=True)
+        until_gone(network.remove)
         return True
     return run
 
@@ -205,7 +213,12 @@ def _plan_swarm(machine: str, client: Any, removed: set[str], clients: Mapping[s
     attrs = _swarm_attrs(client)
     nodes = client.nodes.list()
     self_id = infos[machine]["NodeID"]
-    workers = {m: infos[m]["NodeID"] for m in clients if m != machine and infos[m].get("NodeID") in {n.id for n in nodes}}
+    listed = {n.id for n in nodes}
+    # Its workers: listed by the manager, or whose own record names this manager (an entry the
+    # manager forgot, e.g. removed while the machine was cut off, still leaves it joined).
+    workers = {m: infos[m]["NodeID"] for m in clients if m != machine and infos[m].get("NodeID")
+               and (infos[m]["NodeID"] in listed or any(r.get("NodeID") == self_id
+                                                         for r in infos[m].get("RemoteManagers") or []))}
     if (attrs["Spec"].get("Labels") or {}).get(LABEL) != "1":
         return [Action("remove", "swarm node", n.id, {"machine": machine, "why": "amlemu joined it; it is down"},
                        run=lambda n=n: n.remove(force=True)) for n in nodes
