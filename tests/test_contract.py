@@ -12,7 +12,7 @@ import pytest
 
 from amlemu import backends
 from amlemu.backends.base import CACHE_ROOT, NODE_ROOT
-from amlemu.backends.docker import NODE_EXEC
+from amlemu.backends.dockerexec import NODE_EXEC
 from amlemu.backends.process import SANDBOX
 from amlemu.errors import ConfigError
 from amlemu.home import AGENT_CONFIG_VARIABLE
@@ -161,6 +161,9 @@ def test_agent_runs_the_platforms_docker_with_the_platforms_environment_only() -
     assert argv == ["/usr/bin/docker", "exec", "-i", "amlemu-x-c1-node-1", "/bin/sh", "-c", NODE_EXEC, "amlemu-node",
                     "/mnt/azureml/cr/j/r/amlemu-env.sh", "orted -mca x"]
     assert env == {"PATH": "/usr/bin:/bin"}  # the job's variables never reach the host side
+    mirror = {**AGENT_CONFIG, "hosts": {"c1-node-1": {"container": "amlemu-x-c1-node-1", "setpriv": "/usr/bin/setpriv"}}}
+    argv, _ = agent_command(planned(mirror), "c1-node-1", "orted")  # below the kept processes' capabilities
+    assert argv[4:7] == ["/usr/bin/setpriv", "--bounding-set=-audit_write", "--"] and argv[7:9] == ["/bin/sh", "-c"]
 
 
 def test_agent_enters_a_process_node_through_its_sandbox() -> None:

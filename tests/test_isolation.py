@@ -44,6 +44,16 @@ attempt("write_runs_mount", lambda: write("/mnt/amlemu/runs/pwned.txt"))
 attempt("kill_host_process", lambda: os.kill(int(host_pid), 0))
 attempt("mount", lambda: subprocess.run(["mount", "-t", "tmpfs", "x", "/mnt"], check=True, capture_output=True))
 attempt("write_software", lambda: write(os.path.join(os.path.dirname(sys.executable), "pwned")))
+# The processes its node keeps for the next job (a docker node's init): traced, or their environment read.
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+def trace_init():
+    if libc.ptrace(16, 1, None, None) != 0:  # PTRACE_ATTACH
+        raise OSError(ctypes.get_errno(), os.strerror(ctypes.get_errno()))
+    os.waitpid(1, 0)
+    libc.ptrace(17, 1, None, None)  # PTRACE_DETACH
+attempt("trace_init", trace_init)
+attempt("read_init_environ", lambda: open("/proc/1/environ", "rb").read())
 report["path_seen_by_job"] = os.environ.get("PATH", "")
 report["environ"] = dict(os.environ)
 environs = []
@@ -101,7 +111,7 @@ def _hostile_job(make_job, tmp_path: Path, args: str, planted: Path) -> Path:
 
 
 def test_a_hostile_job_reaches_nothing_outside_its_run(emu: Emulator, cluster, make_job, tmp_path: Path,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+                                                      monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     cluster(max_nodes=1, idle_seconds_before_scaledown=120)
     secret = f"submitter-secret-{uuid.uuid4().hex}"
     monkeypatch.setenv("AMLEMU_TEST_SUBMITTER_SECRET", secret)  # in the submitting process only
@@ -124,6 +134,9 @@ def test_a_hostile_job_reaches_nothing_outside_its_run(emu: Emulator, cluster, m
     for name in ("write_host_dir", "write_other_run", "write_runs_mount", "kill_host_process", "mount",
                  "write_software"):
         assert report[name] != "succeeded", f"{name}: {report[name]}"
+    if backend == "docker":  # its init and sleep outlive the job (a process node's namespace dies with its run)
+        assert report["trace_init"].startswith("PermissionError"), report["trace_init"]
+        assert report["read_init_environ"].startswith("PermissionError"), report["read_init_environ"]
     assert not (host_dir / "pwned.txt").exists()
     assert sorted(p.relative_to(other.dir) for p in other.dir.rglob("*")) == before
     seen = json.dumps({k: report[k] for k in ("environ", "proc_environ")})

@@ -24,13 +24,12 @@ from typing import Any
 from amlemu.actions import Action
 from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, nodefs
 from amlemu.backends.mirrorfs import mirror_rootfs
+from amlemu.backends.dockerexec import exec_argv, setpriv_path
 from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
 
-# Inside the node: the run's environment, then the command (as sshd would run it, in a shell).
-NODE_EXEC = '. "$1" && exec /bin/sh -c "$2"'
 
 
 class DockerBackend(NodeBackend):
@@ -74,10 +73,10 @@ class DockerBackend(NodeBackend):
 
     @classmethod
     def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
-        """`docker exec -i` into the node's container, whose shell sources the run's env file."""
+        """`docker exec -i` into the node's container (dockerexec.py: why below the kept processes' capabilities)."""
         entry = config["hosts"][host]  # -H: a node on another machine's engine (dockerengines.py)
-        return [config["tools"]["docker"], *engines.engine_options(entry.get("engine", ""), entry.get("tls")), "exec",
-                "-i", entry["container"], "/bin/sh", "-c", NODE_EXEC, "amlemu-node", config["env_file"], command]
+        return exec_argv(config["tools"]["docker"], engines.engine_options(entry.get("engine", ""), entry.get("tls")),
+                         entry["container"], entry.get("setpriv"), config["env_file"], command)
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -184,20 +183,22 @@ class DockerBackend(NodeBackend):
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
-        return {"container": self.container_name(request),
+        mirror = not request.image or not self.has_image(request.image, self.engine(request))
+        return {"container": self.container_name(request), "setpriv": setpriv_path() if mirror else None,
                 **({"engine": request.engine, "tls": request.engine_tls} if request.engine else {})}
 
     def fits(self, request: NodeRequest) -> bool:
         """/dev/shm is sized, the job's environment mounted and the hosts file written as a container is
         created (Azure ML: each job's container, --shm-size, its image; SERVICE_HOST: a node made before
-        the service link had none)."""
+        the service link had none). A job image's container is never kept for another job: its root
+        is writable, and AmlCompute starts each job's container anew (dockerexec.py)."""
         try:
             client = self.engine(request)
             attrs = client.api.inspect_container(self.container_name(request))
             image = request.image if request.image and self.has_image(request.image, client) else MIRROR_IMAGE
-            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and attrs["Config"]["Image"] == image and \
-                attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") and \
-                attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent(request) or "") and \
+            return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and image == attrs["Config"]["Image"] == \
+                MIRROR_IMAGE and attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") \
+                and attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent(request) or "") and \
                 any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False

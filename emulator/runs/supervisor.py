@@ -127,8 +127,8 @@ class Supervisor:
         self.requests = node_requests(self.home, spec, [n.idx for n in allocation.nodes], self.job, self.software)
         new = [r for r in self.requests if r.index in {n.idx for n in allocation.new}]
         for request in nodework.unfit(self.backend, [r for r in self.requests if r not in new]):
-            self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size, environment "
-                               "or hosts entry differ)")
+            self.logs.platform(f"node {request.name} is made again for this job (its /dev/shm size, environment, "
+                               "hosts entry differ, or it runs a job image: a new container for each job)")
             self.backend.remove_node(request)
             new.append(request)
         if new:
