@@ -165,10 +165,10 @@ def exec_table(backend: type[NodeBackend], config: dict[str, Any]) -> dict[str, 
         argv = backend.agent_argv(config, host, COMMAND)
         at = argv.index(COMMAND)
         table[host] = {"before": argv[:at], "after": argv[at + 1:], "record": backend.agent_record(config, host)}
+    return table
+
+
 def agent_file(config: dict[str, Any]) -> bytes:
     """What the agent reads of `config` (its exec table and host environment), in `marshal`'s format:
     the agent starts once per node and launch, and json's import alone cost it ~17 ms (runs/agent.py)."""
     return marshal.dumps({"exec": config["exec"], "host_env": config["host_env"]})
-
-
-    return table
