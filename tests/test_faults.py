@@ -203,12 +203,16 @@ except OSError as exc:
 """
 
 
+# The fault is on a node's cached copy: the input prefetched (a read fault on the data runtime's mount is not emulated).
+PREFETCHED = ("inputs:\n  d: {path: azureml://datastores/workspaceblobstore/paths/fault}\n"
+              "environment_variables:\n  AMLEMU_DATA_PREFETCH: 'true'\n")
+
+
 def test_a_failing_datastore_read(emu: Emulator, cluster, make_job) -> None:
     cluster(max_nodes=1)
     fs, root = emu.datastores.filesystem("workspaceblobstore")
     fs.pipe(f"{root}/fault/v.txt", b"fine")
-    job = make_job(READ_AFTER_RELEASE, args="${{inputs.d}}",
-                   extra="inputs:\n  d: {path: azureml://datastores/workspaceblobstore/paths/fault}\n")
+    job = make_job(READ_AFTER_RELEASE, args="${{inputs.d}}", extra=PREFETCHED)
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0), STARTUP, "the job started")
     emu.faults.fail_data_read("c1", 0, "azureml://datastores/workspaceblobstore/paths/fault/v.txt")
@@ -216,8 +220,7 @@ def test_a_failing_datastore_read(emu: Emulator, cluster, make_job) -> None:
     assert run.wait(timeout=60) is RunStatus.FAILED
     assert f"read failed: {errno.errorcode[errno.ELOOP]}" in run.logs(0)
     assert "fault: data-error c1-node-0: reads of azureml://" in _faults_log(run)
-    again = emu.submit(make_job(READ_AFTER_RELEASE, args="${{inputs.d}}",  # the next job's mount fetches it again
-                                extra="inputs:\n  d: {path: azureml://datastores/workspaceblobstore/paths/fault}\n"))
+    again = emu.submit(make_job(READ_AFTER_RELEASE, args="${{inputs.d}}", extra=PREFETCHED))  # fetched again
     release(emu, again)
     assert again.wait(timeout=60) is RunStatus.COMPLETED, again.record.error
 

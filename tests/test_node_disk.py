@@ -185,3 +185,13 @@ def test_a_disk_another_detach_unmounted_meanwhile_is_not_an_error(tmp_path: Pat
     monkeypatch.setattr(nodedisk.os.path, "ismount", lambda _path: True)
     with pytest.raises(BackendError, match=r"a node's disk: `umount --lazy .*` failed"):  # still mounted: an error
         nodedisk.detach(node_dir)
+
+
+def test_whether_disks_are_limited_is_not_kept_from_another_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worked out once per user: an answer found while a test posed as another user (or ran with
+    another PATH) once made a session's dry runs disagree with what their supervisors launched."""
+    assert nodedisk.limited()  # root here, with loop devices (the suite's machine)
+    with monkeypatch.context() as posing:
+        posing.setattr(nodedisk.os, "geteuid", lambda: 1000)
+        assert not nodedisk.limited()
+    assert nodedisk.limited()

@@ -38,11 +38,17 @@ MOUNT_OPTIONS = "loop,nosuid,nodev,noinit_itable"
 CAP_SYS_ADMIN = 21
 
 
-@functools.cache
 def limited() -> bool:
     """Whether node disks can be file systems of their own here: mounting needs root with
     CAP_SYS_ADMIN (a container's root may lack it) and loop devices."""
-    if os.geteuid() != 0 or shutil.which(MKFS[0]) is None or not os.path.exists("/dev/loop-control"):
+    return _limited(os.geteuid(), shutil.which(MKFS[0]))
+
+
+@functools.cache
+def _limited(euid: int, mkfs: str | None) -> bool:
+    """Kept per user and mkfs found: a value worked out once as another user, or on another PATH,
+    is not this process's answer (the dry run and its supervisor disagreed so in a test session)."""
+    if euid != 0 or mkfs is None or not os.path.exists("/dev/loop-control"):
         return False
     found = re.search(r"^CapEff:\s*([0-9a-f]+)$", Path("/proc/self/status").read_text(), re.MULTILINE)
     return bool(found and int(found.group(1), 16) & (1 << CAP_SYS_ADMIN))
