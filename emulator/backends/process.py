@@ -230,7 +230,10 @@ class ProcessBackend(NodeBackend):
     def list_nodes(self) -> list[NodeInfo]:
         found = []
         for marker in sorted((self.home.root / "process-nodes").glob(f"*/*/{NODE_FILE}")):
-            plan = ProcessNodePlan.from_dict(json.loads(marker.read_text()))
+            try:
+                plan = ProcessNodePlan.from_dict(json.loads(marker.read_text()))
+            except FileNotFoundError:  # removed since the listing (a supervisor scaling its node down)
+                continue
             found.append(NodeInfo(cluster=plan.labels["amlemu.cluster"], name=plan.hostname,
                                   index=int(plan.labels["amlemu.index"]),
                                   running=not (marker.parent / DEAD_FILE).exists(), address=plan.address))
