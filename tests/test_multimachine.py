@@ -340,17 +340,22 @@ def _cleanup_without_state(emu: Emulator) -> None:
     assert done.exit_code == 0, done.output
 
 
+def _add_rig(emu: Emulator, rig_engine: SecondEngine) -> None:
+    """The rig as the home's machine m2, its cores and memory as its engine reports them."""
+    state, info = rig_engine.state, rig_engine.client.info()
+    execute(registry.plan_add(emu.store, Machine(
+        "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
+        service_address=state["host_addr"], advertise_address=state["node_addr"])))
+
+
 @pytest.mark.xdist_group("second-engine")
 def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: Path) -> None:
     state, remote = second_engine.state, second_engine.client
-    info = remote.info()
     emu = Emulator(home=tmp_path / "home", backend="docker")
     local = docker.from_env()
     swarm_before = local.info()["Swarm"]["LocalNodeState"]
     try:
-        execute(registry.plan_add(emu.store, Machine(
-            "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
-            service_address=state["host_addr"], advertise_address=state["node_addr"])))
+        _add_rig(emu, second_engine)
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"),
                                        idle_seconds_before_scaledown=600))
         run = emu.submit(JobFactory(tmp_path / "jobs")(ALLREDUCE, nodes=4))
@@ -385,13 +390,10 @@ def test_the_seeds_job_with_a_node_on_each_machine(second_engine: SecondEngine, 
     parameters. Then the rig's dockerd stopped under a job on the warm nodes: the run fails naming
     the machine, and once the engine is back `cleanup` removes the stopped node left on it.
     `make test-full` (the 2-machine allreduce in make test covers Horovod's path and a machine cut off)."""
-    state, remote = second_engine.state, second_engine.client
-    info = remote.info()
+    remote = second_engine.client
     emu = Emulator(home=tmp_path / "home", backend="docker")
     try:
-        execute(registry.plan_add(emu.store, Machine(
-            "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
-            service_address=state["host_addr"], advertise_address=state["node_addr"])))
+        _add_rig(emu, second_engine)
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=2, machines=("local", "m2"),
                                        idle_seconds_before_scaledown=600))
         emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
