@@ -214,6 +214,13 @@ def post_mortem(emulator: Emulator, dest: Path) -> None:
         shutil.copytree(emulator.home.root / "runs", dest / "runs", symlinks=True, dirs_exist_ok=True)
     shutil.copy2(emulator.home.db, dest / emulator.home.db.name)  # statuses and their times
     print(f"post-mortem of the failed test's runs: {dest}")
+    for record in emulator.store.runs():  # CI shows only the output: each run's end, in brief
+        print(f"run {record.id}: {record.status.value} exit={record.exit_code} error={record.error!r}")
+        run_dir = emulator.home.run_dir(record.id)
+        for log in [run_dir / "system_logs" / "supervisor.txt", *sorted(run_dir.glob("user_logs/std_log*.txt"))[:1]]:
+            with contextlib.suppress(OSError):
+                tail = log.read_text(errors="replace").splitlines()[-12:]
+                print(f"  {log.relative_to(run_dir)}:", *(f"    {line[:300]}" for line in tail), sep="\n")
 
 
 class JobFactory:
