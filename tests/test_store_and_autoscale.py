@@ -39,6 +39,17 @@ def test_clusters_survive_a_new_connection(store: Store) -> None:
         store.cluster("c9")
 
 
+def test_a_cancel_that_came_first_wins_over_a_drivers_next_status(store: Store) -> None:
+    """A sweep's or pipeline's driver (or a supervisor) writes Preparing/Running just after a cancel:
+    the cancel stays, the run's loop then ends it Canceled (it once failed the run with a StateError)."""
+    store.add_run("r1", "exp", "c1", {"k": 1})
+    store.set_status("r1", RunStatus.CANCEL_REQUESTED, "cancel requested")
+    for status in (RunStatus.PREPARING, RunStatus.RUNNING, RunStatus.FINALIZING):
+        assert store.set_status("r1", status).status is RunStatus.CANCEL_REQUESTED
+    assert store.set_status("r1", RunStatus.CANCELED).status is RunStatus.CANCELED
+    assert [e[1] for e in store.events("r1")] == [RunStatus.NOT_STARTED, RunStatus.CANCEL_REQUESTED, RunStatus.CANCELED]
+
+
 def test_status_history_is_validated_and_timed(store: Store) -> None:
     store.add_run("r1", "exp", "c1", {"k": 1})
     for status in (RunStatus.QUEUED, RunStatus.PREPARING, RunStatus.RUNNING):

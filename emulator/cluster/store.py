@@ -243,11 +243,14 @@ class Store:
 
     def set_status(self, run_id: str, status: RunStatus, detail: str = "",
                    db: sqlite3.Connection | None = None, **fields: Any) -> RunRecord:
-        """Validated transition, recorded with its time; a no-op when already in `status`."""
+        """Validated transition, recorded with its time; a no-op when already in `status`, and when
+        a cancel came first for an active status (the run's own loop then sees the cancel and ends it)."""
         if db is None:
             with self.transaction() as tx:
                 return self.set_status(run_id, status, detail, db=tx, **fields)
         current = self.run(run_id, db).status
+        if current is RunStatus.CANCEL_REQUESTED and not status.is_terminal:
+            return self.run(run_id, db)
         if current is not status:
             current.check_transition(status)
             db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (run_id, time.time(), status.value, detail))
