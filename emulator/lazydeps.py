@@ -5,7 +5,9 @@ jsonschema (which azure-ai-ml imports) imports rfc3987_syntax whenever it is ins
 of CPU in every CLI call that loads azure-ai-ml (about a third of one), for a check azure-ai-ml
 never asks for (it validates without a format checker). `defer_rfc3987_syntax` puts a stand-in in
 its place whose `is_valid_syntax` (the one name jsonschema takes) and every other attribute load
-the real module on first use, so a format check that does run behaves as before.
+the real module on first use, so a format check that does run behaves as before. Its dunders are
+the real module's or missing: azure-ai-ml's experimental warnings call inspect.stack(), which asks
+every module for `__file__`, and loading the real module there cost ~6 s a CLI call.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def defer_rfc3987_syntax() -> None:
         return
     stand_in = types.ModuleType(NAME)
     stand_in.__path__ = list(spec.submodule_search_locations)  # its submodules import as they are
-    stand_in.__spec__ = spec
+    stand_in.__spec__, stand_in.__file__, stand_in.__loader__ = spec, spec.origin, spec.loader
 
     def real() -> types.ModuleType:
         return importlib.import_module(f"{NAME}.syntax_helpers")  # what the package's __init__ re-exports
@@ -37,6 +39,8 @@ def defer_rfc3987_syntax() -> None:
         return real().is_valid_syntax(term, value)  # type: ignore[no-any-return]
 
     def __getattr__(name: str) -> Any:  # noqa: N807 - a module's own attribute hook (PEP 562)
+        if name.startswith("__"):  # inspect.stack() asks every module for its dunders: not a use
+            raise AttributeError(name)
         return getattr(real(), name)
 
     stand_in.is_valid_syntax = is_valid_syntax  # type: ignore[attr-defined]

@@ -1,5 +1,6 @@
 """Import costs put off (emulator/lazydeps.py): azure-ai-ml loads without compiling rfc3987_syntax's
-grammars, and jsonschema's IRI format check, when one runs, still judges as before."""
+grammars (inspect.stack(), which azure-ai-ml's experimental warnings call, does not load them either),
+and jsonschema's IRI format check, when one runs, still judges as before."""
 from __future__ import annotations
 
 import json
@@ -12,6 +13,8 @@ PROBE = """
 import json, sys
 from amlemu.jobs import sdk2
 sdk2.require()
+import inspect
+inspect.stack()  # as azure-ai-ml's experimental warnings do: it asks every module for __file__
 loaded = "rfc3987_syntax.syntax_helpers" in sys.modules
 import jsonschema
 checker = jsonschema.FormatChecker()
