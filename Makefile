@@ -26,7 +26,7 @@ demo: setup
 # share one worker, in turn (loadgroup; tests/conftest.py says why); the slowest tests are listed.
 # `make test` (CI) leaves out the runs marked `full`: the full MNIST's 95% on the seed's docker
 # nodes, 100 jobs under random faults (it runs them on 2,000 images and 20 jobs), the examples' MNIST to 90%
-# (it runs the other examples), and two trainings
+# (it runs the other examples), and three trainings
 # it already does on another path; `make test-full` runs everything.
 TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -n $(TEST_WORKERS) --dist loadgroup --durations=25

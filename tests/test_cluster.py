@@ -239,8 +239,10 @@ def test_dry_run_returns_the_plan_and_creates_nothing(emu: Emulator, cluster, ma
     assert emu.runs() == [] and emu.store.nodes("c1") == [] and emu_nodes(emu) == []
 
 
+# `make test` runs the seed's job on process nodes through test_faults' preemption (its contract and
+# data reads are checked there) and on docker nodes through the seed notebook: both here are `full`.
 @TRAINING
-@pytest.mark.parametrize("backend", ["process", pytest.param("docker", marks=FULL)])
+@pytest.mark.parametrize("backend", [pytest.param("process", marks=FULL), pytest.param("docker", marks=FULL)])
 def test_horovod_mnist_on_two_emulated_nodes(emu: Emulator, cluster, backend: str, request: pytest.FixtureRequest) -> None:
     """The seed's job, unchanged, on real MNIST read from workspaceblobstore (Azurite) through each
     node's own cache: 2 nodes x 1 process. On the seed's docker nodes the full set reaching 95%

@@ -281,7 +281,9 @@ def test_many_short_jobs_under_seeded_random_faults_all_end_and_leave_nothing(em
 def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mnist_subset: Path) -> None:
     """Preempted after its first checkpoint, the 2-node MNIST job restarts on fresh nodes, resumes
     from its newest checkpoint and still learns. 2,000 images for 3 epochs: epochs 2 and 3 take
-    seconds, far longer than the preemption takes to land; the figure is test_cluster's business."""
+    seconds, far longer than the preemption takes to land; the figure is test_cluster's business.
+    `make test`'s run of the seed's job on process nodes: the trainer's contract (both ranks in sync,
+    its checkpoints and model, rank 0's metrics) and each node's own read of the data are checked here."""
     cluster(**LOW)
     emu.datastores.upload(mnist_subset, "azureml://datastores/workspaceblobstore/paths/mnist")
     run = emu.submit(REPO / "trainer" / "job.yml", overrides=["compute=c1", "inputs.epochs=3"])
@@ -298,9 +300,18 @@ def test_the_seed_job_survives_preemption_at_epoch_1(emu: Emulator, cluster, mni
     assert sorted(set(steps)) == [1, 2, 3] and steps[0] == 1  # appended across attempts
     summary = json.loads((run.outputs / "summary.json").read_text())
     assert summary["resumed_from"] == f"checkpoint-epoch{resumed[1]}.pt" and summary["params_in_sync"] is True
-    assert (run.outputs / "checkpoint-epoch3.pt").exists()
+    assert summary["world_size"] == 2 and "parameters identical on all 2 ranks: True" in run.logs(0)
+    assert {"model.pt", "checkpoint-epoch1.pt", "checkpoint-epoch3.pt"} <= {p.name for p in run.outputs.iterdir()}
+    assert run.metrics()["test_accuracy"] == pytest.approx(summary["test_accuracy"])
     details = " ".join(d for _, _, d in run.events())
     assert "preempted (node(s) c1-node-1)" in details
+    # Each node read the images through its own data runtime mount, whole.
+    images = mnist_subset / "MNIST" / "raw" / "train-images-idx3-ubyte"
+    logs = sorted((run.dir / "system_logs" / "data_capability").iterdir())
+    assert [node.name for node in logs] == ["c1-node-0", "c1-node-1"]
+    for node in logs:
+        rslex = "".join(p.read_text() for p in node.glob("rslex.log.*"))
+        assert f"opened /MNIST/raw/train-images-idx3-ubyte ({images.stat().st_size} bytes, whole file)" in rslex, node
 
 
 def test_a_fault_on_an_idle_node_removes_it(emu: Emulator, cluster, make_job) -> None:
