@@ -8,6 +8,7 @@ import errno
 import hashlib
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,8 +21,8 @@ from amlemu.home import default_cache
 from amlemu.storage.datastores import DEFAULT, Datastores
 from amlemu.storage.dataruntime.cache import DiskCache
 from amlemu.storage.dataruntime import settings as drs
-from amlemu.storage.dataruntime.mount import (ThreadMount, fuse_options, is_mounted, plan_unmount, start_process,
-                                              unmount, unmount_argv)
+from amlemu.storage.dataruntime.mount import (ThreadMount, find_mounts, fuse_options, is_mounted, plan_unmount,
+                                              start_process, unmount, unmount_argv)
 from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
 
 KB = 1024
@@ -204,6 +205,7 @@ def test_a_served_process_mount_unmounts_and_cleans_up(tmp_path: Path, data: Pat
                            tmp_path / "logs", settings)
     try:
         assert is_mounted(mnt) and (mnt / "labels.csv").read_text() == "a,b\n1,2\n"
+        assert find_mounts(record.fsname) == [str(mnt)]  # a source of its own: found by it wherever it moves
         plan = plan_unmount(tmp_path / "state")
         assert [a.line().split(" (")[0] for a in plan] == [
             f"unmount data runtime mount {mnt}", f"stop data runtime server {record.pid}",
@@ -216,6 +218,27 @@ def test_a_served_process_mount_unmounts_and_cleans_up(tmp_path: Path, data: Pat
     with pytest.raises(ProcessLookupError):
         os.kill(record.pid, 0)
     assert "unmounted" in (tmp_path / "logs" / "data-capability.log").read_text()
+
+
+def test_an_unmount_takes_its_own_mount_never_another_of_the_same_source(tmp_path: Path, data: Path) -> None:
+    """The mount table is the host's, shared by every run and test worker: a record whose source
+    name another mount also has (an older record's default name) unmounts its own mount."""
+    settings = drs.from_env({"DATASET_UNMOUNT_TIMEOUT_SECONDS": "5"}, cores=1)
+    mounts = []
+    for name in ("first", "second"):  # both served under the default source name
+        (tmp_path / name).mkdir()
+        ops = DataRuntimeFS(LocalFileSystem(), str(data), tmp_path / f"cache-{name}", tmp_path / f"logs-{name}", settings)
+        mounts.append(ThreadMount(ops, tmp_path / name, tmp_path / f"state-{name}", settings))
+    replace(mounts[1].record, fsname="amlemu-dataruntime").save()  # found by that source if it moved
+    try:
+        done = execute(plan_unmount(tmp_path / "state-second"))
+        assert done[0] == f"unmounted {tmp_path / 'second'}"
+        assert not is_mounted(tmp_path / "second") and is_mounted(tmp_path / "first")
+        assert (tmp_path / "first" / "labels.csv").read_text() == "a,b\n1,2\n"
+    finally:
+        for mount in mounts:
+            mount.unmount()
+    assert not any(mount.thread.is_alive() for mount in mounts)
 
 
 def test_the_cache_keeps_the_reserved_free_space(tmp_path: Path) -> None:

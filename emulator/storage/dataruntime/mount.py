@@ -17,6 +17,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -41,8 +42,14 @@ class MountRecord:
 
     def where(self) -> str:
         """Where the mount is now, as the mount table has its fsname (no link followed): a job may
-        rename a folder above its mount point, and the mount moves with it."""
-        return (find_mount(self.fsname) if self.fsname else None) or self.mountpoint
+        rename a folder above its mount point, and the mount moves with it. Never another mount:
+        the recorded point while it holds this fsname, else the one mount of that fsname; a name
+        that several mounts share (the mount table is the host's, shared by every test worker and
+        run) finds none of them."""
+        points = find_mounts(self.fsname) if self.fsname else []
+        if os.path.realpath(self.mountpoint) in points or len(points) != 1:
+            return self.mountpoint
+        return points[0]
 
     def save(self) -> None:
         Path(self.state, RECORD).write_text(json.dumps(asdict(self)))
@@ -90,14 +97,20 @@ def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
-def find_mount(fsname: str) -> str | None:
-    """The mount point of the FUSE mount whose source is `fsname` (None: not mounted)."""
+def find_mounts(fsname: str) -> list[str]:
+    """The mount points of the FUSE mounts whose source is `fsname`, in mount order."""
+    points: list[str] = []
     with open("/proc/self/mountinfo", encoding="utf-8") as info:
         for line in info:
             tail = line.split(" - ", 1)[-1].split()
             if len(tail) > 1 and tail[0].startswith("fuse") and _unescape(tail[1]) == fsname:
-                return _unescape(line.split()[4])
-    return None
+                points.append(_unescape(line.split()[4]))
+    return points
+
+
+def unique_fsname(prefix: str = "amlemu-dataruntime") -> str:
+    """A mount's own source name: `where` finds a moved mount by it, so no two mounts share one."""
+    return f"{prefix}:{uuid.uuid4().hex[:16]}"
 
 
 def serve(ops: Any, mountpoint: str, settings: Settings, fsname: str = "amlemu-dataruntime") -> None:
@@ -148,10 +161,12 @@ class ThreadMount:
 
 def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache: Path, logs: Path,
                   settings: Settings, timeout: float = 20.0, only: str | None = None,
-                  fsname: str = "amlemu-dataruntime") -> MountRecord:
+                  fsname: str | None = None) -> MountRecord:
     """Serve the mount from a process of its own (`python -m amlemu.storage.dataruntime.serve`);
-    the filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv)."""
+    the filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv).
+    `fsname`: the mount's source in the mount table, unique to it (by default a fresh one)."""
     state.mkdir(parents=True, exist_ok=True)
+    fsname = fsname or unique_fsname()
     config = {"fs": fs_json, "root": root, "mountpoint": str(mountpoint), "cache": str(cache), "logs": str(logs),
               "settings": settings.to_dict(), "only": only, "fsname": fsname}
     proc = subprocess.Popen([sys.executable, "-m", "amlemu.storage.dataruntime.serve"], stdin=subprocess.PIPE,
