@@ -25,11 +25,11 @@ from rigfixture import SecondEngine
 
 from amlemu.actions import execute
 from amlemu.api import Emulator
-from amlemu.backends import dockerengines, hostguard
+from amlemu.backends import dockerengines, hostguard, overlaypeers
 from amlemu.backends.base import LABEL, NodeRequest
 from amlemu.backends.docker import DockerBackend
 from amlemu.cluster import autoscale, placing
-from amlemu.errors import CapacityError, ConfigError
+from amlemu.errors import BackendError, CapacityError, ConfigError
 from amlemu.home import Home
 from amlemu.machines import registry, rig, swarm
 from amlemu.machines.registry import Machine
@@ -152,6 +152,63 @@ def test_a_swarm_advertised_on_an_address_gone_from_this_machine_is_refused() ->
     spanning._check_advertised(swarm.SwarmState("n", True, False, "127.0.0.1:2377", "t"))  # noqa: SLF001
     with pytest.raises(BackendError, match="this machine's swarm advertises 192.0.2.99, which is no longer an address"):
         spanning._check_advertised(swarm.SwarmState("n", True, False, "192.0.2.99:2377", "t"))  # noqa: SLF001
+
+
+class _Node:
+    """A fake node container that answers the peers' lookup with each of `answers` in turn (the last
+    one for good): (exit code, {name: address}); the names it was asked for are kept."""
+
+    def __init__(self, name: str, *answers: tuple[int, dict[str, str]]) -> None:
+        self.name, self.answers, self.asked = name, list(answers), []
+
+    def exec_run(self, argv: list[str]) -> tuple[int, bytes]:
+        names = argv[argv.index("lookup") + 1:]
+        self.asked.append(names)
+        code, known = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        return code, "".join(f"{n} {known.get(n, '-')}\n" for n in names).encode()
+
+
+def test_the_peers_lookup_is_the_nodes_own_resolver_and_its_answer_is_read_as_data() -> None:
+    argv = overlaypeers.lookup_argv(["c1-node-0", "c1-node-1"])
+    assert argv[:2] == ["/bin/sh", "-c"] and argv[-3:] == ["lookup", "c1-node-0", "c1-node-1"]  # names: arguments
+    assert overlaypeers.parse("c1-node-0 10.0.1.2\nc1-node-1 -\nc1-node-2 10.0.1.4\tc1-node-2\n\n") == {
+        "c1-node-0": "10.0.1.2", "c1-node-2": "10.0.1.4"}
+    assert overlaypeers.wrong({"a": "10.0.1.2", "b": "10.0.1.3", "c": "10.0.1.4"}, {"a": "10.0.1.2", "b": "10.0.1.9"}) \
+        == {"b": "10.0.1.9", "c": None}
+    found = overlaypeers.parse(subprocess.run(overlaypeers.lookup_argv(["localhost"]), capture_output=True, text=True,
+                                              check=True).stdout)  # the script itself, by this machine's getent
+    assert found.get("localhost") in {"127.0.0.1", "::1"}, found
+
+
+def test_a_job_on_an_overlay_starts_once_every_node_resolves_every_other_at_its_address() -> None:
+    """Across machines an engine learns another's nodes through the swarm's gossip, late under load:
+    each node is asked again (only for what it lacks) until every peer resolves to its own address;
+    an earlier container's address is not taken."""
+    addresses = {"c1-node-0": "10.0.1.2", "c1-node-1": "10.0.1.3"}
+    stale = {"c1-node-0": "10.0.1.9"}
+    here = _Node("amlemu-h-c1-node-0", (0, addresses))
+    there = _Node("amlemu-h-c1-node-1", (0, {}), (0, stale), (0, addresses))
+    assert overlaypeers.until_resolvable({"c1-node-0": here, "c1-node-1": there}, addresses, limit=60) == []
+    assert here.asked == [["c1-node-1"]] and there.asked == [["c1-node-0"]] * 3
+    bare = _Node("amlemu-h-c1-node-1", (127, {}))  # a job image without getent: not asked again, said so
+    assert overlaypeers.until_resolvable({"c1-node-0": here, "c1-node-1": bare}, addresses, limit=60) == ["c1-node-1"]
+    assert len(bare.asked) == 1
+    base = NodeRequest("h", "c1", 0, 2.0, GIB, 1.0, Path("/n"), Path("/c"))  # on one engine's bridge: no wait
+    assert overlaypeers.for_nodes(lambda r: 1 / 0, [base, replace(base, index=1)], list(addresses.values()), print) is False
+
+
+def test_a_peer_that_never_becomes_resolvable_fails_the_start_naming_it() -> None:
+    addresses = {"c1-node-0": "10.0.1.2", "c1-node-1": "10.0.1.3", "c1-node-2": "10.0.1.4"}
+    base = NodeRequest("h", "c1", 0, 2.0, GIB, 1.0, Path("/n"), Path("/c"), overlay="amlemu-h-c1-overlay")
+    requests = [base, replace(base, index=1, machine="m2", engine="unix:///m2.sock"), replace(base, index=2)]
+    nodes = {"c1-node-0": _Node("n0", (0, addresses)), "c1-node-2": _Node("n2", (0, addresses)),
+             "c1-node-1": _Node("n1", (0, {"c1-node-2": "10.0.1.4", "c1-node-0": "10.0.1.9"}))}
+    with pytest.raises(BackendError) as failed:  # a deadline of 0: asked once
+        overlaypeers.for_nodes(lambda r: nodes[r.name], requests, list(addresses.values()), print, limit=0)
+    assert str(failed.value) == (
+        "c1-node-0 (its address 10.0.1.2; resolved to 10.0.1.9) never became resolvable on node c1-node-1 "
+        "(machine m2) within 0 s: the swarm's gossip between the machines (7946/tcp+udp) did not tell its engine; "
+        "check those ports (docs/swarm.md) and submit again")
 
 
 def test_a_machine_the_swarm_marks_down_ends_a_run_naming_its_nodes() -> None:

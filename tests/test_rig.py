@@ -17,6 +17,7 @@ import pytest
 from rigfixture import SecondEngine
 
 from amlemu.actions import document, execute
+from amlemu.backends import overlaypeers
 from amlemu.backends.base import LABEL, software_paths
 from amlemu.backends.dockerplan import MIRROR_IMAGE
 from amlemu.machines import rig, rigproc, swarm
@@ -186,7 +187,8 @@ def test_reaping_keeps_a_swarm_in_use_or_not_amlemus() -> None:
 # --- for real: two engines, one swarm, a cluster's overlay ------------------------------------------
 PROBE = """
 import socket, sys, time, urllib.request
-deadline = time.monotonic() + 60  # a deadline, not a wait: the other node's server may still be starting
+deadline = time.monotonic() + 60  # a deadline, not a wait: the other node's server may still be starting (the
+# name resolves by now: the test waited for it as a job's start does)
 while True:
     try:
         print(socket.gethostbyname(sys.argv[1]), urllib.request.urlopen(f"http://{sys.argv[1]}:8000/", timeout=5).status)
@@ -232,11 +234,17 @@ def test_nodes_on_two_engines_reach_each_other_on_their_clusters_overlay(second_
         assert overlay.encrypted or overlay.note == swarm.ipsec_missing()  # plain only with the kernel's reason
         server = _node(local, home_id, overlay.name, "node-0", ["/usr/bin/python3", "-m", "http.server", "8000"])
         client = _node(remote, home_id, overlay.name, "node-1", ["/usr/bin/tini", "--", "/bin/sleep", "infinity"])
+        for container in (server, client):
+            container.reload()
+        addresses = {c.attrs["Config"]["Hostname"]: c.attrs["NetworkSettings"]["Networks"][overlay.name]["IPAddress"]
+                     for c in (server, client)}
+        # As a job's start waits (the docker backend's until_peers_known): the other engine's node is
+        # known through the swarm's gossip, which under load came after a minute (CI).
+        assert overlaypeers.until_resolvable({"node-0": server, "node-1": client}, addresses) == []
         code, out = client.exec_run(["/usr/bin/python3", "-c", PROBE, "node-0"])
-        assert code == 0 and out.decode().split()[1] == "200", out.decode()[-2000:]
+        assert code == 0 and out.decode().split() == [addresses["node-0"], "200"], out.decode()[-2000:]
         code, out = server.exec_run(["getent", "hosts", "node-1"])  # and back, by name across the link
-        client.reload()
-        assert code == 0 and out.decode().split()[0] == client.attrs["NetworkSettings"]["Networks"][overlay.name]["IPAddress"]
+        assert code == 0 and out.decode().split()[0] == addresses["node-1"]
         for container in (server, client):
             container.remove(force=True)
     finally:

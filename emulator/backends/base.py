@@ -191,6 +191,13 @@ class NodeBackend(abc.ABC):
         what is fixed at a node's creation and differs from job to job (docker: /dev/shm's size)."""
         return True
 
+    def until_peers_known(self, requests: list[NodeRequest], addresses: list[str], log: Callable[[str], None]) -> bool:
+        """Before a job starts: wait until every node of `requests` resolves every other's name at
+        its address (`addresses`, in order), as AmlCompute's nodes do when their job starts (a
+        deadline; past it BackendError naming the node never resolved); whether there was a wait.
+        Nothing to wait for where a node is known once it is made (one engine's bridge, hosts files)."""
+        return False
+
     def host_address(self, request: NodeRequest) -> str | None:
         """The address of this machine that the node reaches (where a run's service link
         listens, and SERVICE_HOST resolves to on the node); None: the backend has no such link."""

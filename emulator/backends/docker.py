@@ -22,14 +22,13 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action
-from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, nodefs
+from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, nodefs, overlaypeers
 from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerexec import exec_argv, setpriv_path
 from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
-
 
 
 class DockerBackend(NodeBackend):
@@ -68,8 +67,7 @@ class DockerBackend(NodeBackend):
 
     @classmethod
     def agent_tools(cls) -> dict[str, str]:
-        found = shutil.which("docker")
-        return {"docker": found} if found else {}
+        return {"docker": found} if (found := shutil.which("docker")) else {}
 
     @classmethod
     def agent_argv(cls, config: dict[str, Any], host: str, command: str) -> list[str]:
@@ -202,6 +200,9 @@ class DockerBackend(NodeBackend):
                 any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
+
+    def until_peers_known(self, requests: list[NodeRequest], addresses: list[str], log: Callable[[str], None]) -> bool:
+        return overlaypeers.for_nodes(self._container, requests, addresses, log)  # an overlay's gossip: overlaypeers.py
 
     def host_address(self, request: NodeRequest) -> str | None:
         """The cluster network's gateway: this machine as its nodes reach it (not its 127.0.0.1)."""

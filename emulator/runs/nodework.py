@@ -31,6 +31,21 @@ def each_node(requests: list[NodeRequest], action: Callable[[NodeRequest], Any])
             list(pool.map(action, requests))
 
 
+def create(store: Store, backend: NodeBackend, cluster: str, new: list[NodeRequest], requests: list[NodeRequest],
+           log: Log, mark: Callable[[str], None]) -> dict[str, str | None]:
+    """The run's `new` nodes made; then, new or warm (made by `compute create` and never asked), every
+    node of the run resolving every other by name before the job starts (backends' until_peers_known:
+    a deadline). Each node's address, by name."""
+    if new:
+        log(f"creating node(s) {', '.join(r.name for r in new)} ({backend.name})")
+        autoscale.create_nodes(store, backend, new)
+        mark(f"{len(new)} node(s) created")
+    addresses = {n.name: n.address for n in store.nodes(cluster)}
+    if backend.until_peers_known(requests, [addresses[r.name] or "" for r in requests], log):
+        mark("every node resolves the others")
+    return addresses
+
+
 def unfit(backend: NodeBackend, requests: list[NodeRequest]) -> list[NodeRequest]:
     """The nodes kept from earlier runs that this job cannot use as they are (`backend.fits`), all
     asked at once: on docker each answer is a call to its engine, ~20 ms, per node and submit."""

@@ -131,11 +131,7 @@ class Supervisor:
                                "hosts entry differ, or it runs a job image: a new container for each job)")
             self.backend.remove_node(request)
             new.append(request)
-        if new:
-            self.logs.platform(f"creating node(s) {', '.join(r.name for r in new)} ({self.backend.name})")
-            autoscale.create_nodes(self.store, self.backend, new)
-            self.mark(f"{len(new)} node(s) created")
-        addresses = {n.name: n.address for n in self.store.nodes(spec.name)}
+        addresses = nodework.create(self.store, self.backend, spec.name, new, self.requests, self.logs.platform, self.mark)
         self.plan = job_launch(self.job, self.run_id, self.backend, self.requests,
                                [addresses[r.name] or "127.0.0.1" for r in self.requests], self.store.workspace(),
                                self.software)
