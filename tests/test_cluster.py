@@ -367,7 +367,7 @@ def test_a_supervisor_just_started_is_known_as_the_runs_own() -> None:
 
 @pytest.mark.parametrize("backend", ["docker"], indirect=True)
 def test_a_node_killed_from_outside_fails_the_run(emu: Emulator, cluster, make_job) -> None:
-    cluster()
+    cluster(idle_seconds_before_scaledown=600)  # the healthy node stays, idle (at 0 it may be gone already)
     job = make_job(BLOCK, nodes=2)
     run = emu.submit(job)
     wait_until(lambda: "started" in run.logs(0) and "started" in run.logs(1), STARTUP, "both ranks started")
