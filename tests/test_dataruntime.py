@@ -169,15 +169,73 @@ def test_missing_and_denied_files_fail_as_the_runtime_logs_them(mounted, data: P
     with pytest.raises(FileNotFoundError):
         open(mount.mountpoint / "shards" / "part-999.bin", "rb")
     fs.denied.add("labels.csv")
-    with pytest.raises(PermissionError):
-        open(mount.mountpoint / "labels.csv", "rb")
+    with pytest.raises(PermissionError):  # on its first read: the kernel opens files itself (no-open)
+        (mount.mountpoint / "labels.csv").read_bytes()
     with pytest.raises(OSError) as err:
         open(mount.mountpoint / "shards" / "part-001.bin", "ab")
     assert err.value.errno == errno.EROFS
     log = (mount.ops.log.session).read_text()
     assert "getattr /shards/part-999.bin: DataAccessError(NotFound)" in log
-    assert "open /labels.csv: DataAccessError(PermissionDenied)" in log
+    assert "read /labels.csv: DataAccessError(PermissionDenied)" in log
     assert mount.ops.log.session.name == "data-capability.log" and mount.ops.log.rslex.name.startswith("rslex.log.")
+
+
+class CountingOps(DataRuntimeFS):
+    """The mount's server, counting the calls the kernel sends it."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        self.calls: dict[str, int] = {}
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def open(self, path: str, flags: int) -> int:
+        self._count("open")
+        return super().open(path, flags)
+
+    def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
+        self._count("read")
+        return super().read(path, size, offset, fh)
+
+    def flush(self, path: str, fh: int) -> int:
+        self._count("flush")
+        return super().flush(path, fh)
+
+    def release(self, path: str, fh: int) -> int:
+        self._count("release")
+        return super().release(path, fh)
+
+
+@pytest.mark.parametrize("env", [{}, {"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000"}], ids=["defaults", "ttl"])
+def test_a_warm_read_is_the_kernels_own_where_nothing_could_change(tmp_path: Path, data: Path, env: dict) -> None:
+    """Defaults (attributes never expire, whole files): the kernel opens files itself, keeps their
+    pages and sends no release or flush, so reading a file again asks the server nothing; with a
+    TTL every open still reaches the server, which then checks the file's attributes."""
+    fs, settings = CountingFS(), drs.from_env(env, cores=1)
+    ops = CountingOps(fs, str(data), tmp_path / "cache", tmp_path / "logs", settings)
+    (tmp_path / "mnt").mkdir()
+    mount = ThreadMount(ops, tmp_path / "mnt", tmp_path / "state", settings)
+    try:
+        shard = tmp_path / "mnt" / "shards" / "part-003.bin"
+        assert shard.read_bytes() == bytes([3]) * (16 * KB + 3)
+        first = dict(ops.calls)
+        for _ in range(4):
+            assert shard.read_bytes() == bytes([3]) * (16 * KB + 3)
+        assert fs.fetched == {"part-003.bin": 16 * KB + 3}  # downloaded once either way
+        if env:
+            assert ops.calls["open"] == 5  # (their releases come after each close, in the background)
+        else:
+            assert ops.calls == first and first["open"] == 1 and "release" not in first
+            assert first["read"] >= 1 and first.get("flush", 0) <= 1
+        assert ops.log.rslex.read_text().count("opened /shards/part-003.bin (16387 bytes, whole file)") == \
+            (5 if env else 1)
+        with pytest.raises(OSError) as err:
+            open(shard, "ab")
+        assert err.value.errno == errno.EROFS
+    finally:
+        mount.unmount()
+    assert not is_mounted(tmp_path / "mnt")
 
 
 def test_a_full_cache_prunes_the_least_recently_used_file(mounted, data: Path) -> None:

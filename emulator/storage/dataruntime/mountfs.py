@@ -8,6 +8,13 @@ runtime serves a v2 `ro_mount` input.
   read users meet on AmlCompute) until the TTL passes.
 - Whole-file mode (the default): open() downloads that one file into the cache and returns when it
   is there. A file that cannot fit the cache is streamed in blocks instead.
+- Where attributes never expire, files are cached whole and the cache has no size limit (the
+  defaults), the kernel opens files without asking the server (FUSE's no-open: the first open
+  answers ENOSYS), keeps their pages across opens and sends no release, and close sends no flush:
+  a warm read of a file read before is the page cache's. A read that misses the page cache comes
+  by path and downloads the file into the cache when it is not there (its first read waits, not
+  its open; a denied file fails there). What still reaches the server per open is Python's
+  isatty() (an ioctl FUSE always forwards), ~60 us whatever answers it (docs/dataruntime.md).
 - Block mode: a read fetches the blocks it touches and starts fetching the next
   READ_BUFFER_BLOCK_COUNT; blocks are cached under the same size limit, so a file larger than the
   disk reads through with bounded disk use.
@@ -71,7 +78,11 @@ class DataRuntimeFS(mfusepy.Operations):
         self.attrs: dict[str, tuple[dict[str, Any] | None, float]] = {}  # None: known not to exist
         self.listings: dict[str, tuple[list[str], float]] = {}
         self.handles: dict[int, Handle] = {}
-        self.numbers = itertools.count(1)
+        self.numbers = itertools.count(1)  # 0: no handle (no-open: reads come by path)
+        # No-open where nothing a later open could check may change (see the module's notes): attributes
+        # never expire, whole files, no cache size to keep (the server sees only page cache misses).
+        self.no_open = settings.attribute_cache_ttl is None and not settings.block_based and settings.cache_size is None
+        self.opened: set[str] = set()  # no-open: the files whose first read was logged
         self.mutex = threading.Lock()
 
     # --- attributes and listings -------------------------------------------------------------
@@ -162,6 +173,8 @@ class DataRuntimeFS(mfusepy.Operations):
         info = self.info(path)
         if info.get("type") == "directory":
             raise mfusepy.FuseOSError(errno.EISDIR)
+        if self.no_open:  # the kernel takes it as a success, and opens every file from now on itself
+            raise mfusepy.FuseOSError(errno.ENOSYS)
         handle = Handle(path, self.remote(path), version_of(info), int(info.get("size") or 0))
         if not self.settings.block_based:
             self._open_whole(handle)
@@ -170,23 +183,45 @@ class DataRuntimeFS(mfusepy.Operations):
             self.handles[number] = handle
         return number
 
-    def _open_whole(self, handle: Handle) -> None:
+    def _open_whole(self, handle: Handle, told: bool = False) -> None:
+        """The handle's cached copy opened (downloaded first when missing); `told`: not logged again."""
         started = time.monotonic()
         try:
             copy = self.cache.file(self._key(handle), handle.remote, handle.size)
         except (FileNotFoundError, PermissionError) as exc:
-            raise self._fail("open", handle.path, exc) from None
+            raise self._fail("read" if self.no_open else "open", handle.path, exc) from None
         if copy is None:
-            self.log.runtime(f"{handle.path}: {handle.size} bytes do not fit the cache; streaming it in blocks")
+            if not told:
+                self.log.runtime(f"{handle.path}: {handle.size} bytes do not fit the cache; streaming it in blocks")
             return
         handle.fd = os.open(copy, os.O_RDONLY)
-        self.log.runtime(f"opened {handle.path} ({handle.size} bytes, whole file) in {time.monotonic() - started:.3f}s")
+        if not told:
+            self.log.runtime(f"opened {handle.path} ({handle.size} bytes, whole file) in {time.monotonic() - started:.3f}s")
+
+    def _read_by_path(self, path: str, size: int, offset: int) -> bytes:
+        """No-open's read (a miss of the kernel's page cache): the file's cached copy, pinned while read."""
+        info = self.info(path)
+        handle = Handle(path, self.remote(path), version_of(info), int(info.get("size") or 0))
+        key = self._key(handle)
+        self._open_whole(handle, key in self.opened)
+        with self.mutex:
+            self.opened.add(key)  # logged once downloaded and opened (a failed read is logged as one)
+        try:
+            return self._read(handle, size, offset)
+        finally:
+            if handle.fd is not None:
+                os.close(handle.fd)
+                self.cache.unpin(key)
 
     def _key(self, handle: Handle, block: int | None = None) -> str:
         return f"{handle.path}@{handle.version}" + (f"#{block}" if block is not None else "")
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
-        handle = self.handles[fh]
+        if fh == 0:
+            return self._read_by_path(path, size, offset)
+        return self._read(self.handles[fh], size, offset)
+
+    def _read(self, handle: Handle, size: int, offset: int) -> bytes:
         if handle.fd is not None:
             return os.pread(handle.fd, size, offset)
         end = min(offset + size, handle.size)
@@ -251,6 +286,9 @@ class DataRuntimeFS(mfusepy.Operations):
             self.cache.prefetch(keys, remote, start, bsize, end)
         except Exception as exc:  # noqa: BLE001 - a read-ahead that fails is retried by the read itself
             self.log.runtime(f"read-ahead of {remote} [{start}, {end}) failed: {type(exc).__name__}")
+
+    def flush(self, path: str, fh: int) -> int:
+        raise mfusepy.FuseOSError(errno.ENOSYS)  # nothing to write back: the kernel stops sending it
 
     def release(self, path: str, fh: int) -> int:
         with self.mutex:
