@@ -233,9 +233,11 @@ def test_a_warm_read_is_the_kernels_own_where_nothing_could_change(tmp_path: Pat
         with pytest.raises(OSError) as err:
             open(shard, "ab")
         assert err.value.errno == errno.EROFS
+        assert len(ops.copies) == (0 if env else 1)  # no-open keeps the copy read open (pinned) for its next reads
     finally:
         mount.unmount()
     assert not is_mounted(tmp_path / "mnt")
+    assert all(entry.pins == 0 for entry in ops.cache.entries.values())  # each copy closed and unpinned at the end
 
 
 def test_a_full_cache_prunes_the_least_recently_used_file(mounted, data: Path) -> None:
