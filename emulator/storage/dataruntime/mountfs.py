@@ -231,13 +231,14 @@ class DataRuntimeFS(mfusepy.Operations):
     def _keep_copy(self, key: str, fd: int) -> None:
         """(Under the mutex.) A copy kept open; the least recently read beyond KEPT_COPIES closed and unpinned."""
         if key in self.copies:  # another read opened it meanwhile: one pin, one descriptor kept
-            os.close(self.copies.pop(key))
-            self.cache.unpin(key)
+            self._drop_copy(key, self.copies.pop(key))
         self.copies[key] = fd
         while len(self.copies) > KEPT_COPIES:
-            old, old_fd = self.copies.popitem(last=False)
-            os.close(old_fd)
-            self.cache.unpin(old)
+            self._drop_copy(*self.copies.popitem(last=False))
+
+    def _drop_copy(self, key: str, fd: int) -> None:
+        os.close(fd)
+        self.cache.unpin(key)
 
     def _key(self, handle: Handle, block: int | None = None) -> str:
         return f"{handle.path}@{handle.version}" + (f"#{block}" if block is not None else "")
@@ -341,9 +342,7 @@ class DataRuntimeFS(mfusepy.Operations):
     def destroy(self, path: str) -> None:
         with self.mutex:
             while self.copies:
-                key, fd = self.copies.popitem()
-                os.close(fd)
-                self.cache.unpin(key)
+                self._drop_copy(*self.copies.popitem())
         self.cache.close()
         st = self.cache.stats
         self.log.info(f"unmounted {self.root}: {st.bytes_fetched} bytes fetched, {st.files_downloaded} files, "
