@@ -76,9 +76,13 @@ os.symlink("/etc", "logs/etc")
 # Something left for the next run on this node: on its disk and in its scratch space.
 write("/mnt/azureml/left-by-previous-run")
 write("/tmp/left-by-previous-run")
-# A daemon that would outlive the job.
-subprocess.Popen(["/bin/sh", "-c", f"exec -a {marker} sleep 600"], start_new_session=True,
+# A daemon that would outlive the job (sh here is dash, which has no `exec -a`).
+subprocess.Popen([sys.executable, "-c", f"import time; time.sleep(600)  # {marker}"], start_new_session=True,
                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# One that passes for a process the node keeps (its idle `sleep infinity`), orphaned to the node's init
+# at once, that would read the next job's processes if it were kept.
+subprocess.run(["/bin/sh", "-c", f"{sys.executable} -c 'import time; time.sleep(600)  # {marker}' /bin/sleep infinity &"],
+               start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 with open("outputs/report.json", "w") as fh:
     json.dump(report, fh)
 print("hostile job done", flush=True)

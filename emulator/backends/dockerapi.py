@@ -98,17 +98,42 @@ def cgroup_pids(pid: int) -> Callable[[], list[int]]:
     return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []
 
 
+CAP_AUDIT_WRITE = 29  # the capability a job's processes lack and the node's own keep (dockerexec.KEPT_ONLY)
+
+
+def platform_started(pid: int) -> bool:
+    """Whether a node's process was started by the platform, not by a job: its bounding set still
+    holds CAP_AUDIT_WRITE, which every job process loses (dockerexec.py) and none can regain. A
+    command line is no proof: a job can orphan a process whose argv ends in `sleep infinity`."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    bounding = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("CapBnd:")), 0)
+    return bool(bounding >> CAP_AUDIT_WRITE & 1)
+
+
+def kept_processes(main: int) -> set[int]:
+    """A node's init and the processes the platform keeps beside it across jobs (its idle sleep)."""
+    keep = {main}
+    for child in psutil.Process(main).children():
+        try:
+            if child.cmdline()[-2:] in (["/bin/sleep", "infinity"], ["sleep", "infinity"]) and \
+                    platform_started(child.pid):
+                keep.add(child.pid)
+        except psutil.NoSuchProcess:
+            pass
+    return keep
+
+
 def kill_job_processes(container: Any, running: Callable[[Any], bool]) -> int:
-    """Kill, by host pid, every process of a running container but its init and idle sleep; how
-    many. `running`: whether the container still runs (a listing that failed because it died is
-    not an error)."""
+    """Kill, by host pid, every process of a running container but the kept ones; how many.
+    `running`: whether the container still runs (a listing that failed because it died is not an
+    error)."""
     import docker  # noqa: PLC0415 - loaded by connect() already
 
-    main = container.attrs["State"]["Pid"]
-    keep = {main}
     try:
-        keep |= {c.pid for c in psutil.Process(main).children() if c.cmdline()[-2:] == ["/bin/sleep", "infinity"]
-                 or c.cmdline()[-2:] == ["sleep", "infinity"]}
+        keep = kept_processes(container.attrs["State"]["Pid"])
     except psutil.NoSuchProcess:
         return 0
     try:

@@ -34,10 +34,14 @@ from amlemu.errors import BackendError
 RECORD = "docker-engines.json"  # in the home (DockerBackend.engines): every other engine it placed a node on
 GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
 REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
-# Kill every process in the node but its init and the idle sleep, from inside it (pid 1 is tini).
+# Kill every process in the node but its init and the idle sleep, from inside it (pid 1 is tini); a
+# `sleep infinity` only where the platform started it (CAP_AUDIT_WRITE, bit 29, in its bounding set:
+# dockerapi.platform_started).
 STOP_SCRIPT = ('n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ "$p" = $$ ] && continue; '
                'c=$(tr "\\0" " " < "$d/cmdline" 2>/dev/null) || continue; [ -z "$c" ] && continue; '
-               'case "$c" in "/bin/sleep infinity "|"sleep infinity ") continue;; esac; '
+               'case "$c" in "/bin/sleep infinity "|"sleep infinity ") '
+               'b=$(sed -n "s/^CapBnd:[[:space:]]*//p" "$d/status" 2>/dev/null); '
+               '[ -n "$b" ] && [ $((0x$b >> 29 & 1)) = 1 ] && continue;; esac; '
                'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; echo "$n"')
 
 
