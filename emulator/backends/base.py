@@ -160,6 +160,12 @@ class NodeBackend(abc.ABC):
         `agent_entry`). Only the platform's programs run on the host side, never the job's."""
 
     @classmethod
+    def agent_resident(cls, config: dict[str, Any], host: str, command: str) -> dict[str, Any] | None:
+        """Where a process resident on node `host` runs `command` in place of agent_argv's program
+        (runs/agent.py `run_resident`: the docker backend's nodeserver.py); None: nowhere."""
+        return None
+
+    @classmethod
     def agent_record(cls, config: dict[str, Any], host: str) -> str | None:
         """A file where the agent writes its pid and start time before it becomes the argv (same pid
         after exec), for a backend that finds a node's processes that way; None: none."""

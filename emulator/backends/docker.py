@@ -18,14 +18,13 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action
-from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, nodefs, overlaypeers
+from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, overlaypeers
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerexec import exec_argv, setpriv_path
-from amlemu.backends.dockerapi import cgroup_pids, connect, has_image, kill_job_processes, until_gone
+from amlemu.backends.dockerexec import AGENT_DIR, ensure_server, exec_argv, resident, setpriv_path, start_server
+from amlemu.backends.dockerapi import cgroup_pids, connect, empty_scratch, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
@@ -42,6 +41,7 @@ class DockerBackend(NodeBackend):
         self.engines = engines.Engines(home.root / "docker-engines.json")  # one client per machine's engine
         self._lock = threading.Lock()  # nodes are created in parallel; image and network once
         self._parent: dict[str, str] = {}  # each engine's cgroup parent for nodes, once asked ("": the engine's)
+        self._pids: dict[str, int] = {}  # container -> its init's pid, as last inspected
 
     @property
     def client(self):  # type: ignore[no-untyped-def]
@@ -75,6 +75,11 @@ class DockerBackend(NodeBackend):
         entry = config["hosts"][host]  # -H: a node on another machine's engine (dockerengines.py)
         return exec_argv(config["tools"]["docker"], engines.engine_options(entry.get("engine", ""), entry.get("tls")),
                          entry["container"], entry.get("setpriv"), config["env_file"], command)
+
+    @classmethod
+    def agent_resident(cls, config: dict[str, Any], host: str, command: str) -> dict[str, Any] | None:
+        entry = config["hosts"][host]  # the node's resident agent, where it has one (dockerexec.py)
+        return resident(entry["server"], entry["setpriv"], config["env_file"], command) if entry.get("server") else None
 
     # --- names -------------------------------------------------------------------------------
     def container_name(self, request: NodeRequest) -> str:
@@ -166,7 +171,10 @@ class DockerBackend(NodeBackend):
         except docker.errors.APIError as exc:
             self.remove_node(request)
             raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
+        if AGENT_DIR in plan.tmpfs:
+            start_server(api, created["Id"])  # its resident agent, for the first launch (dockerexec.py)
         attrs = api.inspect_container(created["Id"])
+        self._pids[plan.name] = attrs["State"]["Pid"]
         return attrs["NetworkSettings"]["Networks"][plan.network]["IPAddress"]
 
     def remove_node(self, request: NodeRequest) -> None:
@@ -181,8 +189,12 @@ class DockerBackend(NodeBackend):
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
     def agent_entry(self, request: NodeRequest) -> dict[str, Any]:
-        mirror = not request.image or not self.has_image(request.image, self.engine(request))
-        return {"container": self.container_name(request), "setpriv": setpriv_path() if mirror else None,
+        mirror, name = not request.image or not self.has_image(request.image, self.engine(request)), \
+            self.container_name(request)
+        if mirror and not request.engine:  # its resident agent (dockerplan.container_plan), by its init's pid
+            pid = self._pids.get(name) or self._container(request).attrs["State"]["Pid"]
+            return {"container": name, "setpriv": setpriv_path(), "server": ensure_server(self.client.api, name, pid)}
+        return {"container": name, "setpriv": setpriv_path() if mirror else None,
                 **({"engine": request.engine, "tls": request.engine_tls} if request.engine else {})}
 
     def fits(self, request: NodeRequest) -> bool:
@@ -193,6 +205,7 @@ class DockerBackend(NodeBackend):
         try:
             client = self.engine(request)
             attrs = client.api.inspect_container(self.container_name(request))
+            self._pids[attrs["Name"].lstrip("/")] = attrs["State"]["Pid"]  # for agent_entry, this run
             image = request.image if request.image and self.has_image(request.image, client) else MIRROR_IMAGE
             return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and image == attrs["Config"]["Image"] == \
                 MIRROR_IMAGE and attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") \
@@ -229,25 +242,10 @@ class DockerBackend(NodeBackend):
 
     def reset_node(self, request: NodeRequest) -> None:
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
-        can leave in the container). From the host through /proc/<pid>/root, without following a
-        link (nodefs), as no job process is left; by `find` in the container where the host may
-        not look (not root). A job image's root is its own and is left as it is."""
-        import docker  # noqa: PLC0415
-
-        try:
-            container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
-            if container is None or container.status != "running" or container.attrs["Config"]["Image"] != MIRROR_IMAGE:
-                return
-            root = Path(f"/proc/{container.attrs['State']['Pid']}/root")
-            try:
-                if request.engine:  # its pids are another machine's
-                    raise PermissionError
-                for folder in SCRATCH:
-                    nodefs.wipe(root / folder.lstrip("/"))
-            except PermissionError:
-                container.exec_run(["find", *SCRATCH, "-mindepth", "1", "-delete"], user="0")
-        except docker.errors.APIError:
-            pass  # a node gone meanwhile has nothing left to empty
+        can leave in the container; dockerapi.empty_scratch). A job image's root is its own."""
+        container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
+        if container is not None and container.status == "running" and container.attrs["Config"]["Image"] == MIRROR_IMAGE:
+            empty_scratch(container, SCRATCH, on_this_machine=not request.engine)
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""

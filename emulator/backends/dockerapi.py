@@ -13,6 +13,8 @@ from typing import Any
 
 import psutil
 
+from amlemu.backends import nodefs
+from amlemu.backends.dockerexec import is_server, platform_started
 from amlemu.errors import BackendError
 from amlemu.lazydeps import import_docker
 
@@ -98,31 +100,18 @@ def cgroup_pids(pid: int) -> Callable[[], list[int]]:
     return lambda: [int(pid) for pid in procs.read_text().split()] if procs.exists() else []
 
 
-CAP_AUDIT_WRITE = 29  # the capability a job's processes lack and the node's own keep (dockerexec.KEPT_ONLY)
-
-
-def platform_started(pid: int) -> bool:
-    """Whether a node's process was started by the platform, not by a job: its bounding set still
-    holds CAP_AUDIT_WRITE, which every job process loses (dockerexec.py) and none can regain. A
-    command line is no proof: a job can orphan a process whose argv ends in `sleep infinity`."""
-    try:
-        status = Path(f"/proc/{pid}/status").read_text()
-    except OSError:
-        return False
-    bounding = next((int(line.split()[1], 16) for line in status.splitlines() if line.startswith("CapBnd:")), 0)
-    return bool(bounding >> CAP_AUDIT_WRITE & 1)
-
-
-def kept_processes(main: int) -> set[int]:
-    """A node's init and the processes the platform keeps beside it across jobs (its idle sleep)."""
+def kept_processes(main: int, pids: list[int]) -> set[int]:
+    """Of a node's `pids`, the ones kept across its jobs: its init (`main`), its idle sleep and its
+    resident agent, where the platform started them (dockerexec.platform_started)."""
     keep = {main}
-    for child in psutil.Process(main).children():
+    for pid in pids:
         try:
-            if child.cmdline()[-2:] in (["/bin/sleep", "infinity"], ["sleep", "infinity"]) and \
-                    platform_started(child.pid):
-                keep.add(child.pid)
-        except psutil.NoSuchProcess:
-            pass
+            cmdline = psutil.Process(pid).cmdline()
+        except psutil.Error:
+            continue
+        if (cmdline[-2:] in (["/bin/sleep", "infinity"], ["sleep", "infinity"]) or is_server(cmdline)) and \
+                platform_started(pid):
+            keep.add(pid)
     return keep
 
 
@@ -133,19 +122,35 @@ def kill_job_processes(container: Any, running: Callable[[Any], bool]) -> int:
     import docker  # noqa: PLC0415 - loaded by connect() already
 
     try:
-        keep = kept_processes(container.attrs["State"]["Pid"])
-    except psutil.NoSuchProcess:
-        return 0
-    try:
-        titles = container.top(ps_args="-eo pid").get("Processes") or []
+        pids = [int(row[0]) for row in container.top(ps_args="-eo pid").get("Processes") or []]
     except docker.errors.APIError:  # the node died meanwhile (a kill, a preemption): nothing runs on it
         if running(container):
             raise
         return 0
-    victims = [int(row[0]) for row in titles if int(row[0]) not in keep]
+    keep = kept_processes(container.attrs["State"]["Pid"], pids)
+    victims = [pid for pid in pids if pid not in keep]
     for pid in victims:
         try:
             os.kill(pid, 9)
         except ProcessLookupError:
             pass
     return len(victims)
+
+
+def empty_scratch(container: Any, folders: tuple[str, ...], on_this_machine: bool) -> None:
+    """Empty a running node's scratch `folders`: from the host through /proc/<pid>/root, without
+    following a link (nodefs), as no job process is left; by `find` in the container where the host
+    may not look (not root, or another machine's node)."""
+    import docker  # noqa: PLC0415
+
+    root = Path(f"/proc/{container.attrs['State']['Pid']}/root")
+    try:
+        try:
+            if not on_this_machine:  # its pids are another machine's
+                raise PermissionError
+            for folder in folders:
+                nodefs.wipe(root / folder.lstrip("/"))
+        except PermissionError:
+            container.exec_run(["find", *folders, "-mindepth", "1", "-delete"], user="0")
+    except docker.errors.APIError:
+        pass  # a node gone meanwhile has nothing left to empty

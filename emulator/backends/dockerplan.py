@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from amlemu.backends import gpudevices, nodedisk
+from amlemu.backends import dockerexec, gpudevices, nodedisk
 from amlemu.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode, node_base_env, software_bin,
                                   software_paths)
 
@@ -69,6 +69,23 @@ def _disk_mode(request: NodeRequest) -> str:
     return "rw,rslave" if not request.engine and nodedisk.size(request.disk_bytes)[0] is not None else "rw"
 
 
+def _gpu_access(request: NodeRequest, use_job_image: bool, nvidia_runtime: bool, env: dict[str, str],
+                volumes: Volumes) -> tuple[str | None, list[str]]:
+    """How the node gets its GPUs, and their device nodes (the driver's libraries added to `env` and
+    `volumes` where the node mirrors this machine's)."""
+    if not request.gpus:
+        return None, []
+    if nvidia_runtime:
+        return "device_requests", []
+    devices = gpudevices.device_nodes(list(request.gpus), gpudevices.gpu_minors())
+    driver_libs = None if use_job_image else gpudevices.driver_lib_dir()
+    if driver_libs:
+        env["LD_LIBRARY_PATH"] = driver_libs
+        if not any(driver_libs == p or driver_libs.startswith(p + "/") for p in volumes):
+            volumes[driver_libs] = {"bind": driver_libs, "mode": "ro"}
+    return "device_nodes", devices
+
+
 def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bool, container_name: str,
                    network: str, host_guard: str, cgroup_parent: str | None = None) -> ContainerPlan:
     """The container of one node: the job's image when the engine has it (else the host mirror),
@@ -85,18 +102,10 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
         for path in (Path(sys.prefix, "bin", "amlemu-agent"), Path(sys.executable),
                      Path(__file__).resolve().parent.parent / "runs" / "agent.py"):
             volumes[str(path)] = {"bind": str(path), "mode": "ro"}
+    resident = not use_job_image and not request.engine  # the resident agent (dockerexec.py): this machine's nodes
+    volumes.update(dockerexec.server_volume() if resident else {})
     env = node_base_env(None if use_job_image else software_bin(request))
-    gpu_access: str | None = None
-    devices: list[str] = []
-    if request.gpus:
-        gpu_access = "device_requests" if nvidia_runtime else "device_nodes"
-        if gpu_access == "device_nodes":
-            devices = gpudevices.device_nodes(list(request.gpus), gpudevices.gpu_minors())
-            driver_libs = None if use_job_image else gpudevices.driver_lib_dir()
-            if driver_libs:
-                env["LD_LIBRARY_PATH"] = driver_libs
-                if not any(driver_libs == p or driver_libs.startswith(p + "/") for p in volumes):
-                    volumes[driver_libs] = {"bind": driver_libs, "mode": "ro"}
+    gpu_access, devices = _gpu_access(request, use_job_image, nvidia_runtime, env, volumes)
     return ContainerPlan(
         image=request.image if use_job_image else MIRROR_IMAGE,
         image_note=None if use_job_image or not request.image else
@@ -112,7 +121,8 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
         environment=env,
         # A job image may expect to write anywhere; the mirror's root never changes.
         read_only=not use_job_image,
-        tmpfs={} if use_job_image else {d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
+        tmpfs={} if use_job_image else {**{d: f"exec,mode={'1777' if 'tmp' in d else '0755'}" for d in SCRATCH},
+                                        **({dockerexec.AGENT_DIR: dockerexec.AGENT_TMPFS} if resident else {})},
         security_opt=("no-new-privileges",),
         volumes=volumes,
         # A CFS quota rather than nano_cpus: `slow_node` can then lower it on the running node.

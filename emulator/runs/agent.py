@@ -14,16 +14,30 @@ programs the configuration names by absolute path, with an environment fixed by 
 `host_env`), never the job's. The job's variables reach only the node, through the env file the
 supervisor wrote on the node's disk, which the node's shell sources before running the command.
 
+Where a docker node has its resident agent (backends/nodeserver.py), the agent asks it instead of
+starting `docker exec`: it hands the node's argv and its own stdin, stdout and stderr over the
+server's socket, waits for the command's end and exits with its status, forwarding the signals
+it gets. It does so only after checking that the socket's peer is the node's own server: in the
+node's PID namespace (recorded by the supervisor) and still holding the capability no job process
+has (dockerexec.KEPT_ONLY). A job can unlink or replace that socket; then, as where the server is
+not running, the agent falls back to `docker exec`.
+
 It starts once per node on every launch (`python -SI`), so it imports nothing that is not built
-into the interpreter: the backends, resolved by the supervisor once per run, cost ~45 ms more per
-node, and json (its `re` and `enum`) ~17 ms; the configuration is in `marshal`'s format, written
-by the same interpreter (the supervisor's, which runs mpirun with this file: runs/plan.py).
+into the interpreter or beside it: the backends, resolved by the supervisor once per run, cost
+~45 ms more per node, and json (its `re` and `enum`) ~17 ms; the configuration is in `marshal`'s
+format, written by the same interpreter (the supervisor's, which runs mpirun with this file:
+runs/plan.py).
 """
+import _signal
 import marshal
 import os
 import sys
 
-Config = dict  # the configuration: {"exec": {host: {"before", "after", "record"}}, "host_env": {...}}
+# The configuration: {"exec": {host: {"before", "after", "record", "resident"}}, "host_env": {...}};
+# "resident": {"socket", "pidns", "before"} where the node's resident agent may run the command.
+Config = dict
+CAP_AUDIT_WRITE = 29  # dockerapi.CAP_AUDIT_WRITE: what the node's server keeps and its jobs lack
+LOST = 255  # as ssh answers a connection lost before the command's end
 
 CONFIG_VARIABLE = "AMLEMU_AGENT_CONFIG"  # amlemu.home.AGENT_CONFIG_VARIABLE (tests/test_contract.py keeps them one)
 
@@ -53,6 +67,51 @@ def record(path: str) -> None:
         out.write(f"{os.getpid()}:{boot + start_ticks / os.sysconf('SC_CLK_TCK')}\n")
 
 
+def _peer_is_server(sock, pidns: int) -> bool:  # type: ignore[no-untyped-def]
+    import _socket  # noqa: PLC0415 - only where a resident agent is configured
+
+    pid = int.from_bytes(sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+    with open(f"/proc/{pid}/status") as fh:
+        bounding = next((int(line.split()[1], 16) for line in fh if line.startswith("CapBnd:")), 0)
+    return pid > 0 and os.stat(f"/proc/{pid}/ns/pid").st_ino == pidns and bool(bounding >> CAP_AUDIT_WRITE & 1)
+
+
+def run_resident(resident: dict, argv: list[str]) -> int | None:
+    """`argv` run by the node's resident agent with this process's stdin, stdout and stderr; its
+    exit status (128 + N for signal N), or None where the server is not there, or not the node's:
+    nothing was sent, and the caller falls back to `docker exec`."""
+    import _socket  # noqa: PLC0415
+
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    try:
+        sock.settimeout(1.0)
+        sock.connect(resident["socket"])
+        if not _peer_is_server(sock, resident["pidns"]):
+            raise OSError("not the node's server")
+        fds = b"".join(fd.to_bytes(4, sys.byteorder) for fd in (0, 1, 2))
+        sock.sendmsg([b"\0".join(os.fsencode(a) for a in argv)], [(_socket.SOL_SOCKET, _socket.SCM_RIGHTS, fds)])
+    except (OSError, ValueError, StopIteration):
+        sock.close()
+        return None
+    sock.settimeout(None)
+
+    def forward(signum: int, _frame: object) -> None:
+        try:
+            sock.send(b"kill %d" % signum)
+        except OSError:
+            pass
+    for signum in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        _signal.signal(signum, forward)
+    try:
+        message = sock.recv(64)
+    except OSError:
+        message = b""
+    kind, _, value = message.partition(b" ")
+    if not value.isdigit():
+        return LOST
+    return int(value) if kind == b"exit" else 128 + int(value)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) < 2:
@@ -66,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(config_path, "rb") as fh:
             config = marshal.load(fh)
         command, env = agent_command(config, argv[0], " ".join(argv[1:]))
+        resident = config["exec"][argv[0]].get("resident")
+        if resident:
+            entry = config["exec"][argv[0]]
+            status = run_resident(resident, [*resident["before"], " ".join(argv[1:]), *entry["after"]])
+            if status is not None:
+                return status
         recorded = config["exec"][argv[0]].get("record")
         if recorded:
             record(recorded)

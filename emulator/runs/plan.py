@@ -164,7 +164,8 @@ def exec_table(backend: type[NodeBackend], config: dict[str, Any]) -> dict[str, 
     for host in config["hosts"]:
         argv = backend.agent_argv(config, host, COMMAND)
         at = argv.index(COMMAND)
-        table[host] = {"before": argv[:at], "after": argv[at + 1:], "record": backend.agent_record(config, host)}
+        table[host] = {"before": argv[:at], "after": argv[at + 1:], "record": backend.agent_record(config, host),
+                       "resident": backend.agent_resident(config, host, COMMAND)}
     return table
 
 
