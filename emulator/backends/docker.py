@@ -105,7 +105,7 @@ class DockerBackend(NodeBackend):
         """"/" where the engine names cgroups by path (cgroupfs: see dockerplan.CPU_WEIGHT); under
         systemd's driver its own slice (system.slice) is kept."""
         if request.engine not in self._parent:  # asked once an engine
-            self._parent[request.engine] = "/" if self.engine(request).info().get("CgroupDriver") == "cgroupfs" else ""
+            self._parent[request.engine] = "/" if self.engines.cgroup_driver(request.engine) == "cgroupfs" else ""
         return self._parent[request.engine] or None
 
     # --- execution ---------------------------------------------------------------------------

@@ -19,9 +19,10 @@ from amlemu.errors import BackendError
 from amlemu.lazydeps import import_docker
 
 
-def connect(address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
+def connect(address: str = "", tls: tuple[str, str, str] | None = None, version: str | None = None) -> Any:
     """This machine's engine (docker.from_env), or the engine at `address` (another machine's,
-    amlemu.machines: TLS files (ca, cert, key) for tcp://)."""
+    amlemu.machines: TLS files (ca, cert, key) for tcp://). `version`: the engine's API version where
+    known (else the SDK asks for it: ~8 ms of each process's first engine call)."""
     docker = import_docker()  # the SDK is needed only where this backend is used
     if address.startswith("ssh://"):
         _ssh_transport()
@@ -30,7 +31,7 @@ def connect(address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
             config = docker.tls.TLSConfig(client_cert=tls[1:], ca_cert=tls[0], verify=True) if tls else None
             client = docker.DockerClient(base_url=address, tls=config, timeout=30, use_ssh_client=False)
         else:
-            client = docker.from_env(timeout=30)
+            client = docker.from_env(timeout=30, version=version)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means: no engine here
         if address:

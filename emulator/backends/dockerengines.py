@@ -20,17 +20,20 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from amlemu import statefile
 from amlemu.backends import hostguard
 from amlemu.actions import Action
 from amlemu.backends.base import LABEL, NodeInfo, NodeRequest
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.errors import BackendError
 
+FACTS = "docker-engine-facts.json"  # in the home: this machine's engine's API version and cgroup driver, by dockerd
 RECORD = "docker-engines.json"  # in the home (DockerBackend.engines): every other engine it placed a node on
 GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
 REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
@@ -43,6 +46,17 @@ STOP_SCRIPT = ('n=0; for d in /proc/[0-9]*; do p=${d#/proc/}; [ "$p" = 1 ] || [ 
                'b=$(sed -n "s/^CapBnd:[[:space:]]*//p" "$d/status" 2>/dev/null); '
                '[ -n "$b" ] && [ $((0x$b >> 29 & 1)) = 1 ] && continue;; esac; '
                'kill -9 "$p" 2>/dev/null && n=$((n+1)); done; echo "$n"')
+
+
+def local_dockerd() -> str | None:
+    """This machine's dockerd as "pid:start time" (its pid file), or None where that is not known (DOCKER_HOST)."""
+    if os.environ.get("DOCKER_HOST"):
+        return None
+    try:
+        pid = int(Path("/var/run/docker.pid").read_text())
+        return f"{pid}:{Path(f'/proc/{pid}/stat').read_text().rsplit(')', 1)[1].split()[19]}"
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def engine_options(address: str, tls: tuple[str, str, str] | list[str] | None) -> list[str]:
@@ -74,8 +88,28 @@ class Engines:
             if address not in self._clients:
                 if address:
                     self._remember(address, tls)
-                self._clients[address] = connect(address, tls)
+                self._clients[address] = connect(address, tls, version=self._facts().get("version") if not address else None)
             return self._clients[address]
+
+    def cgroup_driver(self, address: str = "") -> str:
+        """The engine's cgroup driver (cgroupfs or systemd): this machine's from what the home noted
+        of the dockerd running now (a submit's supervisor otherwise spends ~7 ms asking), another's asked."""
+        if not address and (noted := self._facts().get("cgroup_driver")):
+            return str(noted)
+        client = self.client(address)
+        driver = str(client.info().get("CgroupDriver", ""))
+        if not address and (running := local_dockerd()):
+            statefile.write_json(self.record.with_name(FACTS), {"dockerd": running, "version": client.api._version,
+                                                                "cgroup_driver": driver})
+        return driver
+
+    def _facts(self) -> dict[str, Any]:
+        """What the home noted of this machine's engine, if the same dockerd still runs."""
+        try:
+            facts = json.loads(self.record.with_name(FACTS).read_text())
+        except (OSError, ValueError):
+            return {}
+        return facts if isinstance(facts, dict) and facts.get("dockerd") == local_dockerd() else {}
 
     def _remember(self, address: str, tls: tuple[str, str, str] | None) -> None:
         self.record.parent.mkdir(parents=True, exist_ok=True)
