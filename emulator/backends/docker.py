@@ -40,7 +40,6 @@ class DockerBackend(NodeBackend):
         super().__init__(home)
         self.engines = engines.Engines(home.root / "docker-engines.json")  # one client per machine's engine
         self._lock = threading.Lock()  # nodes are created in parallel; image and network once
-        self._parent: dict[str, str] = {}  # each engine's cgroup parent for nodes, once asked ("": the engine's)
         self._pids: dict[str, int] = {}  # container -> its init's pid, as last inspected
 
     @property
@@ -99,14 +98,7 @@ class DockerBackend(NodeBackend):
         return container_plan(request, use_job_image, self.nvidia_runtime() if request.gpus else False,
                               self.container_name(request), request.overlay or self.network_name(request.cluster),
                               engines.guard_note(request, networks[0].id if networks else None),
-                              self._cgroup_parent(request))
-
-    def _cgroup_parent(self, request: NodeRequest) -> str | None:
-        """"/" where the engine names cgroups by path (cgroupfs: see dockerplan.CPU_WEIGHT); under
-        systemd's driver its own slice (system.slice) is kept."""
-        if request.engine not in self._parent:  # asked once an engine
-            self._parent[request.engine] = "/" if self.engines.cgroup_driver(request.engine) == "cgroupfs" else ""
-        return self._parent[request.engine] or None
+                              self.engines.cgroup_parent(request.engine))
 
     # --- execution ---------------------------------------------------------------------------
     def _ensure_image(self, image: str, client=None) -> None:  # type: ignore[no-untyped-def]
@@ -209,7 +201,7 @@ class DockerBackend(NodeBackend):
             image = request.image if request.image and self.has_image(request.image, client) else MIRROR_IMAGE
             return attrs["HostConfig"]["ShmSize"] == request.shm_bytes and image == attrs["Config"]["Image"] == \
                 MIRROR_IMAGE and attrs["Config"]["Labels"].get(f"{LABEL}.python_env", "") == (request.python_env or "") \
-                and attrs["HostConfig"].get("CgroupParent", "") == (self._cgroup_parent(request) or "") and \
+                and attrs["HostConfig"].get("CgroupParent", "") == (self.engines.cgroup_parent(request.engine) or "") and \
                 any(h.startswith(f"{SERVICE_HOST}:") for h in attrs["HostConfig"].get("ExtraHosts") or [])
         except Exception:  # noqa: BLE001 - a container gone or unreadable: made again
             return False
@@ -221,16 +213,23 @@ class DockerBackend(NodeBackend):
         """The cluster network's gateway: this machine as its nodes reach it (not its 127.0.0.1)."""
         if request.overlay:  # its way out of its engine, or this machine's address for another machine
             return request.service_address or engines.gateway(self.client, engines.GWBRIDGE)
-        with self._lock:
-            self._ensure_network(self.network_name(request.cluster), request.cluster)
-        configs = self._networks(request.cluster)[0].attrs.get("IPAM", {}).get("Config") or []
-        return next((c["Gateway"] for c in configs if c.get("Gateway")), None)
+        return self._cluster_gateway(request.cluster)[1]
+
+    def _cluster_gateway(self, cluster: str) -> tuple[str, str | None]:
+        """(id, gateway) of the cluster's network, made if missing: one engine call where it is there."""
+        found = self._networks(cluster)
+        if not found:
+            with self._lock:
+                self._ensure_network(self.network_name(cluster), cluster)
+            found = self._networks(cluster)
+        configs = found[0].attrs.get("IPAM", {}).get("Config") or []
+        return found[0].id, next((c["Gateway"] for c in configs if c.get("Gateway")), None)
 
     def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
         if request.overlay:
             return engines.open_port(request, engines.gateway(self.client, engines.GWBRIDGE), port, self.home.id, run_id)
-        networks, address = self._networks(request.cluster), self.host_address(request)
-        bridge = hostguard.bridge_name(networks[0].id) if networks else ""
+        network, address = self._cluster_gateway(request.cluster)
+        bridge = hostguard.bridge_name(network)
         if address and hostguard.supported(bridge) is None:
             hostguard.open_port(bridge, address, port, self.home.id, request.cluster, run_id)
 

@@ -81,6 +81,7 @@ class Engines:
     def __init__(self, record: Path) -> None:
         self.record = record
         self._clients: dict[str, Any] = {}
+        self._parents: dict[str, str] = {}  # each engine's cgroup parent for nodes ("": the engine's own)
         self._lock = threading.Lock()
 
     def client(self, address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
@@ -90,6 +91,13 @@ class Engines:
                     self._remember(address, tls)
                 self._clients[address] = connect(address, tls, version=self._facts().get("version") if not address else None)
             return self._clients[address]
+
+    def cgroup_parent(self, address: str = "") -> str | None:
+        """Nodes' cgroup parent: "/" where the engine names cgroups by path (cgroupfs: see
+        dockerplan.CPU_WEIGHT); None under systemd's driver, whose own slice (system.slice) is kept."""
+        if address not in self._parents:  # asked once an engine
+            self._parents[address] = "/" if self.cgroup_driver(address) == "cgroupfs" else ""
+        return self._parents[address] or None
 
     def cgroup_driver(self, address: str = "") -> str:
         """The engine's cgroup driver (cgroupfs or systemd): this machine's from what the home noted

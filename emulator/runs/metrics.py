@@ -180,6 +180,8 @@ def seed_store(db: Path, experiment: str, run_id: str, run_name: str, template: 
     shutil.copyfile(template, db)
     now = int(time.time() * 1000)
     with closing(sqlite3.connect(db)) as conn, conn:
+        conn.execute("PRAGMA journal_mode = MEMORY")  # a copy made for one launch, removed after it: not made durable
+        conn.execute("PRAGMA synchronous = OFF")
         conn.execute("UPDATE experiments SET name = ?, creation_time = ?, last_update_time = ? WHERE name = ?",
                      (experiment, now, now, SEED_PLACEHOLDER))
         conn.execute("UPDATE runs SET run_uuid = ?, name = ?, start_time = ?, artifact_uri = replace(artifact_uri, ?, ?) "
