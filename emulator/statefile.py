@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from typing import Any
 def write_bytes(path: Path, data: bytes, owner_only: bool = False) -> None:
     """`data` into `path` atomically (a rename in the same folder); its folder is made if missing."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    stage = path.with_name(f".{path.name}.{os.getpid()}.stage")
+    stage = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.stage")  # threads write too
     fd = os.open(stage, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600 if owner_only else 0o644)
     try:
         with os.fdopen(fd, "wb") as out:

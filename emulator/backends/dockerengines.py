@@ -82,6 +82,7 @@ class Engines:
         self.record = record
         self._clients: dict[str, Any] = {}
         self._parents: dict[str, str] = {}  # each engine's cgroup parent for nodes ("": the engine's own)
+        self._asking = threading.Lock()
         self._lock = threading.Lock()
 
     def client(self, address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
@@ -95,9 +96,10 @@ class Engines:
     def cgroup_parent(self, address: str = "") -> str | None:
         """Nodes' cgroup parent: "/" where the engine names cgroups by path (cgroupfs: see
         dockerplan.CPU_WEIGHT); None under systemd's driver, whose own slice (system.slice) is kept."""
-        if address not in self._parents:  # asked once an engine
-            self._parents[address] = "/" if self.cgroup_driver(address) == "cgroupfs" else ""
-        return self._parents[address] or None
+        with self._asking:  # asked once an engine (nodes are planned and made in parallel)
+            if address not in self._parents:
+                self._parents[address] = "/" if self.cgroup_driver(address) == "cgroupfs" else ""
+            return self._parents[address] or None
 
     def cgroup_driver(self, address: str = "") -> str:
         """The engine's cgroup driver (cgroupfs or systemd): this machine's from what the home noted
