@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from amlemu.backends import dockerexec
 from amlemu.backends.docker import DockerBackend
 from amlemu.backends.dockerplan import ContainerPlan
 from amlemu.cluster.autoscale import node_request
@@ -31,6 +32,7 @@ PLACEHOLDER_HOME = Path("/amlemu-home-placeholder")
 # `compose` (its containers and network are amlemu-compose-...), this repository's .venv (relative
 # to compose/, where the file is) seen at /opt/amlemu/venv in the nodes, and /usr/local as the
 # Python (already inside the /usr mount: set AMLEMU_PYTHON only for a Python outside /usr).
+REPO = Path(__file__).resolve().parent.parent  # emulator/ is the package's folder
 HOME_VAR = "${AMLEMU_HOME:-~/.amlemu/compose}"
 HOME_ID_VAR = "${AMLEMU_HOME_ID:-compose}"
 VENV_HOST_VAR = "${AMLEMU_VENV:-../.venv}"
@@ -75,13 +77,18 @@ def portable(plan: ContainerPlan, home: Home) -> dict[str, Any]:
             continue
         if src.startswith(str(home.root)):
             src = HOME_VAR + src.removeprefix(str(home.root))
+        elif src in dockerexec.server_volume():  # the resident agent's script: this repository's, beside compose/
+            src = f"../{Path(src).relative_to(REPO)}"
         # rslave serves mounts a supervisor makes in a node's disk: none here (and a plain folder refuses it)
         volumes.append(f"{src}:{spec['bind']}:{spec['mode'].removesuffix(',rslave')}")
     at = next(i for i, v in enumerate(volumes) if v.startswith(HOME_VAR))
     volumes[at:at] = [f"{PYTHON_VAR}:{PYTHON_VAR}:ro", f"{VENV_HOST_VAR}:{VENV_NODE_VAR}:ro"]
     env = dict(plan.environment)
     env["PATH"] = env["PATH"].replace(str(Path(sys.prefix, "bin")), f"{VENV_NODE_VAR}/bin", 1)
-    return {**plan.to_dict(), "volumes": volumes, "environment": env}
+    # Its command starts no resident agent: this machine's Python may not be at the same path where
+    # the file is used; the platform starts one where it can (dockerexec.ensure_server).
+    command = [plan.command[0], plan.command[1], *plan.command[-2:]]
+    return {**plan.to_dict(), "volumes": volumes, "environment": env, "command": command}
 
 
 def cluster_compose(nodes: int = 2, name: str = "cluster", vm_size: str = "STANDARD_D2_V2") -> str:

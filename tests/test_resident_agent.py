@@ -66,12 +66,18 @@ def test_a_warm_node_launches_through_its_resident_agent(emu: Emulator, cluster,
     assert "launched by resident agent: True" in _launched(emu, make_job)  # a new node's first job
     assert "launched by resident agent: True" in _launched(emu, make_job)  # kept across jobs
     node = _node(emu)
-    server = _server_pid(node)
-    assert server is not None
-    os.kill(server, 9)  # gone (a job may kill it): started again by the next run, before its launch
+    first = _server_pid(node)  # the node's command: it becomes the node's idle sleep when it leaves
+    assert first is not None
+    # A second server started beside it (two at once): the first leaves it the socket and sleeps.
+    dockerexec.start_server(node.client.api, node.name)
+    wait_until(lambda: _server_pid(node) not in (None, first), 10, "the second server serves alone")
+    assert Path(f"/proc/{first}/cmdline").read_bytes() == b"/bin/sleep\0infinity\0"
+    os.kill(_server_pid(node), 9)  # gone (a job may kill it): started again by the next run, before its launch
     wait_until(lambda: _server_pid(node) is None, 10, "the server is gone")
     assert "launched by resident agent: True" in _launched(emu, make_job)
-    assert _server_pid(node) not in (None, server)
+    assert _server_pid(node) is not None
+    node.reload()
+    assert node.status == "running"
     # Where it does not answer, the launch agent runs the same argv through `docker exec`.
     config = tmp_path / "agent-config.marshal"
     entry = {"before": [shutil.which("docker"), "exec", "-i", node.name, "/bin/sh", "-c"], "after": [],

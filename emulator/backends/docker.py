@@ -23,7 +23,7 @@ from typing import Any
 from amlemu.actions import Action
 from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, overlaypeers
 from amlemu.backends.mirrorfs import mirror_rootfs
-from amlemu.backends.dockerexec import AGENT_DIR, ensure_server, exec_argv, resident, setpriv_path, start_server
+from amlemu.backends.dockerexec import ensure_server, exec_argv, resident, setpriv_path
 from amlemu.backends.dockerapi import cgroup_pids, connect, empty_scratch, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
@@ -163,8 +163,6 @@ class DockerBackend(NodeBackend):
         except docker.errors.APIError as exc:
             self.remove_node(request)
             raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
-        if AGENT_DIR in plan.tmpfs:
-            start_server(api, created["Id"])  # its resident agent, for the first launch (dockerexec.py)
         attrs = api.inspect_container(created["Id"])
         self._pids[plan.name] = attrs["State"]["Pid"]
         return attrs["NetworkSettings"]["Networks"][plan.network]["IPAddress"]

@@ -116,7 +116,9 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
         aliases=(request.name,),
         labels={**request.labels, f"{LABEL}.python_env": request.python_env or ""},
         # tini reaps the MPI daemons' orphans; the job image brings its own init via init=True.
-        command=("sleep", "infinity") if use_job_image else ("/usr/bin/tini", "--", "/bin/sleep", "infinity"),
+        # A mirror node here starts with its resident agent, which becomes its idle sleep when idle (dockerexec.py).
+        command=("sleep", "infinity") if use_job_image else
+        ("/usr/bin/tini", "--", *(dockerexec.server_argv() if resident else ()), "/bin/sleep", "infinity"),
         init=use_job_image,
         environment=env,
         # A job image may expect to write anywhere; the mirror's root never changes.

@@ -1,6 +1,6 @@
-"""The resident agent of a docker node: `python -SI nodeserver.py SOCKET IDLE_SECONDS`, started in
-the node by the platform (dockerexec.py), so that a launch on a warm node needs no `docker exec`
-(~120 ms per node and launch: the docker client, the engine, runc).
+"""The resident agent of a docker node: `python -SI nodeserver.py SOCKET IDLE_SECONDS [THEN...]`,
+started in the node by the platform (dockerexec.py), so that a launch on a warm node needs no
+`docker exec` (~120 ms per node and launch: the docker client, the engine, runc).
 
 The launch agent on the host (runs/agent.py) connects to SOCKET (a SOCK_SEQPACKET socket on the
 node's private tmpfs, which the host reaches through /proc/<init>/root), sends the argv to run and
@@ -19,8 +19,10 @@ A job is untrusted code and runs in this node, so:
   `docker exec`; the server binds its socket again within CHECK seconds.
 
 It imports only what is built into the interpreter or beside it, and leaves when idle for
-IDLE_SECONDS (the node then holds only its init and sleep); the platform starts it again for the
-next run that finds it gone.
+IDLE_SECONDS, becoming THEN where given (the node's command starts it, and it becomes the node's
+idle `sleep`: the node then holds only its init and sleep, and nothing of the server's ~4 MiB); the
+platform starts it again for the next run that finds it gone. Another server found serving the
+same socket (two started at once) is left to serve, and this one leaves.
 """
 import _signal
 import _socket
@@ -29,6 +31,7 @@ import select
 import sys
 import time
 
+CAP_AUDIT_WRITE = 29  # dockerexec.CAP_AUDIT_WRITE
 CHECK = 2.0  # seconds between checks that SOCKET is still this server's
 MAX_REQUEST = 1 << 16  # an argv: the MPI daemon's command line is ~3 KiB
 
@@ -43,6 +46,23 @@ def listen(path):
     os.chmod(path, 0o600)
     server.listen(64)
     return server, os.stat(path).st_ino
+
+
+def another_server(path):
+    """Whether `path` is served by another process the platform started (its bounding set holds
+    CAP_AUDIT_WRITE, which a job's processes lack: dockerexec.platform_started)."""
+    probe = _socket.socket(_socket.AF_UNIX, _socket.SOCK_SEQPACKET)
+    try:
+        probe.settimeout(1.0)
+        probe.connect(path)
+        pid = int.from_bytes(probe.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)[:4], sys.byteorder)
+        with open(f"/proc/{pid}/status") as fh:
+            bounding = next((int(line.split()[1], 16) for line in fh if line.startswith("CapBnd:")), 0)
+        return pid > 0 and pid != os.getpid() and bool(bounding >> CAP_AUDIT_WRITE & 1)
+    except (OSError, ValueError):
+        return False
+    finally:
+        probe.close()
 
 
 def from_outside(conn):
@@ -143,14 +163,18 @@ class Server:
             signal_group(pid, _signal.SIGHUP)
 
     def keep_socket(self):
-        """The path ours again where it was unlinked or replaced (by a job)."""
+        """The path ours again where it was unlinked or replaced (by a job); False where another
+        server of the platform's serves it."""
         try:
             current = os.stat(self.path).st_ino
         except OSError:
             current = None
         if current != self.inode:
+            if current is not None and another_server(self.path):
+                return False
             self.listener.close()
             self.listener, self.inode = listen(self.path)
+        return True
 
 
 def serve(path, idle):
@@ -172,11 +196,20 @@ def serve(path, idle):
             server.handle(conn)
         if server.conns or server.children:
             last = time.monotonic()
-        server.keep_socket()
+        if not server.keep_socket():
+            return
         if time.monotonic() - last > idle:
             os.unlink(path)
-            return 0
+            return
+
+
+def main(argv):
+    try:
+        serve(argv[1], float(argv[2]))
+    finally:  # idle, another server serving, or a failure of this one: the node keeps its sleep
+        if argv[3:]:
+            os.execv(argv[3], argv[3:])
 
 
 if __name__ == "__main__":
-    sys.exit(serve(sys.argv[1], float(sys.argv[2])))
+    main(sys.argv)
