@@ -28,6 +28,7 @@ from amlemu.backends.dockerapi import cgroup_pids, connect, empty_scratch, has_i
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
 from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
+from amlemu.home import default_cache
 
 
 class DockerBackend(NodeBackend):
@@ -38,7 +39,8 @@ class DockerBackend(NodeBackend):
 
     def __init__(self, home) -> None:  # type: ignore[no-untyped-def]
         super().__init__(home)
-        self.engines = engines.Engines(home.root / "docker-engines.json")  # one client per machine's engine
+        self.engines = engines.Engines(home.root / "docker-engines.json",  # one client per machine's engine
+                                       default_cache() / "docker-engine-facts.json")
         self._lock = threading.Lock()  # nodes are created in parallel; image and network once
         self._pids: dict[str, int] = {}  # container -> its init's pid, as last inspected
 

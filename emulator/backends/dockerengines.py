@@ -33,7 +33,6 @@ from amlemu.backends.base import LABEL, NodeInfo, NodeRequest
 from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.errors import BackendError
 
-FACTS = "docker-engine-facts.json"  # in the home: this machine's engine's API version and cgroup driver, by dockerd
 RECORD = "docker-engines.json"  # in the home (DockerBackend.engines): every other engine it placed a node on
 GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
 REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
@@ -78,8 +77,8 @@ def stop_argv() -> list[str]:
 class Engines:
     """One client per engine address, made on first use; the addresses used recorded in the home."""
 
-    def __init__(self, record: Path) -> None:
-        self.record = record
+    def __init__(self, record: Path, facts: Path | None = None) -> None:
+        self.record, self.facts = record, facts  # facts: this machine's engine's (a machine's cache, not a home's)
         self._clients: dict[str, Any] = {}
         self._parents: dict[str, str] = {}  # each engine's cgroup parent for nodes ("": the engine's own)
         self._asking = threading.Lock()
@@ -102,21 +101,21 @@ class Engines:
             return self._parents[address] or None
 
     def cgroup_driver(self, address: str = "") -> str:
-        """The engine's cgroup driver (cgroupfs or systemd): this machine's from what the home noted
-        of the dockerd running now (a submit's supervisor otherwise spends ~7 ms asking), another's asked."""
+        """The engine's cgroup driver (cgroupfs or systemd): this machine's from what was noted of the
+        dockerd running now (a submit's supervisor otherwise spends ~7 ms asking), another's asked."""
         if not address and (noted := self._facts().get("cgroup_driver")):
             return str(noted)
         client = self.client(address)
         driver = str(client.info().get("CgroupDriver", ""))
-        if not address and (running := local_dockerd()):
-            statefile.write_json(self.record.with_name(FACTS), {"dockerd": running, "version": client.api._version,
-                                                                "cgroup_driver": driver})
+        if not address and self.facts and (running := local_dockerd()):
+            statefile.write_json(self.facts, {"dockerd": running, "version": client.api._version,
+                                              "cgroup_driver": driver})
         return driver
 
     def _facts(self) -> dict[str, Any]:
-        """What the home noted of this machine's engine, if the same dockerd still runs."""
+        """What was noted of this machine's engine, if the same dockerd still runs."""
         try:
-            facts = json.loads(self.record.with_name(FACTS).read_text())
+            facts = json.loads(self.facts.read_text()) if self.facts else None
         except (OSError, ValueError):
             return {}
         return facts if isinstance(facts, dict) and facts.get("dockerd") == local_dockerd() else {}
