@@ -44,6 +44,7 @@ attempt("write_runs_mount", lambda: write("/mnt/amlemu/runs/pwned.txt"))
 attempt("kill_host_process", lambda: os.kill(int(host_pid), 0))
 attempt("mount", lambda: subprocess.run(["mount", "-t", "tmpfs", "x", "/mnt"], check=True, capture_output=True))
 attempt("write_software", lambda: write(os.path.join(os.path.dirname(sys.executable), "pwned")))
+attempt("write_sys", lambda: write("/sys/kernel/mm/transparent_hugepage/enabled"))  # this machine's kernel
 # The processes its node keeps for the next job (a docker node's init): traced, or their environment read.
 import ctypes
 libc = ctypes.CDLL(None, use_errno=True)
@@ -136,7 +137,7 @@ def test_a_hostile_job_reaches_nothing_outside_its_run(emu: Emulator, cluster, m
     assert report["path_seen_by_job"].startswith("./bin:")  # the job's own variables reach its node
     assert report["docker_sockets"] == []
     for name in ("write_host_dir", "write_other_run", "write_runs_mount", "kill_host_process", "mount",
-                 "write_software"):
+                 "write_software", "write_sys"):
         assert report[name] != "succeeded", f"{name}: {report[name]}"
     if backend == "docker":  # its init and sleep outlive the job (a process node's namespace dies with its run)
         assert report["trace_init"].startswith("PermissionError"), report["trace_init"]

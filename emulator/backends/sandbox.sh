@@ -66,14 +66,18 @@ queue "mode=1777,size=$shm" amlemu-shm "$root/dev/shm" tmpfs  # resources.shm_si
 queue defaults proc "$root/proc" proc
 queue rbind "$disk" "$root/mnt/azureml"  # recursive: the data runtime's mounts in it (read-only themselves)
 queue bind,ro "$cache" "$root/mnt/amlemu/cache"
+queue rbind,ro /sys "$root/sys"  # read-only at its top, as a docker node's
 mount -a -T "$table"
 rm "$table"
-mount --rbind /sys "$root/sys"
-mount -o remount,bind,ro "$root/sys" 2>/dev/null || true
-ln -s /proc/self/fd "$root/dev/fd"
-ln -s /proc/self/fd/0 "$root/dev/stdin"
-ln -s /proc/self/fd/1 "$root/dev/stdout"
-ln -s /proc/self/fd/2 "$root/dev/stderr"
+# /dev's links to this process's descriptors: this machine's own copied in one process where it has them.
+if [ -L /dev/fd ] && [ -L /dev/stdin ] && [ -L /dev/stdout ] && [ -L /dev/stderr ]; then
+    cp -P /dev/fd /dev/stdin /dev/stdout /dev/stderr "$root/dev/"
+else
+    ln -s /proc/self/fd "$root/dev/fd"
+    ln -s /proc/self/fd/0 "$root/dev/stdin"
+    ln -s /proc/self/fd/1 "$root/dev/stdout"
+    ln -s /proc/self/fd/2 "$root/dev/stderr"
+fi
 
 printf 'root:x:0:0:root:/root:/bin/sh\n' >"$root/etc/passwd"
 printf 'root:x:0:\n' >"$root/etc/group"
