@@ -35,7 +35,7 @@ AGENT_DIR = "/var/lib/amlemu"  # the node's tmpfs for its resident agent (not a 
 AGENT_TMPFS = "size=64k,mode=0700"  # a socket and nothing else: a job cannot fill memory through it
 SERVER_SCRIPT = f"{AGENT_DIR}/nodeserver.py"
 SERVER_SOCKET = f"{AGENT_DIR}/agent.sock"
-SERVER_IDLE = 600  # seconds a resident agent waits for a launch before it leaves (an idle node: init and sleep)
+SERVER_IDLE = 120  # seconds a resident agent waits for a launch before it leaves (AmlCompute's default idle before scale-down)
 
 
 def setpriv_path() -> str | None:
