@@ -1,5 +1,6 @@
-"""How the platform runs a command on a docker node (pure): `docker exec` into the node's
-container, whose shell sources the run's env file, as sshd would run it.
+"""How the platform runs a command on a docker node: `docker exec` into the node's container, or
+its resident agent, whose shell sources the run's env file, as sshd would run it (the argvs are
+pure; the resident agent's checks read /proc).
 
 A node's container outlives its jobs (a warm node runs the next job of its cluster) and so do two of
 its processes: its init (tini) and the `sleep` it waits on. A job's processes are root in the
@@ -13,11 +14,13 @@ hosts, Yama (ptrace_scope 1) forbids that tracing as well. A job image's contain
 every job instead (docker.py `fits`), as AmlCompute starts each job's container from its image, so
 nothing of it is kept; `setpriv` is this machine's, which only the host-mirror node has.
 
-A mirror node on this machine's engine also keeps a resident agent (nodeserver.py), started by the
-platform like its init, that runs a launch's argv without `docker exec` (~120 ms per node and
-launch); the launch agent falls back to `docker exec` wherever it is not there or not the node's
-own (runs/agent.py). It lives on a small tmpfs of the node's (AGENT_DIR), which the host reaches
-through the node's init (/proc/<pid>/root).
+A mirror node on this machine's engine also keeps a resident agent (nodeserver.py): the node's
+command starts it, with the kept processes' capabilities, and it runs a launch's argv without
+`docker exec` (~120 ms per node and launch), then becomes the node's idle `sleep` after
+SERVER_IDLE seconds without one; the platform starts another by `docker exec` for the next run
+that finds none answering. The launch agent falls back to `docker exec` wherever it is not there or
+not the node's own (runs/agent.py). It lives on a small tmpfs of the node's (AGENT_DIR), which the
+host reaches through the node's init (/proc/<pid>/root).
 """
 from __future__ import annotations
 
@@ -106,8 +109,11 @@ def start_server(api: Any, container: str) -> None:
 
 def ensure_server(api: Any, container: str, init_pid: int) -> dict[str, Any] | None:
     """The node's resident agent as the launch agent reaches it (its socket through the node's init,
-    the node's PID namespace), started first where it does not answer (a new node, one idle past
-    SERVER_IDLE, or one a job killed); None where the node is gone."""
+    the node's PID namespace), started first where it does not answer (a node made before resident
+    agents, one idle past SERVER_IDLE, or one a job killed); None where the node is gone, or where
+    this user cannot look into the node's root (not root: docker exec then)."""
+    if os.geteuid() != 0:
+        return None
     try:
         if not server_answers(init_pid):
             start_server(api, container)  # ready in ~30 ms: the launch falls back to docker exec until then

@@ -36,7 +36,7 @@ import sys
 # The configuration: {"exec": {host: {"before", "after", "record", "resident"}}, "host_env": {...}};
 # "resident": {"socket", "pidns", "before"} where the node's resident agent may run the command.
 Config = dict
-CAP_AUDIT_WRITE = 29  # dockerapi.CAP_AUDIT_WRITE: what the node's server keeps and its jobs lack
+CAP_AUDIT_WRITE = 29  # dockerexec.CAP_AUDIT_WRITE: what the node's server keeps and its jobs lack
 LOST = 255  # as ssh answers a connection lost before the command's end
 
 CONFIG_VARIABLE = "AMLEMU_AGENT_CONFIG"  # amlemu.home.AGENT_CONFIG_VARIABLE (tests/test_contract.py keeps them one)
