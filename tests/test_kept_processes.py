@@ -59,7 +59,7 @@ def _plant_impostor(container: Any) -> None:
 @pytest.mark.parametrize("where", ["host", "inside"])
 def test_a_job_process_posing_as_the_kept_sleep_is_killed(node: Any, where: str) -> None:
     _plant_impostor(node)
-    killed = kill_job_processes(node, lambda c: True) if where == "host" else dockerengines.stop_inside(node)
+    killed = kill_job_processes(node) if where == "host" else dockerengines.stop_inside(node)
     assert killed == 1
     deadline = time.monotonic() + 10
     while _commands(node).count("/bin/sleep infinity") != 1:

@@ -253,7 +253,7 @@ class DockerBackend(NodeBackend):
             return 0
         if request.engine:  # its pids are another machine's
             return engines.stop_inside(container)
-        return kill_job_processes(container, self._running)
+        return kill_job_processes(container)
 
     def node_pids(self, request: NodeRequest) -> Callable[[], list[int]]:
         try:  # found once from the container's init: no engine call per read; none on another machine
@@ -270,16 +270,6 @@ class DockerBackend(NodeBackend):
                                                                    round(CPU_WEIGHT * r.cpu_share)) for r in requests})
         except (BackendError, OSError):  # a node gone meanwhile: its job is ending
             return None
-
-    @staticmethod
-    def _running(container) -> bool:  # type: ignore[no-untyped-def]
-        import docker  # noqa: PLC0415
-
-        try:
-            container.reload()
-        except docker.errors.NotFound:
-            return False
-        return container.status == "running"
 
     def _container(self, request: NodeRequest):  # type: ignore[no-untyped-def]
         import docker  # noqa: PLC0415

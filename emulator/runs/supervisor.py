@@ -199,7 +199,7 @@ class Supervisor:
         watch = Watch(canceled=self.canceled, preempted=lambda: bool(self.preempted()), partitioned=self.partitioned_too_long,
                       preempt=self.policy_preempt, machine_cut=self.machines.cut_off, limit=self.job.max_run_duration_seconds,
                       due=policy_schedule(self.store, self.cluster.spec.name, self.run_id, [r.name for r in self.requests]),
-                      out_of_memory=lambda: memory.reason is not None)
+                      out_of_memory=lambda: memory.reason is not None, sleep=gang.nap)
         outcome = watch.until_done(gang.poll)
         if outcome is not Outcome.EXITED or gang.poll():  # a failed process: the others go, as mpirun stops its ranks
             self.stop(gang)
