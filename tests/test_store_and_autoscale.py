@@ -118,3 +118,22 @@ def test_failure_reason_names_rank_node_exit_code_and_log_tail(tmp_path: Path) -
     assert reason.startswith("rank 1 on node c1-node-1 failed with exit code 3; the job was stopped on all nodes")
     assert reason.endswith("ValueError: boom")
     assert failure_reason("", layout, tmp_path, 137, lost=["c1-node-1"]).startswith("node c1-node-1 was lost")
+
+
+def test_a_driver_waiting_on_the_store_wakes_for_another_process_s_commit_not_its_own(store: Store) -> None:
+    """Sweep and pipeline drivers (and Run.wait) wait on the store: another connection's commit (a
+    trial's supervisor writing its status) ends the wait; nothing committed, it runs out."""
+    import threading  # noqa: PLC0415
+
+    assert store.wait_for_change(0.1) is False
+    other = Store(store.path)
+    writer = threading.Timer(0.05, lambda: other.add_cluster(ClusterSpec("c9", "STANDARD_D2_V2", max_nodes=1), "process"))
+    writer.start()
+    try:
+        assert store.wait_for_change(30) is True
+    finally:
+        writer.join()
+        other.close()
+    assert store.cluster("c9").spec.max_nodes == 1
+    store.add_cluster(ClusterSpec("c8", "STANDARD_D2_V2", max_nodes=1), "process")  # its own write
+    assert store.wait_for_change(0.1) is False

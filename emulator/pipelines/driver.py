@@ -21,7 +21,7 @@ from amlemu.pipelines.submit import child_name, from_record, step_job, write_ste
 from amlemu.runs import recovery
 from amlemu.specs import RunStatus
 
-POLL = 0.2  # seconds between looks at the steps: a step starts this long after the one it reads ended at most
+POLL = 0.2  # seconds between looks at the steps when the store did not change (a step's end wakes it at once)
 STOPPED = (RunStatus.FAILED, RunStatus.CANCELED, RunStatus.NOT_RESPONDING)
 
 
@@ -157,7 +157,7 @@ class PipelineDriver:
             self.write()
             if not self.active() and (canceled or graph.finished(self.spec, self.states)):
                 break
-            time.sleep(POLL)
+            self.store.wait_for_change(POLL)  # at once when a trial or step ends
         self.finish()
 
     def finish(self) -> None:

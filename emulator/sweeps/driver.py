@@ -24,7 +24,7 @@ from amlemu.sweeps.results import Trial
 from amlemu.sweeps.sampling import make_sampler
 from amlemu.sweeps.sweepspec import SweepSpec, sweep_from_record, trial_job
 
-POLL = 0.5  # seconds between looks at the trials (a trial starts this long after a slot frees, at most)
+POLL = 0.5  # seconds between looks at the trials when the store did not change (a trial's end wakes it at once)
 
 
 class SweepDriver:
@@ -136,7 +136,7 @@ class SweepDriver:
             results.write(self.run_dir, results.summarize(self.spec, self.trials))  # live: job show, the studio
             if not self.active() and (stopped or self.exhausted or len(self.trials) >= limits.max_total_trials):
                 break
-            time.sleep(POLL)
+            self.store.wait_for_change(POLL)  # at once when a trial or step ends
         self.finish()
 
     def finish(self) -> None:
