@@ -70,8 +70,9 @@ def test_a_warm_node_launches_through_its_resident_agent(emu: Emulator, cluster,
     assert first is not None
     # A second server started beside it (two at once): the first leaves it the socket and sleeps.
     dockerexec.start_server(node.client.api, node.name)
-    wait_until(lambda: _server_pid(node) not in (None, first), 10, "the second server serves alone")
-    assert Path(f"/proc/{first}/cmdline").read_bytes() == b"/bin/sleep\0infinity\0"
+    wait_until(lambda: Path(f"/proc/{first}/cmdline").read_bytes() == b"/bin/sleep\0infinity\0", 10,
+               "the first server sleeps")
+    assert _server_pid(node) not in (None, first)  # the second serves alone
     os.kill(_server_pid(node), 9)  # gone (a job may kill it): started again by the next run, before its launch
     wait_until(lambda: _server_pid(node) is None, 10, "the server is gone")
     assert "launched by resident agent: True" in _launched(emu, make_job)

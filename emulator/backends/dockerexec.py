@@ -28,6 +28,7 @@ import _socket
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,7 @@ AGENT_DIR = "/var/lib/amlemu"  # the node's tmpfs for its resident agent (not a 
 AGENT_TMPFS = "size=64k,mode=0700"  # a socket and nothing else: a job cannot fill memory through it
 SERVER_SCRIPT = f"{AGENT_DIR}/nodeserver.py"
 SERVER_SOCKET = f"{AGENT_DIR}/agent.sock"
+SERVER_WAIT = 1.0  # seconds a launch waits for a resident agent that is starting (else: docker exec)
 SERVER_IDLE = 120  # seconds a resident agent waits for a launch before it leaves (AmlCompute's default idle before scale-down)
 
 
@@ -116,10 +118,24 @@ def ensure_server(api: Any, container: str, init_pid: int) -> dict[str, Any] | N
         return None
     try:
         if not server_answers(init_pid):
-            start_server(api, container)  # ready in ~30 ms: the launch falls back to docker exec until then
+            if not _starting(init_pid):  # the node's command is not starting one (a new node's is)
+                start_server(api, container)
+            deadline = time.monotonic() + SERVER_WAIT  # ~30 ms quiet, where a launch by docker exec costs ~120
+            while not server_answers(init_pid) and time.monotonic() < deadline:
+                time.sleep(0.01)
         return {"socket": f"/proc/{init_pid}/root{SERVER_SOCKET}", "pidns": os.stat(f"/proc/{init_pid}/ns/pid").st_ino}
     except Exception:  # noqa: BLE001 - the node gone, or its engine refusing: docker exec then
         return None
+
+
+def _starting(init_pid: int) -> bool:
+    """Whether the node's init runs its resident agent (the node's command, still starting)."""
+    try:
+        children = Path(f"/proc/{init_pid}/task/{init_pid}/children").read_text().split()
+        return any(is_server(Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0"))
+                   for pid in children)
+    except OSError:
+        return False
 
 
 def resident(server: dict[str, Any], setpriv: str | None, env_file: str, command: str) -> dict[str, Any]:
