@@ -22,7 +22,8 @@ It imports only what is built into the interpreter or beside it, and leaves when
 IDLE_SECONDS, becoming THEN where given (the node's command starts it, and it becomes the node's
 idle `sleep`: the node then holds only its init and sleep, and nothing of the server's ~4 MiB); the
 platform starts it again for the next run that finds it gone. Another server found serving the
-same socket (two started at once) is left to serve, and this one leaves.
+same socket (two started at once) is left to serve, and this one leaves once the commands it
+started have ended.
 """
 import _signal
 import _socket
@@ -186,19 +187,24 @@ def serve(path, idle):
     _signal.signal(_signal.SIGCHLD, lambda *_: None)
     last = time.monotonic()
     while True:
-        ready = select.select([server.listener, wake_r, *server.conns], [], [], CHECK)[0]
+        listening = [server.listener] if server.listener is not None else []
+        ready = select.select([*listening, wake_r, *server.conns], [], [], CHECK)[0]
         if wake_r in ready:
             os.read(wake_r, 512)
             server.reap()
-        if server.listener in ready:
+        if listening and server.listener in ready:
             server.accept()
         for conn in [c for c in ready if c in server.conns]:
             server.handle(conn)
-        if server.conns or server.children:
+        busy = bool(server.conns or server.children)
+        if busy:
             last = time.monotonic()
-        if not server.keep_socket():
+        if listening and not server.keep_socket():  # another server listens: serve ours out, then leave
+            server.listener.close()
+            server.listener = None
+        if server.listener is None and not busy:
             return
-        if time.monotonic() - last > idle:
+        if not busy and time.monotonic() - last > idle:
             os.unlink(path)
             return
 
