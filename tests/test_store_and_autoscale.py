@@ -121,7 +121,7 @@ def test_failure_reason_names_rank_node_exit_code_and_log_tail(tmp_path: Path) -
 
 
 def test_a_driver_waiting_on_the_store_wakes_for_another_process_s_commit_not_its_own(store: Store) -> None:
-    """Sweep and pipeline drivers (and Run.wait) wait on the store: another connection's commit (a
+    """Sweep and pipeline drivers wait on the store: another connection's commit (a
     trial's supervisor writing its status) ends the wait; nothing committed, it runs out."""
     import threading  # noqa: PLC0415
 

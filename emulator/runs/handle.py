@@ -81,7 +81,7 @@ class Run:
                 break
             if deadline is not None and time.monotonic() > deadline:
                 raise TimeoutError(f"run {self.id} still {status.value} after {timeout} s")
-            self._store.wait_for_change(0.1)  # back at once when the run's status (or anything) is written
+            time.sleep(0.1)
         if show_output:
             out.write(self.summary() + "\n")
         return status
