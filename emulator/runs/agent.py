@@ -125,13 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         with open(config_path, "rb") as fh:
             config = marshal.load(fh)
         command, env = agent_command(config, argv[0], " ".join(argv[1:]))
-        resident = config["exec"][argv[0]].get("resident")
-        if resident:
-            entry = config["exec"][argv[0]]
+        entry = config["exec"][argv[0]]  # there: agent_command checked the host
+        if resident := entry.get("resident"):
             status = run_resident(resident, [*resident["before"], " ".join(argv[1:]), *entry["after"]])
             if status is not None:
                 return status
-        recorded = config["exec"][argv[0]].get("record")
+        recorded = entry.get("record")
         if recorded:
             record(recorded)
     except (OSError, ValueError, EOFError, TypeError, KeyError, AgentError) as exc:
