@@ -170,8 +170,9 @@ def test_the_pipeline_page_turns_its_boxes_green_step_by_step(emu, cluster, tmp_
     cluster(idle_seconds_before_scaledown=60)  # a node kept for the next step
     emu.datastores.create(DatastoreSpec("steps", "local", folder=str(tmp_path / "steps")))  # no Azurite to start
     path = write_pipeline(tmp_path / "pipe", ", default_datastore: azureml:steps", CHAIN)
-    src = path.parent / "src" / "step.py"  # the middle step takes ~2 s: the page sees it run
-    src.write_text(src.read_text().replace('elif what == "train":', 'elif what == "train":\n    time.sleep(2)'))
+    src = path.parent / "src" / "step.py"  # the middle and last steps take ~2 s each: the page, polling
+    for what in ("train", "eval"):         # once a second, sees each run and each green alone
+        src.write_text(src.read_text().replace(f'elif what == "{what}":', f'elif what == "{what}":\n    time.sleep(2)'))
     key = home_key(emu.home.root)
     seen: list[dict[str, str]] = []
 
