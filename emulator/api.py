@@ -34,7 +34,7 @@ from amlemu.runs.handle import Run
 from amlemu.runs.timeline import Timeline
 from amlemu.runs import recovery
 from amlemu.runs.jobplan import job_launch, node_plans, node_requests
-from amlemu.specs import ClusterSpec, JobSpec, RunStatus
+from amlemu.specs import ClusterSpec, DataInput, JobSpec, RunStatus
 from amlemu.storage.assets import Assets
 from amlemu.storage.datastores import Datastores
 from amlemu.sweeps import submit as sweeps
@@ -176,18 +176,20 @@ class Emulator:
         cluster = self.job_cluster(job, self._make_cluster)  # a serverless pool is made now, after every check
         self.store.add_run(run_id, job.experiment_name, cluster.spec.name, job_to_record(job), parent=parent)
         self.store.set_status(run_id, RunStatus.QUEUED, "submitted")
-        self.start_owner(run_id, "amlemu.runs.supervisor", "supervisor.txt")
+        data = bool(job.outputs) or any(isinstance(v, DataInput) for v in job.inputs.values())
+        self.start_owner(run_id, "amlemu.runs.supervisor", "supervisor.txt", warm=data)
         timeline.mark("submit: queued, supervisor started")
         return Run(self.store, self.home, run_id, self.reconcile)
 
-    def start_owner(self, run_id: str, module: str, log_name: str) -> None:
+    def start_owner(self, run_id: str, module: str, log_name: str, warm: bool = False) -> None:
         """The process that carries a queued run to its end (`<module>.main([home, run id])`: a run's
         supervisor, a sweep's or pipeline's driver), in a session of its own, forked by the home's fork
         server (emulator/forkserver.py), its output in the run's system_logs/<log_name>; recorded as the
-        run's supervisor_pid and supervisor_started (reconcile and cleanup find it there)."""
+        run's supervisor_pid and supervisor_started (reconcile and cleanup find it there). `warm`: the
+        run uses a datastore (the server then imports the storage modules for the runs after it)."""
         logs = self.home.run_dir(run_id) / "system_logs"
         logs.mkdir(parents=True, exist_ok=True)
-        owner = forkserver.start_owner(self.home.root, module, run_id, logs / log_name, self._supervisor_env())
+        owner = forkserver.start_owner(self.home.root, module, run_id, logs / log_name, self._supervisor_env(), warm)
         self.store.update_run(run_id, supervisor_pid=owner.pid, supervisor_started=owner.started)
 
     def _supervisor_env(self) -> dict[str, str]:

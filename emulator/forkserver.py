@@ -14,8 +14,10 @@ Whenever the server cannot serve (none yet, another interpreter or PYTHONPATH, s
 the owner is started as before, `python -P -m <module> <home> <run id>`, and a server is started
 for the next submit. The server leaves when idle (IDLE_SECONDS) or when `cleanup` stops it.
 
-An owner forked here carries the server's command line, so it is known by its pid and start
-time (recorded with the run: cluster/teardown.ours), never by its argv.
+It also forks the data runtime's serving process of a mount (SERVED: `spawn`, on the caller's
+stdin, stdout and stderr, passed over the socket): a fresh one spent ~0.4 s importing fsspec,
+adlfs and the FUSE binding per input per node. An owner or server forked here carries the server's
+command line, so it is known by its pid and start time (cluster/teardown.ours), never by its argv.
 """
 from __future__ import annotations
 
@@ -35,7 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from amlemu.procinfo import alive, started_at
+
 OWNERS = ("amlemu.runs.supervisor", "amlemu.sweeps.driver", "amlemu.pipelines.driver")
+# Served too, with the caller's stdin, stdout and stderr (passed over the socket), but imported only
+# at the first request: most homes never mount data, and every home's server would pay their imports.
+SERVED = ("amlemu.storage.dataruntime.serve",)
 IDLE_SECONDS = 600.0  # a home unused this long gives its memory back
 MAX_REQUEST = 1 << 20  # an environment and a few paths
 MODULE = "amlemu.forkserver"
@@ -53,24 +60,16 @@ def folder(home_root: Path) -> Path:
     return Path(home_root) / "forkserver"
 
 
-def started_at(pid: int) -> float | None:
-    """The process's start time as psutil computes it (None: gone)."""
-    import psutil  # noqa: PLC0415 - the server's forks pay nothing for it: imported before them
-
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 # --- the submitter's side ---------------------------------------------------------------------
-def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[str, str]) -> Owner:
+def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[str, str], warm: bool = False) -> Owner:
     """`module`'s main for `run_id`, forked by the home's server when one serves, else started as
     `python -P -m module home run_id` (and a server started, in the background, for the next time).
     -P: the submitter's folder is not on the owner's path (a module of the user's there would shadow
-    one the owner imports; the server's children share one path, whoever submits)."""
+    one the owner imports; the server's children share one path, whoever submits). `warm`: the run
+    reads or writes a datastore; once it is forked, the server imports SERVED (and so adlfs) for the
+    owners and mounts after it."""
     request = {"module": module, "argv": [str(home_root), run_id], "log": str(log), "env": env,
-               "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable}
+               "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable, "warm": warm}
     answer = _ask(home_root, request)
     if answer is not None:
         return Owner(int(answer["pid"]), float(answer["started"]))
@@ -94,7 +93,19 @@ def _umask() -> int:
     return mask
 
 
-def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0) -> dict[str, Any] | None:
+def spawn(home_root: Path, module: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
+          timeout: float = 30.0) -> Owner | None:
+    """`module`'s main (one of SERVED) forked by the home's server with `fds` as its stdin, stdout and
+    stderr; None when no server serves (the caller starts a process itself). The first request of a
+    server imports the module first (`timeout` allows for it)."""
+    request = {"module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "umask": _umask(),
+               "executable": sys.executable}
+    answer = _ask(home_root, request, timeout, fds)
+    return Owner(int(answer["pid"]), float(answer["started"])) if answer is not None else None
+
+
+def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0,
+         fds: tuple[int, ...] = ()) -> dict[str, Any] | None:
     """The server's answer to one request; None when no server answers or it declines."""
     path = folder(home_root) / "sock"
     if not path.exists():
@@ -103,23 +114,11 @@ def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0) -> dic
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(timeout)
             conn.connect(str(path))
-            conn.sendall(json.dumps(request).encode() + b"\n")
-            answer = json.loads(_read_line(conn) or b"{}")
+            socket.send_fds(conn, [json.dumps(request).encode() + b"\n"], list(fds))
+            answer = json.loads(_read_line(conn)[0] or b"{}")
     except (OSError, ValueError):
         return None
     return answer if "pid" in answer else None
-
-
-def alive(pid: int, started: float) -> bool:
-    """Is `pid` still the process that started at `started` (psutil's create_time), and not a
-    zombie? Never act on a reused pid."""
-    import psutil  # noqa: PLC0415
-
-    try:
-        proc = psutil.Process(pid)
-        return abs(proc.create_time() - started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def _recorded(path: Path) -> Owner | None:
@@ -165,14 +164,16 @@ def stop(home_root: Path) -> bool:
 
 
 # --- the server ---------------------------------------------------------------------------------
-def _read_line(conn: socket.socket) -> bytes:
-    data = b""
+def _read_line(conn: socket.socket) -> tuple[bytes, list[int]]:
+    """One line, and the descriptors that came with it (the caller closes them)."""
+    data, fds = b"", []
     while not data.endswith(b"\n") and len(data) < MAX_REQUEST:
-        chunk = conn.recv(65536)
+        chunk, got, _, _ = socket.recv_fds(conn, 65536, 3)
+        fds += got
         if not chunk:
             break
         data += chunk
-    return data
+    return data, fds
 
 
 def _code_stamp() -> dict[str, int]:
@@ -201,20 +202,21 @@ def _peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[2]
 
 
-def _child(request: dict[str, Any], inherited: list[int]) -> int:
-    """In the forked child: become the run's owner (without the server's socket and lock)."""
+def _child(request: dict[str, Any], inherited: list[int], fds: list[int]) -> int:
+    """In the forked child: become the run's owner (without the server's socket and lock), its
+    output in its log, or the process the caller asked for, on the caller's descriptors."""
     for fd in inherited:
         os.close(fd)
     os.setsid()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    devnull = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(devnull, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
-    os.close(devnull)
+    if not fds:
+        out = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fds = [os.open(os.devnull, os.O_RDONLY), out, out]
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for fd in set(fds) - {0, 1, 2}:
+        os.close(fd)
     os.umask(int(request["umask"]))
     os.chdir(request["cwd"])
     os.environ.clear()
@@ -231,34 +233,59 @@ def _child(request: dict[str, Any], inherited: list[int]) -> int:
 
 def _serve_one(conn: socket.socket, stamp: dict[str, int], inherited: list[int]) -> bool:
     """Answer one request; False when this server must go (its code changed on disk)."""
+    fds: list[int] = []
     try:
-        request = json.loads(_read_line(conn))
-        if _peer_uid(conn) != os.getuid() or request.get("module") not in OWNERS:
-            raise ValueError("refused: not this user, or not a run's owner")
-        if request.get("executable") != sys.executable or \
-                request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
-            raise ValueError("another interpreter or PYTHONPATH")
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        with contextlib.suppress(OSError):
-            conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
-        return True
+        try:
+            line, fds = _read_line(conn)
+            return _fork(conn, json.loads(line), stamp, inherited, fds)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
+            return True
+    finally:
+        for fd in fds:  # the child has its own copies
+            os.close(fd)
+
+
+def _fork(conn: socket.socket, request: dict[str, Any], stamp: dict[str, int], inherited: list[int],
+          fds: list[int]) -> bool:
+    module = request.get("module")
+    if _peer_uid(conn) != os.getuid() or module not in OWNERS + SERVED:
+        raise ValueError("refused: not this user, or not a run's owner")
+    if request.get("executable") != sys.executable or request["env"].get("PYTHONPATH") != os.environ.get("PYTHONPATH"):
+        raise ValueError("another interpreter or PYTHONPATH")
+    if (module in SERVED) != (len(fds) == 3):
+        raise ValueError("a served module takes stdin, stdout and stderr; an owner none")
     if _stale(stamp):
         with contextlib.suppress(OSError):
             conn.sendall(b'{"error": "stale"}\n')
         return False
+    if module in SERVED:
+        _import_served(stamp)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
     if pid == 0:
         conn.close()
-        code = _child(request, inherited)
+        code = _child(request, inherited, fds)
         with contextlib.suppress(Exception):
             sys.stdout.flush()
             sys.stderr.flush()
         os._exit(code)  # the server's atexit handlers and buffers are not the owner's
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps({"pid": pid, "started": started_at(pid) or 0.0}).encode() + b"\n")
+    if request.get("warm"):
+        _import_served(stamp)
     return True
+
+
+def _import_served(stamp: dict[str, int]) -> None:
+    """SERVED, imported by the first request that needs them (not at the server's start: most homes
+    never mount data), kept for the forks after it."""
+    if not set(SERVED) <= set(sys.modules):
+        for module in SERVED:
+            importlib.import_module(module)
+        stamp.update(_code_stamp())
 
 
 def _preload() -> None:

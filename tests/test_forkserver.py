@@ -88,6 +88,44 @@ def test_the_server_forks_only_a_runs_owner_for_the_same_interpreter(emu, cluste
     assert oct(os.stat(forkserver.folder(emu.home.root)).st_mode & 0o777) == "0o700"
 
 
+def test_a_data_runtime_mount_is_served_by_a_fork_with_the_callers_pipes(emu, cluster, make_job, tmp_path):
+    """A mount's serving process forked (its imports made once in the server, not per mount) on the
+    descriptors the caller passed; a served module without them, or an owner with them, refused."""
+    import fsspec
+
+    from amlemu.actions import execute
+    from amlemu.storage.dataruntime import mount as drmount
+    from amlemu.storage.dataruntime.settings import Settings
+
+    cluster()
+    emu.submit(make_job("pass")).wait(timeout=120)
+    server = _served(emu)
+    (tmp_path / "store").mkdir()
+    (tmp_path / "store" / "a.txt").write_text("through the mount")
+    point, state = tmp_path / "point", tmp_path / "state"
+    point.mkdir()
+    record = drmount.start_process(fsspec.filesystem("file").to_json(), str(tmp_path / "store"), point, state,
+                                   state / "cache", tmp_path / "logs", Settings(unmount_timeout=5),
+                                   home_root=emu.home.root)
+    try:
+        assert (point / "a.txt").read_text() == "through the mount"
+        served = psutil.Process(record.pid)
+        assert served.ppid() == server.pid and forkserver.MODULE in served.cmdline()
+        assert record.started == pytest.approx(served.create_time(), abs=0.05)
+        base = {"argv": [], "env": dict(os.environ), "cwd": str(tmp_path), "umask": 0o022,
+                "executable": sys.executable, "log": str(tmp_path / "log")}
+        assert "error" in _ask(emu.home.root, **base, module=forkserver.SERVED[0])  # no descriptors
+        with open(os.devnull, "rb") as null, socket.socket(socket.AF_UNIX) as conn:
+            conn.connect(str(forkserver.folder(emu.home.root) / "sock"))
+            socket.send_fds(conn, [json.dumps({**base, "module": forkserver.OWNERS[0]}).encode() + b"\n"],
+                            [null.fileno()] * 3)
+            assert "error" in json.loads(conn.makefile().readline())
+        assert not (tmp_path / "log").exists()
+    finally:
+        execute(drmount.plan_unmount(state))
+    assert not drmount.is_mounted(point) and _ended(record.pid)
+
+
 def test_code_changed_on_disk_is_stale(tmp_path: Path) -> None:
     """An upgrade or an edit since the server started: it stops forking the old code."""
     module = tmp_path / "m.py"

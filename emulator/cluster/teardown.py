@@ -46,7 +46,7 @@ def ours(pid: int, run_id: str, started: float | None = None) -> bool:
     `started`: the start time recorded with the pid (an owner forked by the home's fork server
     carries the server's argv, emulator/forkserver.py): then that process, whatever its argv."""
     if started is not None:
-        return forkserver.alive(pid, started)
+        return procinfo.alive(pid, started)
     try:
         proc = psutil.Process(pid)
         # The id as a whole word of the argv (an argument, a path component): a job may be named

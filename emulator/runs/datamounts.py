@@ -113,10 +113,10 @@ def fsname(run_id: str, node: str, name: str) -> str:
 
 def mount_node(request: Any, run_id: str, logs: Path, mounts: tuple[DataMount, ...], settings: Settings,
                source: Callable[[str], Any], guarded: Callable[[DataMount, Callable[[], Any]], Any],
-               log: Callable[[str], None]) -> None:
+               log: Callable[[str], None], home_root: Path | None = None) -> None:
     """Every mount of the run on one node, each at its input's folder on the node's disk (made
-    fresh by the host before the job starts: no link of the job's on the way); inputs side by side
-    (a serving process's start is mostly its imports)."""
+    fresh by the host before the job starts: no link of the job's on the way); inputs side by side,
+    each served by a process the home's fork server forks (`home_root`)."""
     points = [nodefs.fresh_dir(request.node_dir, str(Path(m.node_path).relative_to(NODE_ROOT))) for m in mounts]
 
     def one(m: DataMount, point: Path) -> None:
@@ -124,7 +124,7 @@ def mount_node(request: Any, run_id: str, logs: Path, mounts: tuple[DataMount, .
         guarded(m, lambda: _there(src, m))
         record = guarded(m, lambda: drmount.start_process(
             src.fs.to_json(), src.remote(m.path), point, state, state / "cache", logs / request.name, settings,
-            only=m.only, fsname=fsname(run_id, request.name, m.name)))
+            only=m.only, fsname=fsname(run_id, request.name, m.name), home_root=home_root))
         log(f"{m.ref}: ro_mount of {m.datastore}/{m.path}{'/' + m.only if m.only else ''} on {request.name}: "
             f"the data runtime's mount (server {record.pid}; files fetched when opened)")
     with ThreadPoolExecutor(len(mounts)) as pool:

@@ -151,7 +151,8 @@ class RunData:
             self.prepare_node(r.name, r.node_dir, NodeCache(r.cache_dir))
             if r.name in self.late:
                 datamounts.mount_node(r, self.run_id, run_dir / "system_logs" / "data_capability",  # type: ignore[operator]
-                                      self.lazy, self.settings, self.source, self._guard_mount, self.log)
+                                      self.lazy, self.settings, self.source, self._guard_mount, self.log,
+                                      self.datastores.home_root)
         with ThreadPoolExecutor(len(requests)) as pool:
             list(pool.map(one, requests))
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
-from amlemu import forkserver
+from amlemu import procinfo
 from amlemu.backends import get_backend
 from amlemu.cluster import autoscale
 from amlemu.cluster.store import RunRecord, Store
@@ -36,7 +36,7 @@ def claim(store: Store, record: RunRecord) -> bool:
     if record.status.is_terminal or record.supervisor_pid is None or \
             ours(record.supervisor_pid, record.id, record.supervisor_started):
         return False
-    return store.claim_run(record.id, record.supervisor_pid, os.getpid(), forkserver.started_at(os.getpid()))
+    return store.claim_run(record.id, record.supervisor_pid, os.getpid(), procinfo.started_at(os.getpid()))
 
 
 def recover(home: Home, store: Store, record: RunRecord) -> None:

@@ -20,8 +20,9 @@ import time
 import uuid
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
+from amlemu import forkserver, procinfo
 from amlemu.actions import Action
 from amlemu.errors import BackendError
 from amlemu.storage.dataruntime.settings import Settings
@@ -39,6 +40,7 @@ class MountRecord:
     state: str  # the folder that holds this record
     unmount_timeout: float = 30.0
     fsname: str = ""  # the mount's source in the mount table: found by it if its folder was moved
+    started: float | None = None  # the server's start time (psutil's): its pid is never taken for another
 
     def where(self) -> str:
         """Where the mount is now, as the mount table has its fsname (no link followed): a job may
@@ -159,41 +161,67 @@ class ThreadMount:
         self.thread.join(self.settings.unmount_timeout)
 
 
+SERVE_MODULE = "amlemu.storage.dataruntime.serve"
+
+
 def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache: Path, logs: Path,
                   settings: Settings, timeout: float = 20.0, only: str | None = None,
-                  fsname: str | None = None) -> MountRecord:
-    """Serve the mount from a process of its own (`python -m amlemu.storage.dataruntime.serve`);
-    the filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv).
+                  fsname: str | None = None, home_root: Path | None = None) -> MountRecord:
+    """Serve the mount from a process of its own: forked by the fork server of `home_root` (its
+    imports made once: ~0.4 s of a fresh process's start), else `python -m amlemu.storage.dataruntime.serve`.
+    The filesystem travels as fsspec's JSON on its stdin (it may hold a secret: never in argv).
     `fsname`: the mount's source in the mount table, unique to it (by default a fresh one)."""
     state.mkdir(parents=True, exist_ok=True)
     fsname = fsname or unique_fsname()
     config = {"fs": fs_json, "root": root, "mountpoint": str(mountpoint), "cache": str(cache), "logs": str(logs),
               "settings": settings.to_dict(), "only": only, "fsname": fsname}
-    proc = subprocess.Popen([sys.executable, "-m", "amlemu.storage.dataruntime.serve"], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=open(state / "serve.err", "wb"),  # noqa: SIM115
-                            text=True, start_new_session=True)
-    record = MountRecord(str(mountpoint), proc.pid, str(cache), str(logs), str(state), settings.unmount_timeout, fsname)
+    pid, started, stdin, stdout = _start_server(state, home_root)
+    record = MountRecord(str(mountpoint), pid, str(cache), str(logs), str(state), settings.unmount_timeout, fsname,
+                         started)
     record.save()
-    assert proc.stdin is not None and proc.stdout is not None
-    proc.stdin.write(json.dumps(config))
-    proc.stdin.close()
-    line = _readline(proc, timeout)
-    if line.strip() != READY:
-        proc.kill()
-        proc.wait()
+    with stdin:
+        stdin.write(json.dumps(config).encode())
+    with stdout:
+        line = _readline(stdout, timeout)
+    if line.strip() != READY.encode():
+        _stop(pid, 0, started)
         err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
         raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
                            f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
     return record
 
 
-def _readline(proc: subprocess.Popen[str], timeout: float) -> str:
-    """The first line of the process's output, or '' when it exits or stays silent past `timeout`."""
-    result: list[str] = []
-    reader = threading.Thread(target=lambda: result.append(proc.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+def _start_server(state: Path, home_root: Path | None) -> tuple[int, float | None, BinaryIO, BinaryIO]:
+    """The serving process: its pid, start time, and the pipes to its stdin and from its stdout."""
+    in_r, in_w = os.pipe()
+    out_r, out_w = os.pipe()
+    try:
+        with open(state / "serve.err", "wb") as err:
+            owner = forkserver.spawn(home_root, SERVE_MODULE, [], dict(os.environ), (in_r, out_w, err.fileno())) \
+                if home_root is not None else None
+            if owner is not None:
+                pid, started = owner.pid, owner.started
+            else:
+                pid = subprocess.Popen([sys.executable, "-m", SERVE_MODULE], stdin=in_r, stdout=out_w, stderr=err,
+                                       start_new_session=True).pid
+                started = procinfo.started_at(pid)
+    except BaseException:
+        for fd in (in_w, out_r):
+            os.close(fd)
+        raise
+    finally:
+        os.close(in_r)
+        os.close(out_w)
+    return pid, started, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb")
+
+
+def _readline(stdout: BinaryIO, timeout: float) -> bytes:
+    """The first line of the process's output, or b'' when it exits or stays silent past `timeout`."""
+    result: list[bytes] = []
+    reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout)
-    return result[0] if result else ""
+    return result[0] if result else b""
 
 
 def unmount(mountpoint: str, timeout: float = 30.0) -> str:
@@ -213,26 +241,35 @@ def unmount(mountpoint: str, timeout: float = 30.0) -> str:
         time.sleep(0.2)  # busy (a reader has a file open): the runtime retries until its timeout
 
 
-def _stop(pid: int, timeout: float) -> str | bool:
-    """End the serving process once its mount is gone (it exits by itself after an unmount)."""
+def _stop(pid: int, timeout: float, started: float | None = None) -> str | bool:
+    """End the serving process once its mount is gone (it exits by itself after an unmount); by its
+    pid only while that is still the process started at `started` (where recorded)."""
     if pid == os.getpid():
         return False
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
-        except ChildProcessError:  # not our child: it is alive while signal 0 reaches it
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                return False
-            done = 0
+        except ChildProcessError:  # not our child (the fork server's): alive while it is that process
+            done = 0 if (procinfo.alive(pid, started) if started else _signal0(pid)) else pid
         if done:
             return False
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.05)
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
     return f"killed data runtime server {pid}"
+
+
+def _signal0(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 def plan_unmount_under(folder: Path, pattern: str = "*/*/dataruntime/*/*") -> list[Action]:
@@ -247,7 +284,8 @@ def plan_unmount(state: Path) -> list[Action]:
     return [
         Action("unmount", "data runtime mount", record.mountpoint, {"timeout_s": record.unmount_timeout},
                run=lambda: unmount(record.where(), record.unmount_timeout)),
-        Action("stop", "data runtime server", str(record.pid), run=lambda: _stop(record.pid, record.unmount_timeout)),
+        Action("stop", "data runtime server", str(record.pid),
+               run=lambda: _stop(record.pid, record.unmount_timeout, record.started)),
         Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
         Action("remove", "data runtime record", str(state / RECORD),
                run=lambda: [(state / name).unlink(missing_ok=True) for name in ("serve.err", RECORD)] and None,

@@ -1,13 +1,18 @@
-"""The serving process of one mount (`python -m amlemu.storage.dataruntime.serve`): reads its
-configuration as JSON on stdin (the filesystem as fsspec's JSON, which may hold a secret), mounts,
-prints `mounted` once the kernel has the mount, and serves until it is unmounted."""
+"""The serving process of one mount (`python -m amlemu.storage.dataruntime.serve`, or forked by the
+home's fork server, which has imported this module once): reads its configuration as JSON on stdin
+(the filesystem as fsspec's JSON, which may hold a secret), mounts, prints `mounted` once the kernel
+has the mount, and serves until it is unmounted."""
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
 
 import fsspec
+
+with contextlib.suppress(ImportError):  # a datastore's filesystem: most of a fresh process's start
+    import adlfs  # noqa: F401
 
 from amlemu.storage.dataruntime.logs import secrets_of
 from amlemu.storage.dataruntime.mount import READY, serve
@@ -15,7 +20,7 @@ from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
 from amlemu.storage.dataruntime.settings import Settings
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     config = json.loads(sys.stdin.read())
     # FUSE callbacks wait for the interpreter lock behind fetch and write threads: a shorter switch
     # interval than the default 5 ms keeps a read's latency near its own cost.
