@@ -140,6 +140,45 @@ environment_variables:
     assert not list(emu.home.cache_dir("c1", "c1-node-0").glob("dataruntime/*/*"))  # records and caches removed
 
 
+BIG = """
+import hashlib, sys
+digest, size = hashlib.sha256(), 0
+with open(sys.argv[1], "rb") as f:
+    while chunk := f.read(1 << 20):
+        digest.update(chunk)
+        size += len(chunk)
+print("read", size, digest.hexdigest(), flush=True)
+"""
+
+
+def test_a_file_four_times_the_cache_limit_is_read_in_blocks_within_it(emu: Emulator, cluster, make_job) -> None:
+    """Data larger than the node's cache (here, than its limit): block mode streams it, pruning
+    blocks behind the reader; the cache never holds more than DATASET_MOUNT_CACHE_SIZE."""
+    import hashlib
+    import os
+
+    cluster(max_nodes=1)
+    data = os.urandom(8 << 20)
+    _put(emu, "big/data.bin", data)
+    job = make_job(BIG, extra=f"""
+inputs:
+  big: {{type: uri_file, path: {WS}/big/data.bin, mode: ro_mount}}
+environment_variables:
+  DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED: 'true'
+  DATASET_MOUNT_CACHE_SIZE: 2MB
+  DATASET_MOUNT_READ_BLOCK_SIZE: 256KB
+  DATASET_MOUNT_READ_BUFFER_BLOCK_COUNT: '2'
+""", args="${{inputs.big}}")
+    run = emu.submit(job)
+    assert run.wait(timeout=STARTUP) is RunStatus.COMPLETED, run.record.error
+    assert f"read {len(data)} {hashlib.sha256(data).hexdigest()}" in run.logs()
+    log = (run.dir / "system_logs" / "data_capability" / "c1-node-0" / "data-capability.log").read_text()
+    fetched, blocks, pruned, peak = map(int, re.search(
+        r"(\d+) bytes fetched, \d+ files, (\d+) blocks, (\d+) pruned, peak cache (\d+) bytes", log).groups())
+    assert fetched >= len(data) and blocks >= len(data) // (256 << 10) and pruned > 0
+    assert 0 < peak <= 2 << 20  # the whole file is 4 times that
+
+
 def test_cleanup_finds_and_unmounts_a_mount_left_behind_even_where_a_job_moved_it(tmp_path: Path) -> None:
     """What recovery and `amlemu cleanup` do with a mount whose supervisor died: found by its record
     in the node's cache folder, unmounted where the mount table has it (a job renamed a folder above
