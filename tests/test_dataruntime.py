@@ -174,9 +174,15 @@ def test_missing_and_denied_files_fail_as_the_runtime_logs_them(mounted, data: P
     with pytest.raises(OSError) as err:
         open(mount.mountpoint / "shards" / "part-001.bin", "ab")
     assert err.value.errno == errno.EROFS
+    assert "part-002.bin" in os.listdir(mount.mountpoint / "shards")  # listed: its attributes never expire
+    (data / "shards" / "part-002.bin").unlink()  # then deleted in storage, mid-job
+    assert (mount.mountpoint / "shards" / "part-002.bin").exists()  # still listed, as on AmlCompute...
+    with pytest.raises(FileNotFoundError):
+        (mount.mountpoint / "shards" / "part-002.bin").read_bytes()  # ...but its first read fails
     log = (mount.ops.log.session).read_text()
     assert "getattr /shards/part-999.bin: DataAccessError(NotFound)" in log
     assert "read /labels.csv: DataAccessError(PermissionDenied)" in log
+    assert "read /shards/part-002.bin: DataAccessError(NotFound)" in log
     assert mount.ops.log.session.name == "data-capability.log" and mount.ops.log.rslex.name.startswith("rslex.log.")
 
 
