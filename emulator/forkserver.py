@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from amlemu.procinfo import alive, started_at
 
 OWNERS = ("amlemu.runs.supervisor", "amlemu.sweeps.driver", "amlemu.pipelines.driver")
@@ -66,8 +68,8 @@ def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[
     `python -P -m module home run_id` (and a server started, in the background, for the next time).
     -P: the submitter's folder is not on the owner's path (a module of the user's there would shadow
     one the owner imports; the server's children share one path, whoever submits). `warm`: the run
-    reads or writes a datastore; once it is forked, the server imports SERVED (and so adlfs) for the
-    owners and mounts after it."""
+    reads or writes a datastore; once it has forked two such, the server imports SERVED (and so
+    adlfs) for the owners and mounts after them (one alone would pay the imports twice)."""
     request = {"module": module, "argv": [str(home_root), run_id], "log": str(log), "env": env,
                "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable, "warm": warm}
     answer = _ask(home_root, request)
@@ -95,9 +97,8 @@ def _umask() -> int:
 
 def spawn(home_root: Path, module: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
           timeout: float = 30.0) -> Owner | None:
-    """`module`'s main (one of SERVED) forked by the home's server with `fds` as its stdin, stdout and
-    stderr; None when no server serves (the caller starts a process itself). The first request of a
-    server imports the module first (`timeout` allows for it)."""
+    """`module`'s main (one of SERVED) forked by the home's server on `fds` as its stdin, stdout and
+    stderr (the first request waits for its imports); None: no server serves, start it yourself."""
     request = {"module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "umask": _umask(),
                "executable": sys.executable}
     answer = _ask(home_root, request, timeout, fds)
@@ -145,11 +146,9 @@ def servers(home_root: Path) -> list[Owner]:
 def stop(home_root: Path) -> bool:
     """End the home's servers (cleanup): by their recorded pids, only if still those processes;
     returns once they have ended (a pid file goes a moment before its process does)."""
-    import psutil  # noqa: PLC0415
-
     found = servers(home_root)
     for server in found:
-        try:
+        with contextlib.suppress(psutil.Error):  # gone meanwhile
             proc = psutil.Process(server.pid)
             for sig in (signal.SIGTERM, signal.SIGKILL):
                 proc.send_signal(sig)
@@ -158,8 +157,6 @@ def stop(home_root: Path) -> bool:
                     time.sleep(0.01)
                 if not proc.is_running() or proc.status() == psutil.STATUS_ZOMBIE:
                     break
-        except psutil.Error:  # gone meanwhile
-            pass
     return bool(found)
 
 
@@ -231,13 +228,19 @@ def _child(request: dict[str, Any], inherited: list[int], fds: list[int]) -> int
         return 1
 
 
-def _serve_one(conn: socket.socket, stamp: dict[str, int], inherited: list[int]) -> bool:
+@dataclass
+class _Served:  # the server's state: its code's files and times, the runs using a datastore it forked
+    stamp: dict[str, int]
+    data_runs: int = 0
+
+
+def _serve_one(conn: socket.socket, served: _Served, inherited: list[int]) -> bool:
     """Answer one request; False when this server must go (its code changed on disk)."""
     fds: list[int] = []
     try:
         try:
             line, fds = _read_line(conn)
-            return _fork(conn, json.loads(line), stamp, inherited, fds)
+            return _fork(conn, json.loads(line), served, inherited, fds)
         except (OSError, ValueError, KeyError, TypeError, AttributeError, ImportError) as exc:
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps({"error": str(exc)}).encode() + b"\n")
@@ -247,7 +250,7 @@ def _serve_one(conn: socket.socket, stamp: dict[str, int], inherited: list[int])
             os.close(fd)
 
 
-def _fork(conn: socket.socket, request: dict[str, Any], stamp: dict[str, int], inherited: list[int],
+def _fork(conn: socket.socket, request: dict[str, Any], served: _Served, inherited: list[int],
           fds: list[int]) -> bool:
     module = request.get("module")
     if _peer_uid(conn) != os.getuid() or module not in OWNERS + SERVED:
@@ -256,12 +259,12 @@ def _fork(conn: socket.socket, request: dict[str, Any], stamp: dict[str, int], i
         raise ValueError("another interpreter or PYTHONPATH")
     if (module in SERVED) != (len(fds) == 3):
         raise ValueError("a served module takes stdin, stdout and stderr; an owner none")
-    if _stale(stamp):
+    if _stale(served.stamp):
         with contextlib.suppress(OSError):
             conn.sendall(b'{"error": "stale"}\n')
         return False
     if module in SERVED:
-        _import_served(stamp)
+        _import_served(served.stamp)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
@@ -274,8 +277,9 @@ def _fork(conn: socket.socket, request: dict[str, Any], stamp: dict[str, int], i
         os._exit(code)  # the server's atexit handlers and buffers are not the owner's
     with contextlib.suppress(OSError):
         conn.sendall(json.dumps({"pid": pid, "started": started_at(pid) or 0.0}).encode() + b"\n")
-    if request.get("warm"):
-        _import_served(stamp)
+    served.data_runs += bool(request.get("warm"))
+    if request.get("warm") and served.data_runs >= 2:  # a second: more are likely (a sweep, a pipeline)
+        _import_served(served.stamp)
     return True
 
 
@@ -318,7 +322,7 @@ def serve(home_root: str) -> int:
         preload = threading.Thread(target=_preload, daemon=True)
         preload.start()
         preload.join()
-        stamp = _code_stamp()
+        served = _Served(_code_stamp())
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # owners are reaped by the kernel: no zombie
         staged = where / f"sock.{os.getpid()}"
         listener.bind(str(staged))
@@ -333,7 +337,7 @@ def serve(home_root: str) -> int:
                 return 0
             with conn:
                 conn.settimeout(10)
-                if not _serve_one(conn, stamp, [listener.fileno(), lock]):
+                if not _serve_one(conn, served, [listener.fileno(), lock]):
                     return 0
     finally:  # the lock is still this server's: the socket and pid file are too
         for name in ("sock", "pid", f"sock.{os.getpid()}"):
