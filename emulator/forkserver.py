@@ -1,18 +1,17 @@
 """A home's fork server: one Python process per home, with the modules of a run's owner (its
 supervisor, a sweep's or a pipeline's driver) imported once, that forks each owner on request.
 
-Why: a fresh interpreter spent 135-170 ms importing the supervisor's modules on every submit,
-before anything of the run could happen (docs/benchmarks.md, issue 30), and a sweep of 20 trials
-paid it 20 times. A fork of a process that has them costs a few milliseconds.
+Why: a fresh interpreter spent 135-170 ms importing the supervisor's modules on every submit
+(docs/benchmarks.md, issue 30); a fork of a process that has them costs a few milliseconds.
 
 The submitter (`start_owner`) asks the server over a unix socket in the home (an owner-only
-folder no node sees); the server checks the caller is this user, that the module is one of the
-owners, and that its own code is still the code on disk (an upgrade or an edit since it started:
-it answers "stale" and exits), then forks: the child leads a session of its own, writes to the
-run's log, takes the submitter's environment, umask and folder, and runs the module's `main`.
-Whenever the server cannot serve (none yet, another interpreter or PYTHONPATH, stale, any error)
-the owner is started as before, `python -P -m <module> <home> <run id>`, and a server is started
-for the next submit. The server leaves when idle (IDLE_SECONDS) or when `cleanup` stops it.
+folder no node sees); the server checks the caller is this user, the module one of the owners,
+and its own code still the code on disk (else it answers "stale" and exits), then forks: the child
+leads a session of its own, writes to the run's log, takes the submitter's environment, umask and
+folder, and runs the module's `main`. Whenever the server cannot serve (none yet, another
+interpreter or PYTHONPATH, stale, any error) the owner is started as `python -P -m <module> <home>
+<run id>`, and a server for the next submit (one starts with a compute too). It leaves when idle
+(IDLE_SECONDS) or when `cleanup` stops it.
 
 It also forks the data runtime's serving process of a mount (SERVED: `spawn`, on the caller's
 stdin, stdout and stderr, passed over the socket): a fresh one spent ~0.4 s importing fsspec,
@@ -51,9 +50,7 @@ MODULE = "amlemu.forkserver"
 
 
 @dataclass(frozen=True)
-class Owner:
-    """A run's owner process as started: its pid and its start time (psutil's create_time)."""
-
+class Owner:  # a run's owner process as started: its pid and its start time (psutil's create_time)
     pid: int
     started: float | None
 
@@ -79,14 +76,20 @@ def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[
         proc = subprocess.Popen([sys.executable, "-P", "-m", module, *request["argv"]], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     owner = Owner(proc.pid, started_at(proc.pid))
-    if running(home_root) is None:  # a second one started meanwhile leaves at once (the server's lock)
+    start_server(home_root, env)
+    return owner
+
+
+def start_server(home_root: Path, env: dict[str, str]) -> None:
+    """The home's server, started in the background unless one runs or is starting (also when a
+    compute is made: the first submit after it is forked too); a second leaves at once (its lock)."""
+    if not servers(home_root):
         folder(home_root).mkdir(mode=0o700, exist_ok=True)
         with open(folder(home_root) / "server.txt", "ab") as out:
             server = subprocess.Popen([sys.executable, "-P", "-m", MODULE, str(home_root)], stdin=subprocess.DEVNULL,
                                       stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         # Recorded at once: a cleanup before the server has written its own pid file still finds it.
         (folder(home_root) / "spawned").write_text(f"{server.pid}:{started_at(server.pid)}")
-    return owner
 
 
 def _umask() -> int:
@@ -185,13 +188,10 @@ def _code_stamp() -> dict[str, int]:
 
 
 def _stale(stamp: dict[str, int]) -> bool:
-    for path, mtime in stamp.items():
-        try:
-            if os.stat(path).st_mtime_ns != mtime:
-                return True
-        except OSError:
-            return True
-    return False
+    try:
+        return any(os.stat(path).st_mtime_ns != mtime for path, mtime in stamp.items())
+    except OSError:  # gone
+        return True
 
 
 def _peer_uid(conn: socket.socket) -> int:
