@@ -66,3 +66,13 @@ def test_mlflows_server_job_routes_are_refused_and_tracking_routes_are_not() -> 
     for path in ("/api/2.0/mlflow/runs/log-batch", "/api/2.0/mlflow/experiments/search",
                  "/ajax-api/2.0/mlflow/metrics/get-history-bulk-interval", "/api/2.0/mlflow/registered-models/create"):
         assert not server_job_route(path), path
+
+
+def test_the_seed_template_is_named_by_the_installed_mlflows_version() -> None:
+    """Read from the package's dist-info folder's name (fast): the same as importlib.metadata says."""
+    from importlib.metadata import version
+
+    from amlemu.runs.homestore import mlflow_version, template_path
+
+    assert mlflow_version() == version("mlflow")
+    assert template_path().name == f"seed-{version('mlflow')}.db"
