@@ -251,7 +251,7 @@ def _serve_one(conn: socket.socket, served: _Served, inherited: list[int]) -> bo
 
 
 def _fork(conn: socket.socket, request: dict[str, Any], served: _Served, inherited: list[int],
-          fds: list[int]) -> bool:
+          fds: list[int]) -> bool:  # the checks, the fork and the answer; see _serve_one
     module = request.get("module")
     if _peer_uid(conn) != os.getuid() or module not in OWNERS + SERVED:
         raise ValueError("refused: not this user, or not a run's owner")
