@@ -46,7 +46,9 @@ from common import THREAD_PROBE, Steps, Stopped, background_load, baseline_env, 
 
 from amlemu.api import Emulator  # noqa: E402
 from amlemu.backends import BACKENDS  # noqa: E402
-from amlemu.runs import timeline  # noqa: E402
+from amlemu.errors import AmlEmuError  # noqa: E402
+from amlemu.jobs.jobspec_io import job_from_record  # noqa: E402
+from amlemu.runs import memwatch, timeline  # noqa: E402
 from amlemu.runs.mpi import MpiLaunch, mpirun_argv  # noqa: E402
 from amlemu.specs import ClusterSpec, RunStatus  # noqa: E402
 from pytest_amlemu import mnist  # noqa: E402
@@ -204,18 +206,27 @@ def mnist_step(emu: Emulator, root: Path, threads: dict[str, str], repeat: int) 
 
 
 def largest_step(emu: Emulator, root: Path, script: str, max_nodes: int, tag: str) -> dict:
-    """4. The largest cluster: one rank per node, growing until it fails or reaches max_nodes."""
+    """4. The largest cluster: one rank per node, growing until it fails, is refused (its ranks
+    cannot fit in this machine's memory: the submit says so, before anything is made) or reaches
+    max_nodes; with the peak memory of a rank at each size (runs/memwatch.py)."""
     sizes = sorted({n for n in (2, 4, 8, 16, 32, 64, 128) if n < max_nodes} | {max_nodes})
     emu.create_compute(ClusterSpec(f"big-{tag}", "STANDARD_D2_V2", max_nodes=max_nodes, idle_seconds_before_scaledown=3600))
     done: dict[str, float] = {}
+    rank_mib: dict[str, float] = {}
     for nodes in sizes:
         start = time.time()
-        run = emu.submit(write_job(root, f"{tag}{nodes}", script, nodes, compute=f"big-{tag}"))
+        try:
+            run = emu.submit(write_job(root, f"{tag}{nodes}", script, nodes, compute=f"big-{tag}"))
+        except AmlEmuError as exc:
+            return {"seconds_by_nodes": done, "rank_peak_mib_by_nodes": rank_mib, "refused": f"{nodes} nodes: {exc}"}
         if run.wait(timeout=600) is not RunStatus.COMPLETED:
-            return {"seconds_by_nodes": done, "failure": f"{nodes} nodes: {run.record.error}"}
+            return {"seconds_by_nodes": done, "rank_peak_mib_by_nodes": rank_mib, "failure": f"{nodes} nodes: {run.record.error}"}
         done[str(nodes)] = round(time.time() - start, 1)
-        print(f"   {tag}: {nodes} nodes in {done[str(nodes)]} s", flush=True)
-    return {"seconds_by_nodes": done, "idle_node_memory_mib": idle_node_memory(emu)}
+        figure = memwatch.recorded(emu.home.root, memwatch.figure_key(job_from_record(emu.store.run(run.id).job)))
+        if figure is not None and figure.run_id == run.id:
+            rank_mib[str(nodes)] = round(figure.bytes / 2**20, 1)
+        print(f"   {tag}: {nodes} nodes in {done[str(nodes)]} s, a rank's peak {rank_mib.get(str(nodes))} MiB", flush=True)
+    return {"seconds_by_nodes": done, "rank_peak_mib_by_nodes": rank_mib, "idle_node_memory_mib": idle_node_memory(emu)}
 
 
 def idle_node_memory(emu: Emulator) -> float | None:
