@@ -164,9 +164,13 @@ def cold_step(emu: Emulator, root: Path, trivial: str) -> dict:
 def warm_step(emu: Emulator, root: Path, name: str, script: str, threads: dict[str, str], repeat: int) -> dict:
     """1. Nodes are up (idle) from the cold run."""
     job = write_job(root, name, script, 2)
-    emu_times = [emulated(emu, job, 2) for _ in range(repeat)]
-    bare_times = [bare_mpirun(script, root, threads) for _ in range(repeat)]
-    user_times = [bare_mpirun(script, root, {}) for _ in range(repeat)]
+    emu_times: list[float] = []
+    bare_times: list[float] = []
+    user_times: list[float] = []
+    for _ in range(repeat):  # alternated: this machine's speed drifts (its page cache refilled after other work)
+        emu_times.append(emulated(emu, job, 2))
+        bare_times.append(bare_mpirun(script, root, threads))
+        user_times.append(bare_mpirun(script, root, {}))
     e, b, u = (statistics.median(t) for t in (emu_times, bare_times, user_times))
     last = emu.runs()[-1]  # the newest
     return {"emulator_s": round(e, 3), "bare_mpirun_s": round(b, 3), "ratio": round(e / b, 2),
