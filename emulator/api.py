@@ -81,7 +81,6 @@ class Emulator:
         created = self.store.add_cluster(spec, plan["backend"])
         be = get_backend(plan["backend"], self.home)
         be.create_cluster(spec.name)
-        forkserver.start_server(self.home.root, self._supervisor_env())  # a job comes next: its owner is forked
         if spec.min_nodes:  # min_nodes are up from the start and never scale down
             now = time.time()
             nodes = [Node(spec.name, i, f"{spec.name}-node-{i}", "creating", None, None, now, None)

@@ -10,8 +10,8 @@ and its own code still the code on disk (else it answers "stale" and exits), the
 leads a session of its own, writes to the run's log, takes the submitter's environment, umask and
 folder, and runs the module's `main`. Whenever the server cannot serve (none yet, another
 interpreter or PYTHONPATH, stale, any error) the owner is started as `python -P -m <module> <home>
-<run id>`, and a server for the next submit (one starts with a compute too). It leaves when idle
-(IDLE_SECONDS) or when `cleanup` stops it.
+<run id>`, and a server for the next submit. It leaves when idle (IDLE_SECONDS) or when `cleanup`
+stops it.
 
 It also forks the data runtime's serving process of a mount (SERVED: `spawn`, on the caller's
 stdin, stdout and stderr, passed over the socket): a fresh one spent ~0.4 s importing fsspec,
@@ -81,8 +81,8 @@ def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[
 
 
 def start_server(home_root: Path, env: dict[str, str]) -> None:
-    """The home's server, started in the background unless one runs or is starting (also when a
-    compute is made: the first submit after it is forked too); a second leaves at once (its lock)."""
+    """The home's server, started in the background unless one runs or is starting (a second
+    started meanwhile leaves at once: its lock)."""
     if not servers(home_root):
         folder(home_root).mkdir(mode=0o700, exist_ok=True)
         with open(folder(home_root) / "server.txt", "ab") as out:

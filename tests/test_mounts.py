@@ -173,7 +173,7 @@ def test_missing_datastore_is_refused_at_submit_and_missing_path_fails_the_run(e
 def test_credentials_never_reach_runs_logs_or_nodes(emu: Emulator, cluster, make_job) -> None:
     """An azure_blob datastore with a SAS token (served by Azurite through the same adlfs path as
     real Azure): the job reads through it, and the token is nowhere but the owner-only secret file."""
-    cluster(max_nodes=1)
+    cluster(max_nodes=1, idle_seconds_before_scaledown=120)  # the node's disk stays to be searched (not removed mid-walk)
     endpoint = emu.datastores.azurite.ensure().blob_url
     _put(emu, "secure/v.txt", b"private data")
     sas = generate_account_sas(ACCOUNT, ACCOUNT_KEY, ResourceTypes(container=True, object=True),
