@@ -179,15 +179,16 @@ def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache:
     record = MountRecord(str(mountpoint), pid, str(cache), str(logs), str(state), settings.unmount_timeout, fsname,
                          started)
     record.save()
-    with stdin:
-        stdin.write(json.dumps(config).encode())
-    with stdout:
-        line = _readline(stdout, timeout)
-    if line.strip() != READY.encode():
-        _stop(pid, 0, started)
-        err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
-        raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
-                           f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
+    try:
+        with stdin:
+            stdin.write(json.dumps(config).encode())
+        if _readline(stdout, timeout).strip() != READY.encode():
+            _stop(pid, 0, started)  # first: a reader still waiting on its silence holds the pipe
+            err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
+            raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
+                               f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
+    finally:
+        stdout.close()
     return record
 
 
