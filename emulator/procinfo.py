@@ -27,11 +27,21 @@ def started_at(pid: int) -> float | None:
         return None
 
 
+def same_start(recorded: float, read: float) -> bool:
+    """Do two readings of a start time (psutil's create_time) name one process? A start time is the
+    process's ticks since boot, which never change, plus /proc/stat's `btime`, a whole second that
+    moves by one when this machine's clock is stepped or drifts across a second boundary: so the
+    same process reads equal within 0.05 s or a whole second or two apart. (With a plain tolerance
+    every live process read as gone after such a move: supervisors taken for dead, runs failed.)"""
+    apart = abs(recorded - read)
+    return apart < 0.05 or (apart < 2.05 and abs(apart - round(apart)) < 0.05)
+
+
 def alive(pid: int, started: float) -> bool:
     """Is `pid` still the process that started at `started` (psutil's create_time), and not a
     zombie? Never act on a reused pid."""
     try:
         proc = psutil.Process(pid)
-        return abs(proc.create_time() - started) < 0.05 and proc.status() != psutil.STATUS_ZOMBIE
+        return same_start(started, proc.create_time()) and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False

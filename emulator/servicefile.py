@@ -18,6 +18,7 @@ from pathlib import Path
 
 import psutil
 
+from amlemu import procinfo
 from amlemu.errors import ConfigError
 
 DEFAULT_PORT = 45443  # stable, so a URL written once (a config, a notebook) keeps working
@@ -87,7 +88,7 @@ def _alive(state: ServiceState) -> bool:
     """Is the process that wrote `state` still running? (Never act on a reused pid.)"""
     try:
         proc = psutil.Process(state.pid)
-        return proc.status() != psutil.STATUS_ZOMBIE and abs(proc.create_time() - state.create_time) < 0.01
+        return proc.status() != psutil.STATUS_ZOMBIE and procinfo.same_start(state.create_time, proc.create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return False
 

@@ -25,7 +25,7 @@ import socket
 
 import psutil
 
-from amlemu import statefile
+from amlemu import procinfo, statefile
 from amlemu.actions import Action
 from amlemu.backends import netns
 from amlemu.backends import nodedisk
@@ -205,7 +205,7 @@ class ProcessBackend(NodeBackend):
             pid, started = line.split(":")
             try:
                 proc = psutil.Process(int(pid))
-                if abs(proc.create_time() - float(started)) < 0.5:
+                if procinfo.same_start(float(started), proc.create_time()):
                     found += [proc, *proc.children(recursive=True)]
             except psutil.NoSuchProcess:
                 continue
