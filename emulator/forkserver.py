@@ -67,13 +67,12 @@ def start_owner(home_root: Path, module: str, run_id: str, log: Path, env: dict[
     one the owner imports; the server's children share one path, whoever submits). `warm`: the run
     reads or writes a datastore; once it has forked two such, the server imports SERVED (and so
     adlfs) for the owners and mounts after them (one alone would pay the imports twice)."""
-    request = {"module": module, "argv": [str(home_root), run_id], "log": str(log), "env": env,
-               "cwd": os.getcwd(), "umask": _umask(), "executable": sys.executable, "warm": warm}
-    answer = _ask(home_root, request)
-    if answer is not None:
-        return Owner(int(answer["pid"]), float(answer["started"]))
+    argv = [str(home_root), run_id]
+    forked = _ask(home_root, _request(module, argv, env, log=str(log), warm=warm))
+    if forked is not None:
+        return forked
     with open(log, "ab") as out:
-        proc = subprocess.Popen([sys.executable, "-P", "-m", module, *request["argv"]], stdin=subprocess.DEVNULL,
+        proc = subprocess.Popen([sys.executable, "-P", "-m", module, *argv], stdin=subprocess.DEVNULL,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     owner = Owner(proc.pid, started_at(proc.pid))
     start_server(home_root, env)
@@ -92,25 +91,24 @@ def start_server(home_root: Path, env: dict[str, str]) -> None:
         (folder(home_root) / "spawned").write_text(f"{server.pid}:{started_at(server.pid)}")
 
 
-def _umask() -> int:
+def _request(module: str, argv: list[str], env: dict[str, str], **more: Any) -> dict[str, Any]:
+    """What the server is asked: the module, and the submitter's environment, folder, umask and interpreter."""
     mask = os.umask(0o077)
     os.umask(mask)
-    return mask
+    return {"module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "umask": mask,
+            "executable": sys.executable, **more}
 
 
 def spawn(home_root: Path, module: str, argv: list[str], env: dict[str, str], fds: tuple[int, int, int],
           timeout: float = 30.0) -> Owner | None:
     """`module`'s main (one of SERVED) forked by the home's server on `fds` as its stdin, stdout and
     stderr (the first request waits for its imports); None: no server serves, start it yourself."""
-    request = {"module": module, "argv": argv, "env": env, "cwd": os.getcwd(), "umask": _umask(),
-               "executable": sys.executable}
-    answer = _ask(home_root, request, timeout, fds)
-    return Owner(int(answer["pid"]), float(answer["started"])) if answer is not None else None
+    return _ask(home_root, _request(module, argv, env), timeout, fds)
 
 
 def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0,
-         fds: tuple[int, ...] = ()) -> dict[str, Any] | None:
-    """The server's answer to one request; None when no server answers or it declines."""
+         fds: tuple[int, ...] = ()) -> Owner | None:
+    """The process the server forked for one request; None when no server answers or it declines."""
     path = folder(home_root) / "sock"
     if not path.exists():
         return None
@@ -122,7 +120,7 @@ def _ask(home_root: Path, request: dict[str, Any], timeout: float = 10.0,
             answer = json.loads(_read_line(conn)[0] or b"{}")
     except (OSError, ValueError):
         return None
-    return answer if "pid" in answer else None
+    return Owner(int(answer["pid"]), float(answer["started"])) if "pid" in answer else None
 
 
 def _recorded(path: Path) -> Owner | None:

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
+import psutil
+
 from amlemu import forkserver, procinfo
 from amlemu.actions import Action
 from amlemu.errors import BackendError
@@ -252,7 +254,7 @@ def _stop(pid: int, timeout: float, started: float | None = None) -> str | bool:
         try:
             done, _ = os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:  # not our child (the fork server's): alive while it is that process
-            done = 0 if (procinfo.alive(pid, started) if started else _signal0(pid)) else pid
+            done = 0 if (procinfo.alive(pid, started) if started else psutil.pid_exists(pid)) else pid
         if done:
             return False
         if time.monotonic() >= deadline:
@@ -263,14 +265,6 @@ def _stop(pid: int, timeout: float, started: float | None = None) -> str | bool:
     with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, 0)
     return f"killed data runtime server {pid}"
-
-
-def _signal0(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def plan_unmount_under(folder: Path, pattern: str = "*/*/dataruntime/*/*") -> list[Action]:
