@@ -33,7 +33,10 @@ def _ended(pid: int) -> bool:
 
 
 def _served(emu: Emulator) -> forkserver.Owner:
-    return wait_until(lambda: forkserver.running(emu.home.root), 60, "the home's fork server answers")
+    """The home's server once it answers: its pid file is written before its imports, its socket
+    after them (a submit before that starts its owner fresh, as it should)."""
+    sock = forkserver.folder(emu.home.root) / "sock"
+    return wait_until(lambda: sock.exists() and forkserver.running(emu.home.root), 60, "the home's fork server answers")
 
 
 def test_owners_after_the_first_are_forked_by_the_homes_server_and_known_by_start_time(emu, cluster, make_job):
