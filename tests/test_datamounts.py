@@ -140,6 +140,55 @@ environment_variables:
     assert not list(emu.home.cache_dir("c1", "c1-node-0").glob("dataruntime/*/*"))  # records and caches removed
 
 
+PLACEHOLDER_READER = """
+import errno, mmap, os, sys, time
+folder = sys.argv[1]
+names = sorted(os.listdir(folder))
+print("listed", len(names), os.stat(os.path.join(folder, "f05.bin")).st_size, flush=True)
+path = os.path.join(folder, "f05.bin")
+first = open(path, "rb").read()
+with open(path, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+    assert mapped[:] == first
+started = time.perf_counter()
+for _ in range(200):
+    assert open(path, "rb").read() == first
+print("read", len(first), first[:4].hex(), "warm", round((time.perf_counter() - started) / 200 * 1e6), "us", flush=True)
+for name in ("f05.bin", "new.bin"):
+    try:
+        open(os.path.join(folder, name), "ab")
+        print("write allowed")
+    except OSError as exc:  # EROFS; EACCES first for a node's user that is not root (the files are 0444)
+        print("write", "refused" if exc.errno in (errno.EROFS, errno.EACCES) else errno.errorcode[exc.errno])
+"""
+
+
+def test_with_the_default_settings_files_are_local_placeholders_filled_on_first_read(
+        emu: Emulator, cluster, make_job) -> None:
+    """The runtime's defaults served as placeholders (docs/dataruntime.md): the listing and sizes at
+    once; the first read (mmap too) downloads that one file whole, later reads are the node disk's
+    own; writes are refused; nothing left mounted or held."""
+    cluster(max_nodes=1)
+    fs, root = emu.datastores.filesystem(DEFAULT)
+    files = {f"f{i:02d}.bin": bytes([i]) * (64 << 10) for i in range(20)}
+    fs.pipe({f"{root}/ph/{name}": data for name, data in files.items()})
+    job = make_job(PLACEHOLDER_READER, extra=f"inputs:\n  folder: {{path: {WS}/ph, mode: ro_mount}}\n",
+                   args="${{inputs.folder}}")
+    run = emu.submit(job)
+    assert run.wait(timeout=120) is RunStatus.COMPLETED, run.record.error
+    log = run.logs()
+    assert f"listed 20 {64 << 10}" in log and f"read {64 << 10} 05050505 warm" in log
+    assert log.count("write refused") == 2
+    logs = run.dir / "system_logs" / "data_capability" / "c1-node-0"
+    rslex = "".join(p.read_text() for p in logs.glob("rslex.log.*"))
+    assert "20 files, 0 folders as placeholders" in rslex
+    assert re.findall(r"opened /(\S+) \(", rslex) == ["f05.bin"]  # once, whoever read it and however often
+    session = (logs / "data-capability.log").read_text()
+    assert "local placeholders filled on first read" in session
+    assert re.search(rf"unmounted \S+: {64 << 10} bytes fetched, 1 files", session)
+    assert not _mounted(fsname(run.id, "c1-node-0", "inputs.folder").split(":", 1)[1].replace(":", "_"))
+    assert not list(emu.home.cache_dir("c1", "c1-node-0").glob("dataruntime/*/*"))  # records and caches removed
+
+
 BIG = """
 import hashlib, sys
 digest, size = hashlib.sha256(), 0

@@ -25,6 +25,20 @@ from amlemu.storage.dataruntime.settings import MB, Settings
 RANGE = 8 * MB  # one ranged request of a whole-file download
 
 
+def version_of(info: dict[str, Any]) -> str:
+    """What identifies a blob's content: its ETag; a local file's size, mtime and inode."""
+    if info.get("etag"):
+        return str(info["etag"]).strip('"')
+    return f"{info.get('size')}-{info.get('mtime') or info.get('last_modified')}-{info.get('ino')}"
+
+
+def mtime_of(info: dict[str, Any]) -> float:
+    value = info.get("mtime") or info.get("last_modified") or info.get("created")
+    if hasattr(value, "timestamp"):
+        return float(value.timestamp())
+    return float(value or 0)
+
+
 @dataclass
 class Entry:
     path: Path
@@ -86,13 +100,15 @@ class DiskCache:
         """The whole blob into `dest`, in parallel ranges."""
         with open(dest, "wb") as out:
             out.truncate(size)
-            fd = out.fileno()
+            self.write_ranges(remote, size, out.fileno())
 
-            def one(start: int) -> None:
-                os.pwrite(fd, self.fetch_range(remote, start, min(start + RANGE, size)), start)
+    def write_ranges(self, remote: str, size: int, fd: int) -> None:
+        """The whole blob written at its offsets into the open file `fd`, in parallel ranges."""
+        def one(start: int) -> None:
+            os.pwrite(fd, self.fetch_range(remote, start, min(start + RANGE, size)), start)
 
-            for future in [self.pool.submit(one, start) for start in range(0, size, RANGE)]:
-                future.result()
+        for future in [self.pool.submit(one, start) for start in range(0, size, RANGE)]:
+            future.result()
 
     # --- bookkeeping ------------------------------------------------------------------------
     def _key_lock(self, key: str) -> threading.Lock:

@@ -13,12 +13,13 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -43,6 +44,11 @@ class MountRecord:
     unmount_timeout: float = 30.0
     fsname: str = ""  # the mount's source in the mount table: found by it if its folder was moved
     started: float | None = None  # the server's start time (psutil's): its pid is never taken for another
+    # A placeholder mount's fanotify group, held open by the process that asked for it (its pid, the
+    # descriptor there) until the unmount: the serving process dying must leave waiting reads
+    # waiting, never reading a placeholder's zeros (placeholders.py).
+    held_by: int | None = None
+    held_fd: int | None = None
 
     def where(self) -> str:
         """Where the mount is now, as the mount table has its fsname (no link followed): a job may
@@ -91,25 +97,41 @@ def unmount_tool() -> str:
 
 
 def is_mounted(mountpoint: str | Path) -> bool:
-    target = os.path.realpath(mountpoint)
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:  # spaces and the like as \ooo escapes
-        return any(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4]) == target
-                   for line in info)
+    return mount_type(mountpoint) is not None
 
 
 def _unescape(field: str) -> str:
     return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
 
 
+def placeholder_dir(fsname: str) -> str:
+    """The folder name of a placeholder mount's files (placeholders.py): its fsname, as a bind
+    mount has no source of its own, so the mount table finds it by this name (its root)."""
+    return "tree." + re.sub(r"[^A-Za-z0-9_.-]", "_", fsname)
+
+
 def find_mounts(fsname: str) -> list[str]:
-    """The mount points of the FUSE mounts whose source is `fsname`, in mount order."""
+    """The mount points of the mount named `fsname`, in mount order: the FUSE mounts whose source
+    it is, and the binds of its placeholder folder."""
     points: list[str] = []
+    tree = placeholder_dir(fsname)
     with open("/proc/self/mountinfo", encoding="utf-8") as info:
         for line in info:
-            tail = line.split(" - ", 1)[-1].split()
-            if len(tail) > 1 and tail[0].startswith("fuse") and _unescape(tail[1]) == fsname:
-                points.append(_unescape(line.split()[4]))
+            fields, tail = line.split(), line.split(" - ", 1)[-1].split()
+            fuse = len(tail) > 1 and tail[0].startswith("fuse") and _unescape(tail[1]) == fsname
+            if fuse or _unescape(fields[3]).rsplit("/", 1)[-1] == tree:
+                points.append(_unescape(fields[4]))
     return points
+
+
+def mount_type(mountpoint: str | Path) -> str | None:
+    """The file system type of the last mount at `mountpoint` (None: nothing mounted there)."""
+    target, found = os.path.realpath(mountpoint), None
+    with open("/proc/self/mountinfo", encoding="utf-8") as info:
+        for line in info:
+            if _unescape(line.split()[4]) == target:
+                found = line.split(" - ", 1)[-1].split()[0]
+    return found
 
 
 def unique_fsname(prefix: str = "amlemu-dataruntime") -> str:
@@ -184,20 +206,26 @@ def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache:
     try:
         with stdin:
             stdin.write(json.dumps(config).encode())
-        if _readline(stdout, timeout).strip() != READY.encode():
+        line, held = _readline(stdout, timeout)
+        if line.strip() != READY.encode():
             _stop(pid, 0, started)  # first: a reader still waiting on its silence holds the pipe
             err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
             raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
                                f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
     finally:
         stdout.close()
+    if held is not None:
+        record = replace(record, held_by=os.getpid(), held_fd=held)
+        record.save()
     return record
 
 
-def _start_server(state: Path, home_root: Path | None) -> tuple[int, float | None, BinaryIO, BinaryIO]:
-    """The serving process: its pid, start time, and the pipes to its stdin and from its stdout."""
+def _start_server(state: Path, home_root: Path | None) -> tuple[int, float | None, BinaryIO, socket.socket]:
+    """The serving process: its pid, start time, a pipe to its stdin and a socket from its stdout
+    (a placeholder mount's group comes back on it with the ready line)."""
     in_r, in_w = os.pipe()
-    out_r, out_w = os.pipe()
+    here, there = socket.socketpair()
+    out_w = there.detach()
     try:
         with open(state / "serve.err", "wb") as err:
             owner = forkserver.spawn(home_root, SERVE_MODULE, [], dict(os.environ), (in_r, out_w, err.fileno())) \
@@ -209,30 +237,41 @@ def _start_server(state: Path, home_root: Path | None) -> tuple[int, float | Non
                                        start_new_session=True).pid
                 started = procinfo.started_at(pid)
     except BaseException:
-        for fd in (in_w, out_r):
-            os.close(fd)
+        os.close(in_w)
+        here.close()
         raise
     finally:
         os.close(in_r)
         os.close(out_w)
-    return pid, started, os.fdopen(in_w, "wb"), os.fdopen(out_r, "rb")
+    return pid, started, os.fdopen(in_w, "wb"), here
 
 
-def _readline(stdout: BinaryIO, timeout: float) -> bytes:
-    """The first line of the process's output, or b'' when it exits or stays silent past `timeout`."""
-    result: list[bytes] = []
-    reader = threading.Thread(target=lambda: result.append(stdout.readline()), daemon=True)
-    reader.start()
-    reader.join(timeout)
-    return result[0] if result else b""
+def _readline(stdout: socket.socket, timeout: float) -> tuple[bytes, int | None]:
+    """The first line of the process's output and the descriptor sent with it; b'' when it exits
+    or stays silent past `timeout`."""
+    line, held, deadline = b"", None, time.monotonic() + timeout
+    while not line.endswith(b"\n") and (left := deadline - time.monotonic()) > 0:
+        stdout.settimeout(left)
+        try:
+            chunk, fds, _, _ = socket.recv_fds(stdout, 4096, 1)
+        except OSError:  # timed out
+            break
+        for fd in fds:
+            os.set_inheritable(fd, False)
+            held = fd
+        if not chunk:
+            break
+        line += chunk
+    return line, held
 
 
 def unmount(mountpoint: str, timeout: float = 30.0) -> str:
     """Unmount; a mount still busy after `timeout` seconds is detached lazily (it goes once its
     last reader closes). Returns what was done."""
-    if not is_mounted(mountpoint):
+    kind = mount_type(mountpoint)
+    if kind is None:
         return f"{mountpoint} was not mounted"
-    tool = unmount_tool()
+    tool = unmount_tool() if kind.startswith("fuse") else "umount"  # a placeholder mount is a bind
     deadline = time.monotonic() + timeout
     while True:
         done = subprocess.run(unmount_argv(mountpoint, tool), capture_output=True, text=True, timeout=timeout)
@@ -267,6 +306,14 @@ def _stop(pid: int, timeout: float, started: float | None = None) -> str | bool:
     return f"killed data runtime server {pid}"
 
 
+def _release(record: MountRecord) -> None:
+    """The group this process held for a placeholder mount, closed once its server has gone."""
+    if record.held_fd is not None and record.held_by == os.getpid():
+        with contextlib.suppress(OSError):  # closed already: its number may be another file's now
+            if os.readlink(f"/proc/self/fd/{record.held_fd}") == "anon_inode:[fanotify]":
+                os.close(record.held_fd)
+
+
 def plan_unmount_under(folder: Path, pattern: str = "*/*/dataruntime/*/*") -> list[Action]:
     """Cleanup's plan for every mount recorded in state folders under `folder` matching `pattern`
     (a home's caches/: <cluster>/<node>/dataruntime/<run>/<input>)."""
@@ -281,6 +328,8 @@ def plan_unmount(state: Path) -> list[Action]:
                run=lambda: unmount(record.where(), record.unmount_timeout)),
         Action("stop", "data runtime server", str(record.pid),
                run=lambda: _stop(record.pid, record.unmount_timeout, record.started)),
+        *([Action("close", "data runtime placeholder group", str(record.held_fd), run=lambda: _release(record))]
+          if record.held_by is not None and record.held_by == os.getpid() else []),
         Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
         Action("remove", "data runtime record", str(state / RECORD),
                run=lambda: [(state / name).unlink(missing_ok=True) for name in ("serve.err", RECORD)] and None,

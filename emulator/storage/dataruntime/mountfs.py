@@ -36,23 +36,9 @@ from typing import Any
 
 import mfusepy
 
-from amlemu.storage.dataruntime.cache import RANGE, DiskCache
+from amlemu.storage.dataruntime.cache import RANGE, DiskCache, mtime_of, version_of
 from amlemu.storage.dataruntime.logs import RuntimeLog
 from amlemu.storage.dataruntime.settings import Settings
-
-
-def version_of(info: dict[str, Any]) -> str:
-    """What identifies a blob's content: its ETag; a local file's size, mtime and inode."""
-    if info.get("etag"):
-        return str(info["etag"]).strip('"')
-    return f"{info.get('size')}-{info.get('mtime') or info.get('last_modified')}-{info.get('ino')}"
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    value = info.get("mtime") or info.get("last_modified") or info.get("created")
-    if hasattr(value, "timestamp"):
-        return float(value.timestamp())
-    return float(value or 0)
 
 
 KEPT_COPIES = 64  # no-open: the cached copies kept open between reads
@@ -140,7 +126,7 @@ class DataRuntimeFS(mfusepy.Operations):
     def getattr(self, path: str, fh: int | None = None) -> dict[str, Any]:
         info = self.info(path)
         directory = info.get("type") == "directory"
-        mtime = int(_mtime(info) * 1e9)
+        mtime = int(mtime_of(info) * 1e9)
         return {"st_mode": (stat.S_IFDIR | 0o555) if directory else (stat.S_IFREG | 0o444),
                 "st_nlink": 2 if directory else 1, "st_size": 0 if directory else int(info.get("size") or 0),
                 "st_mtime": mtime, "st_ctime": mtime, "st_atime": mtime, "st_uid": 0, "st_gid": 0}

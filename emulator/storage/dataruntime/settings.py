@@ -45,6 +45,8 @@ class Settings:
     unmount_timeout: float = 30.0
     downloader_threads: int = 4
     ignored: tuple[str, ...] = ()  # documented variables given but not emulated (logged at mount)
+    # amlemu's own: serve default settings as local placeholders (placeholders.py); false: always FUSE
+    placeholders: bool = True
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ignored": list(self.ignored)}
@@ -130,4 +132,5 @@ def from_env(env: dict[str, str], cores: int | None = None) -> Settings:
         unmount_timeout=float(timeout) if timeout else 30.0,
         downloader_threads=_int(env, "RSLEX_DOWNLOADER_THREADS", per_core),
         ignored=tuple(name for name in NOT_EMULATED if env.get(name, "").strip()),
+        placeholders=_bool(env, "AMLEMU_DATASET_MOUNT_PLACEHOLDERS", default=True),
     )._checked()
