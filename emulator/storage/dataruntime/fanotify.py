@@ -67,6 +67,10 @@ class Group:
         _check(_libc.fanotify_mark(self.fd, FAN_MARK_ADD, FAN_PRE_ACCESS, AT_FDCWD, os.fsencode(path)),
                f"fanotify_mark {path}")
 
+    def mark_open(self, fd: int) -> None:
+        """mark() of the file open as `fd` (no path looked up again)."""
+        _check(_libc.fanotify_mark(self.fd, FAN_MARK_ADD, FAN_PRE_ACCESS, fd, None), "fanotify_mark")
+
     def unmark(self, path: str) -> None:
         _check(_libc.fanotify_mark(self.fd, FAN_MARK_REMOVE, FAN_PRE_ACCESS, AT_FDCWD, os.fsencode(path)),
                f"fanotify_mark remove {path}")

@@ -45,8 +45,11 @@ class Settings:
     unmount_timeout: float = 30.0
     downloader_threads: int = 4
     ignored: tuple[str, ...] = ()  # documented variables given but not emulated (logged at mount)
-    # amlemu's own: serve default settings as local placeholders (placeholders.py); false: always FUSE
+    # amlemu's own: serve default settings as local placeholders (placeholders.py); false: always FUSE.
+    # An input of more files goes through FUSE, whose listing is lazy: each placeholder is a file made
+    # on the node's disk (0.1-0.9 ms here), which would delay the job's start by its listing's size.
     placeholders: bool = True
+    placeholder_max_files: int = 10_000
 
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "ignored": list(self.ignored)}
@@ -133,4 +136,5 @@ def from_env(env: dict[str, str], cores: int | None = None) -> Settings:
         downloader_threads=_int(env, "RSLEX_DOWNLOADER_THREADS", per_core),
         ignored=tuple(name for name in NOT_EMULATED if env.get(name, "").strip()),
         placeholders=_bool(env, "AMLEMU_DATASET_MOUNT_PLACEHOLDERS", default=True),
+        placeholder_max_files=_int(env, "AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES", 10_000, least=0),
     )._checked()
