@@ -28,6 +28,7 @@ import psutil
 from amlemu import forkserver, procinfo
 from amlemu.actions import Action
 from amlemu.errors import BackendError
+from amlemu.storage.dataruntime import placeholderdisk
 from amlemu.storage.dataruntime.settings import Settings
 
 RECORD = "mount.json"
@@ -330,6 +331,9 @@ def plan_unmount(state: Path) -> list[Action]:
                run=lambda: _stop(record.pid, record.unmount_timeout, record.started)),
         *([Action("close", "data runtime placeholder group", str(record.held_fd), run=lambda: _release(record))]
           if record.held_by is not None and record.held_by == os.getpid() else []),
+        *([Action("remove", "data runtime placeholder disk", str(Path(record.cache, placeholderdisk.IMAGE)),
+                  run=lambda: placeholderdisk.remove(Path(record.cache)))]
+          if Path(record.cache, placeholderdisk.IMAGE).exists() else []),
         Action("remove", "data runtime cache", record.cache, run=lambda: shutil.rmtree(record.cache, True), always=True),
         Action("remove", "data runtime record", str(state / RECORD),
                run=lambda: [(state / name).unlink(missing_ok=True) for name in ("serve.err", RECORD)] and None,

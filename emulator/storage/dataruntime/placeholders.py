@@ -31,14 +31,12 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from amlemu.storage.dataruntime import placeholderdisk
 from amlemu.storage.dataruntime.cache import DiskCache, mtime_of
 from amlemu.storage.dataruntime.fanotify import FAN_ALLOW, FAN_PRE_ACCESS, Event, Group, deny_response, unsupported
 from amlemu.storage.dataruntime.logs import RuntimeLog
 from amlemu.storage.dataruntime.mount import find_mounts, is_mounted, placeholder_dir
 from amlemu.storage.dataruntime.settings import Settings
-
-
-BUILDERS = 8  # threads making placeholders
 
 
 def ineligible(settings: Settings) -> str | None:
@@ -83,7 +81,7 @@ class PlaceholderMount:
         self.log = RuntimeLog(log_dir, secrets=secrets)
         self.cache = DiskCache(cache_dir, settings, fs, self.log.runtime)
         self.fsname = fsname
-        self.tree = cache_dir / placeholder_dir(fsname)
+        self.tree = cache_dir / placeholder_dir(fsname)  # on a disk of their own, where one can be made
         self.files: dict[int, tuple[str, int]] = {}  # inode -> (path below the root, size)
         self.pending: dict[int, list[Event]] = {}  # reads waiting for a fill, by inode
         self.filled: set[int] = set()
@@ -94,19 +92,27 @@ class PlaceholderMount:
     def build(self, entries: dict[str, dict[str, Any]]) -> int | None:
         """The placeholders made; the bytes their files will take once read, or None (and nothing
         made) where they cannot be placeholders here (logged)."""
-        self.tree.mkdir(parents=True, exist_ok=True)
-        reason = unsupported(str(self.tree))
         total = sum(int(i.get("size") or 0) for i in entries.values() if i.get("type") != "directory")
-        free = self.cache.free_space(self.tree)
         count = sum(1 for i in entries.values() if i.get("type") != "directory")
-        if reason is None and total + self.settings.reserved_free_disk_space > free:
+        free = self.cache.free_space(self.cache.root)
+        reason = None
+        if total + self.settings.reserved_free_disk_space > free:
             reason = f"the input's {total} bytes do not fit the {free} bytes free beside the reserved space"
-        if reason is None and count > self.settings.placeholder_max_files:
+        elif count > self.settings.placeholder_max_files:
             reason = (f"{count} files, more than AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES="
                       f"{self.settings.placeholder_max_files}: FUSE lists lazily")
+        else:
+            disk, why = placeholderdisk.make(self.cache.root, free)
+            if disk is None:
+                self.log.runtime(f"placeholders made in the cache folder: no disk of their own ({why})")
+            self.tree = (disk or self.cache.root) / placeholder_dir(self.fsname)
+            self.tree.mkdir(parents=True, exist_ok=True)
+            reason = unsupported(str(self.tree))
         if reason is not None:
             self.log.runtime(f"placeholders not used ({reason}): served through FUSE")
-            self.tree.rmdir()
+            if self.tree.is_dir():
+                self.tree.rmdir()
+            placeholderdisk.remove(self.cache.root)
             return None
         self.group = Group()
         started = time.monotonic()
@@ -114,18 +120,16 @@ class PlaceholderMount:
                          | {(self.tree / p).parent for p, i in entries.items() if i.get("type") != "directory"})
         for folder in folders:
             folder.mkdir(parents=True, exist_ok=True)
-        files = [(p, i) for p, i in entries.items() if i.get("type") != "directory"]
-        with ThreadPoolExecutor(BUILDERS) as pool:  # a file's creation waits on the disk's journal: in parallel
-            self.files = dict(pool.map(self._placeholder, files))
+        base = str(self.tree)
+        self.files = dict(self._placeholder(base, p, i) for p, i in entries.items() if i.get("type") != "directory")
         self.log.runtime(f"listed {self.root}: {len(self.files)} files, {len(set(folders) - {self.tree})} folders as placeholders "
                          f"in {time.monotonic() - started:.3f}s")
         return total
 
-    def _placeholder(self, item: tuple[str, dict[str, Any]]) -> tuple[int, tuple[str, int]]:
+    def _placeholder(self, base: str, path: str, info: dict[str, Any]) -> tuple[int, tuple[str, int]]:
         """One file's placeholder (sparse, its size and time, read-only), marked; its inode's entry."""
-        path, info = item
         size, mtime = int(info.get("size") or 0), mtime_of(info)
-        fd = os.open(self.tree / path, os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444)
+        fd = os.open(os.path.join(base, path), os.O_CREAT | os.O_EXCL | os.O_WRONLY | os.O_CLOEXEC, 0o444)
         try:
             os.ftruncate(fd, size)
             os.utime(fd, (mtime, mtime))
@@ -159,6 +163,7 @@ class PlaceholderMount:
             self.group.flush()
             self.group.close()
             self.cache.close()
+            placeholderdisk.remove(self.cache.root)
             st = self.cache.stats
             self.log.info(f"unmounted {self.root}: {st.bytes_fetched} bytes fetched, {st.files_downloaded} files, "
                           f"0 blocks, 0 pruned, peak cache {st.peak_bytes} bytes")
