@@ -71,7 +71,7 @@ class Mounted:
         return self.dir / "cache"
 
     def disk_bytes(self) -> int:  # allocated: a placeholder never read takes no room
-        return sum(p.stat().st_blocks * 512 for p in self.cache.rglob("*") if p.is_file())
+        return sum(p.stat().st_blocks * 512 for p in self.cache.rglob("*") if p.is_file() and p.suffix != ".ext4")
 
 
 def first_byte(fs, container: str, work: Path, sizes: list[int]) -> dict:  # type: ignore[no-untyped-def]

@@ -118,39 +118,47 @@ def test_a_file_deleted_in_storage_after_the_listing_fails_its_first_read(mount:
     assert mount.read("deep/er/small.txt").returncode == 0  # the mount serves on
 
 
-@pytest.mark.parametrize("why", ["too large", "too many", "ttl"])
+@pytest.mark.parametrize("why", ["tmpfs", "too large", "too many", "ttl"])
 def test_fuse_serves_where_placeholders_cannot(tmp_path: Path, store: Path, why: str) -> None:
+    """tmpfs takes no pre-content marks (and 3 files get no disk of their own: the next test)."""
     env = {"too large": {"DATASET_RESERVED_FREE_DISK_SPACE": "1000000GB"},
            "too many": {"AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES": "2"},
-           "ttl": {"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000"}}[why]
-    made = Mount(tmp_path, store, env)
+           "ttl": {"DATASET_MOUNT_ATTRIBUTE_CACHE_TTL": "60000"}}.get(why, {})
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm")) if why == "tmpfs" else None
     try:
-        assert mount_type(made.point) == "fuse.dataruntime" and made.record.held_by is None
-        assert made.read("deep/er/small.txt").stdout.strip() == hashlib.sha256(b"small\n").hexdigest()
-    finally:
-        made.close()
-    rslex = made.log("rslex.log.*")
-    if why == "ttl":  # settings FUSE serves by design: nothing to explain
-        assert "placeholders not used" not in rslex
-    else:
-        said = {"too large": "do not fit", "too many": "3 files, more than"}[why]
-        assert "placeholders not used" in rslex and said in rslex
-    assert not (tmp_path / "cache" / "placeholders.ext4").exists()
-
-
-def test_placeholders_live_on_a_disk_of_their_own_even_where_the_cache_folder_allows_no_marks(
-        tmp_path: Path, store: Path) -> None:
-    """tmpfs refuses pre-content marks; the placeholders' own disk (an ext4 image, placeholderdisk.py)
-    takes them, and makes a listing's files in ~35 us each instead of the root disk's 130-900."""
-    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
-    try:
-        assert "Operation not supported" in (fanotify.unsupported(str(shm)) or "")
-        made = Mount(tmp_path, store, cache=shm / "cache")
+        made = Mount(tmp_path, store, env, cache=shm)
         try:
-            assert mount_type(made.point) == "ext4" and mount_type(shm / "cache" / "disk") == "ext4"
+            assert mount_type(made.point) == "fuse.dataruntime" and made.record.held_by is None
             assert made.read("deep/er/small.txt").stdout.strip() == hashlib.sha256(b"small\n").hexdigest()
         finally:
             made.close()
+        rslex = made.log("rslex.log.*")
+        if why == "ttl":  # settings FUSE serves by design: nothing to explain
+            assert "placeholders not used" not in rslex
+        else:
+            said = {"tmpfs": "Operation not supported", "too large": "do not fit", "too many": "3 files, more than"}[why]
+            assert "placeholders not used" in rslex and said in rslex
+    finally:
+        if shm is not None:
+            shutil.rmtree(shm, ignore_errors=True)
+
+
+def test_many_files_get_a_disk_of_their_own(tmp_path: Path, store: Path) -> None:
+    """Over ON_CACHE_DISK_FILES files, the placeholders are made on an ext4 image of their own
+    (placeholderdisk.py: ~40 us a file instead of the root disk's 130-900), allocated for the
+    input; here in tmpfs, which takes no marks itself, and the image's file system does."""
+    for i in range(placeholders.ON_CACHE_DISK_FILES):
+        (store / "deep" / f"n{i:03d}.txt").write_text(str(i))
+    shm = Path(tempfile.mkdtemp(dir="/dev/shm"))
+    try:
+        made = Mount(tmp_path, store, cache=shm / "cache")
+        try:
+            assert mount_type(made.point) == "ext4" and mount_type(shm / "cache" / "disk") == "ext4"
+            assert (shm / "cache" / "placeholders.ext4").stat().st_blocks * 512 >= 4 * MB  # allocated when made
+            assert made.read("deep/n007.txt").stdout.strip() == hashlib.sha256(b"7").hexdigest()
+        finally:
+            made.close()
+        assert f"{placeholders.ON_CACHE_DISK_FILES + 3} files" in made.log("rslex.log.*")
         assert not is_mounted(shm / "cache" / "disk") and not (shm / "cache").exists()
     finally:
         shutil.rmtree(shm, ignore_errors=True)
@@ -184,6 +192,16 @@ def test_the_listing_is_relative_to_the_input(store: Path) -> None:
     assert sorted(found) == ["big.bin", "deep", "deep/er", "deep/er/small.txt", "empty", "gone.txt"]
     assert found["deep"]["type"] == "directory" and found["big.bin"]["size"] == 4 * MB
     assert list(placeholders.listing(fs, str(store / "deep" / "er"), only="small.txt")) == ["small.txt"]
+
+
+def test_a_blob_name_that_would_leave_the_input_gets_no_placeholder() -> None:
+    class Named:  # blob names as a storage account may hold them
+        def find(self, root, withdirs, detail):  # type: ignore[no-untyped-def]
+            names = ["c/in/a.txt", "c/in/../../etc/x", "c/in/b//c", "c/in/./d", "c/in/ok/e"]
+            return {name: {"type": "file", "size": 1} for name in names}
+
+    assert sorted(placeholders.listing(Named(), "c/in")) == ["a.txt", "ok/e"]
+    assert not placeholders.safe("..") and not placeholders.safe("a/..") and placeholders.safe("a..b/c")
 
 
 def _alive(pid: int) -> bool:

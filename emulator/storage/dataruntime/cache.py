@@ -151,6 +151,11 @@ class DiskCache:
             self._take(nbytes)
             return True
 
+    def take(self, nbytes: int) -> None:
+        """Count `nbytes` stored in room made already (a placeholder disk's)."""
+        with self.lock:
+            self._take(nbytes)
+
     def _take(self, nbytes: int) -> None:
         self.used += nbytes
         self.stats.peak_bytes = max(self.stats.peak_bytes, self.used)

@@ -1,12 +1,15 @@
-"""A placeholder mount's own disk: a sparse ext4 image without a journal, loop-mounted in the mount's
-cache folder. Making a file on this machine's root file system took 130-900 us (its journal and
-reservation accounting); on such an image 35 us: a listing of 3,000 files is made in ~0.1 s
-instead of 1-3 s, which a job waits for before it starts. The image holds the input's files as
-they are read, so it is sized by the free space of the disk it lives on (sparse: it takes only
-what is written) and removed with the mount's cache.
+"""A placeholder mount's own disk, for inputs of many files: an ext4 image without a journal,
+loop-mounted in the mount's cache folder. Making a file on this machine's root file system took
+130-900 us (its journal and reservation accounting); on such an image ~40 us: 3,000 placeholders
+in ~0.2 s instead of 1-3 s, which a job waits for before it starts. The image is allocated whole
+when made (fallocate: milliseconds): the root file system allocated a sparse image's blocks as the
+loop device wrote them, at 83 MB/s against 880 MB/s into an allocated one. So it takes the input's
+size on the disk it lives on from the start (sized for the input and its file system's own
+records), and is removed with the mount's cache.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -20,13 +23,19 @@ def make_argv(image: Path, point: Path) -> list[list[str]]:
     return [[*MKFS, str(image)], ["mount", "-o", OPTIONS, str(image), str(point)]]
 
 
+def size_for(total: int, files: int) -> int:
+    """An image that holds `files` files of `total` bytes: their blocks rounded up, ext4's inode
+    tables (~1/16 at one inode per 16 KiB) and a margin."""
+    return total + total // 16 + files * 8192 + (64 << 20)
+
+
 def make(cache_dir: Path, size: int) -> tuple[Path | None, str | None]:
     """The mounted disk's folder, or None and why not (no loop devices, not root: the caller makes
     its placeholders in the cache folder instead)."""
     image, point = cache_dir / IMAGE, cache_dir / POINT
     point.mkdir(parents=True, exist_ok=True)
     with open(image, "wb") as out:
-        out.truncate(size)
+        os.posix_fallocate(out.fileno(), 0, size)
     for argv in make_argv(image, point):
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60)

@@ -39,6 +39,11 @@ from amlemu.storage.dataruntime.mount import find_mounts, is_mounted, placeholde
 from amlemu.storage.dataruntime.settings import Settings
 
 
+# Up to this many files the placeholders are made in the cache folder itself (under 0.25 s even at
+# the root disk's slowest); more get a disk of their own, where files are made 3-20x faster.
+ON_CACHE_DISK_FILES = 256
+
+
 def ineligible(settings: Settings) -> str | None:
     """Why these settings need the FUSE mount (None: placeholders serve them): a TTL, block mode or
     a cache size need a server that sees every open."""
@@ -65,11 +70,18 @@ def listing(fs: Any, root: str, only: str | None = None) -> dict[str, dict[str, 
     """The input's folders and files by path below `root` (one recursive listing; a uri_file
     input: its one file)."""
     if only is not None:
-        return {only: fs.info(f"{root}/{only}")}
+        return {only: fs.info(f"{root}/{only}")} if safe(only) else {}
     found = fs.find(root, withdirs=True, detail=True)
     base = root.rstrip("/")
-    return {name[len(base):].strip("/"): info for name, info in found.items()
-            if name.rstrip("/") != base and name.startswith(base + "/")}
+    below = {name[len(base):].strip("/"): info for name, info in found.items()
+             if name.rstrip("/") != base and name.startswith(base + "/")}
+    return {path: info for path, info in below.items() if safe(path)}
+
+
+def safe(path: str) -> bool:
+    """A blob name that stays below the folder it is made in: no '..', '.', empty or NUL part (a
+    blob may be named 'a/../../x'; its placeholder would be made outside the input's folder)."""
+    return all(part not in ("", ".", "..") and "\0" not in part for part in path.split("/"))
 
 
 class PlaceholderMount:
@@ -88,6 +100,7 @@ class PlaceholderMount:
         self.lock = threading.Lock()
         self.fills = ThreadPoolExecutor(max(settings.read_threads, 1), thread_name_prefix="placeholder")
         self.group: Group | None = None
+        self.on_disk = False
 
     def build(self, entries: dict[str, dict[str, Any]]) -> int | None:
         """The placeholders made; the bytes their files will take once read, or None (and nothing
@@ -102,10 +115,14 @@ class PlaceholderMount:
             reason = (f"{count} files, more than AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES="
                       f"{self.settings.placeholder_max_files}: FUSE lists lazily")
         else:
-            disk, why = placeholderdisk.make(self.cache.root, free)
-            if disk is None:
-                self.log.runtime(f"placeholders made in the cache folder: no disk of their own ({why})")
+            disk = None
+            room = placeholderdisk.size_for(total, count) + self.settings.reserved_free_disk_space
+            if count > ON_CACHE_DISK_FILES and room <= free:
+                disk, why = placeholderdisk.make(self.cache.root, placeholderdisk.size_for(total, count))
+                if disk is None:
+                    self.log.runtime(f"placeholders made in the cache folder: no disk of their own ({why})")
             self.tree = (disk or self.cache.root) / placeholder_dir(self.fsname)
+            self.on_disk = disk is not None  # its room taken when made: fills need no more
             self.tree.mkdir(parents=True, exist_ok=True)
             reason = unsupported(str(self.tree))
         if reason is not None:
@@ -205,7 +222,9 @@ class PlaceholderMount:
         path, size = self.files[ino]
         started, response = time.monotonic(), FAN_ALLOW
         try:
-            if not self.cache.reserve(size):
+            if self.on_disk:
+                self.cache.take(size)
+            elif not self.cache.reserve(size):
                 raise OSError(errno.ENOSPC, "no room left beside DATASET_RESERVED_FREE_DISK_SPACE")
             fd = os.open(self.tree / path, os.O_WRONLY)
             try:
