@@ -125,8 +125,10 @@ def mount_node(request: Any, run_id: str, logs: Path, mounts: tuple[DataMount, .
         record = guarded(m, lambda: drmount.start_process(
             src.fs.to_json(), src.remote(m.path), point, state, state / "cache", logs / request.name, settings,
             only=m.only, fsname=fsname(run_id, request.name, m.name), home_root=home_root))
+        how = "local placeholders, each file fetched at its first read" if record.held_by is not None else \
+            "FUSE, files fetched when opened"
         log(f"{m.ref}: ro_mount of {m.datastore}/{m.path}{'/' + m.only if m.only else ''} on {request.name}: "
-            f"the data runtime's mount (server {record.pid}; files fetched when opened)")
+            f"the data runtime's mount (server {record.pid}; {how})")
     with ThreadPoolExecutor(len(mounts)) as pool:
         list(pool.map(one, mounts, points))
 

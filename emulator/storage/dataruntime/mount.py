@@ -209,7 +209,7 @@ def start_process(fs_json: str, root: str, mountpoint: Path, state: Path, cache:
             stdin.write(json.dumps(config).encode())
         line, held = _readline(stdout, timeout)
         if line.strip() != READY.encode():
-            _stop(pid, 0, started)  # first: a reader still waiting on its silence holds the pipe
+            _stop(pid, 0, started)  # silent or failed: ended at once, by its pid and start time
             err = (state / "serve.err").read_text(errors="replace").strip().splitlines()
             raise BackendError(f"data runtime mount at {mountpoint}: the serving process did not mount "
                                f"({err[-1] if err else 'no output'}); check that /dev/fuse and fusermount3 exist")
