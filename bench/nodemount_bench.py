@@ -4,7 +4,8 @@ prefetch into the node cache (AMLEMU_DATA_PREFETCH), in one run. Not a test: fig
     .venv/bin/python bench/nodemount_bench.py [--backend process|docker] [--sizes 10,1000] [--repeats 2]
 
 1. time from submit to the job's first byte of one file, against the input's size (files of 64 KiB):
-   goal flat for the mount, as on AmlCompute (prefetch grows with the input);
+   goal flat for the mount, as on AmlCompute (prefetch grows with the input); the mount with the
+   default settings (local placeholders) and through FUSE (AMLEMU_DATASET_MOUNT_PLACEHOLDERS=false);
 2. disk used on the node by a job that reads 1% of its input (1 file of 100 x 1 MiB): the mount's
    peak cache (its log) against the prefetched cache.
 """
@@ -35,11 +36,15 @@ print("first byte at", time.time(), flush=True)
 """
 
 
-def job(work: Path, name: str, path: str, prefetch: bool) -> Path:
+MODES = {"mount": "", "fuse": "environment_variables:\n  AMLEMU_DATASET_MOUNT_PLACEHOLDERS: 'false'\n",
+         "prefetch": "environment_variables:\n  AMLEMU_DATA_PREFETCH: 'true'\n"}
+
+
+def job(work: Path, name: str, path: str, mode: str) -> Path:
     folder = work / "jobs" / name
     (folder / "src").mkdir(parents=True, exist_ok=True)
     (folder / "src" / "read.py").write_text(FIRST_BYTE)
-    env = "environment_variables:\n  AMLEMU_DATA_PREFETCH: 'true'\n" if prefetch else ""
+    env = MODES[mode]
     (folder / "job.yml").write_text(f"code: src\ncommand: python read.py ${{{{inputs.d}}}}\ncompute: azureml:c1\n"
                                     f"experiment_name: bench\nresources:\n  instance_count: 1\n"
                                     f"inputs:\n  d: {{path: {WS}/{path}, mode: ro_mount}}\n{env}")
@@ -78,15 +83,15 @@ def main() -> int:
         ttfb: dict[str, dict[str, float]] = {}
         for n in [int(s) for s in args.sizes.split(",")]:
             fs.pipe({f"{root}/set{n}/f{i:05d}.bin": b"x" * 65536 for i in range(n)})
-            for mode in ("mount", "prefetch"):  # alternated, each on the same warm node
-                spec = job(work, f"{mode}{n}", f"set{n}", mode == "prefetch")
+            for mode in MODES:  # alternated, each on the same warm node
+                spec = job(work, f"{mode}{n}", f"set{n}", mode)
                 times = [run_once(emu, spec)[0] for _ in range(args.repeats)]
                 ttfb.setdefault(f"{n} files of 64 KiB", {})[mode] = round(statistics.median(times), 2)
         results["submit to first byte (s)"] = ttfb
         fs.pipe({f"{root}/hundred/f{i:03d}.bin": b"y" * (1 << 20) for i in range(100)})
         used = {}
         for mode in ("mount", "prefetch"):
-            _, run = run_once(emu, job(work, f"one{mode}", "hundred", mode == "prefetch"))
+            _, run = run_once(emu, job(work, f"one{mode}", "hundred", mode))
             used[mode] = round(disk_used(emu, run, mode == "prefetch") / (1 << 20), 1)
         results["disk used reading 1 of 100 x 1 MiB files (MiB)"] = used
     return report(results)

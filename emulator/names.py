@@ -52,8 +52,10 @@ ENV_ENTRY_MAX = 128 * 1024 - 1
 # that set one would break its own launch or pass for another run. Everything else (PATH,
 # OMP_NUM_THREADS, NCCL_*, the data runtime's DATASET_MOUNT_*) stays the job's to set.
 PLATFORM_VARIABLE_PREFIXES = ("AZUREML_", "AZ_BATCH", "OMPI_", "PMIX_", "AMLEMU_")
-# ...but for the emulator's choices a job may make: prefetch its ro_mount inputs (runs/datamounts.py).
-JOB_CHOICES = frozenset({"AMLEMU_DATA_PREFETCH"})
+# ...but for the emulator's choices a job may make (read by the emulator, not the job): prefetch its
+# ro_mount inputs (runs/datamounts.py), how the data runtime serves them (docs/dataruntime.md).
+JOB_CHOICES = frozenset({"AMLEMU_DATA_PREFETCH", "AMLEMU_DATASET_MOUNT_PLACEHOLDERS",
+                         "AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES"})
 PLATFORM_VARIABLES = frozenset({"MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
                                 "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_ID"})
 

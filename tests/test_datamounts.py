@@ -13,6 +13,7 @@ from conftest import STARTUP, wait_until
 
 from amlemu.api import Emulator
 from amlemu.errors import ConfigError
+from amlemu.names import check_environment_variables
 from amlemu.runs.contract import bindings
 from amlemu.runs.datamounts import PREFETCH_VAR, DataMount, fsname, plan_mounts
 from amlemu.specs import DataInput, DataMode, JobSpec, RunStatus
@@ -67,6 +68,12 @@ def test_which_inputs_the_data_runtime_mounts_and_its_settings() -> None:
     for choice, left in (("true", set()), ("file", {"inputs.folder"}), ("false", {"inputs.folder", "inputs.file"})):
         chosen = _job(inputs, {PREFETCH_VAR: choice})
         assert {m.ref for m in plan_mounts(chosen, bindings(chosen, "r1"))[0]} == left
+    # amlemu's own choice of mechanism, a variable a job may set (not a platform one)
+    fuse = _job(inputs, check_environment_variables({"AMLEMU_DATASET_MOUNT_PLACEHOLDERS": "false",
+                                                     "AMLEMU_DATASET_MOUNT_PLACEHOLDER_MAX_FILES": "50"}))
+    fuse_settings = plan_mounts(fuse, bindings(fuse, "r1"))[1]
+    assert fuse_settings is not None and not fuse_settings.placeholders and fuse_settings.placeholder_max_files == 50
+    assert settings.placeholders and settings.placeholder_max_files == 10_000
     v1 = _job(inputs, layout="v1")  # v1's datastore mounts stay blobfuse's long-TTL cache
     assert plan_mounts(v1, bindings(v1, "r1")) == ((), None)
 
@@ -76,6 +83,7 @@ def test_which_inputs_the_data_runtime_mounts_and_its_settings() -> None:
     ({"DATASET_MOUNT_CACHE_SIZE": "lots"}, "environment_variables.DATASET_MOUNT_CACHE_SIZE"),
     ({"DATASET_UNMOUNT_TIMEOUT_SECONDS": "$(reboot)"}, "environment_variables.DATASET_UNMOUNT_TIMEOUT_SECONDS"),
     ({PREFETCH_VAR: "nope"}, f"environment_variables.{PREFETCH_VAR}"),
+    ({"AMLEMU_DATASET_MOUNT_PLACEHOLDERS": "maybe"}, "environment_variables.AMLEMU_DATASET_MOUNT_PLACEHOLDERS"),
 ])
 def test_a_bad_variable_is_one_line_naming_it(env: dict[str, str], named: str) -> None:
     job = _job({"d": DataInput(type="uri_folder", path=f"{WS}/d")}, env)
