@@ -226,7 +226,7 @@ class PlaceholderMount:
                 self.cache.take(size)
             elif not self.cache.reserve(size):
                 raise OSError(errno.ENOSPC, "no room left beside DATASET_RESERVED_FREE_DISK_SPACE")
-            fd = os.open(self.tree / path, os.O_WRONLY)
+            fd = os.open(self.tree / path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
             try:
                 self.cache.write_ranges(f"{self.root}/{path}", size, fd)
             except BaseException:
