@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import wait_until
 from fsspec.implementations.local import LocalFileSystem
 
 from amlemu.actions import execute
@@ -21,8 +22,8 @@ from amlemu.home import default_cache
 from amlemu.storage.datastores import DEFAULT, Datastores
 from amlemu.storage.dataruntime.cache import DiskCache
 from amlemu.storage.dataruntime import settings as drs
-from amlemu.storage.dataruntime.mount import (ThreadMount, find_mounts, fuse_options, is_mounted, mount_type,
-                                              plan_unmount, start_process, unmount, unmount_argv)
+from amlemu.storage.dataruntime.mount import (READAHEAD_KIB, ThreadMount, find_mounts, fuse_options, is_mounted,
+                                              mount_type, plan_unmount, start_process, unmount, unmount_argv)
 from amlemu.storage.dataruntime.mountfs import DataRuntimeFS
 
 KB = 1024
@@ -145,6 +146,21 @@ def test_a_file_larger_than_the_cache_streams_in_blocks_with_bounded_disk(mounte
     assert digest.digest() == hashlib.sha256(big).digest()
     assert peak <= 512 * KB and mount.ops.cache.stats.peak_bytes <= 512 * KB  # 8x smaller than the file
     assert mount.ops.cache.stats.pruned > 0 and fs.fetched["big.bin"] < 1.5 * len(big)
+
+
+def test_a_sequential_read_reaches_the_server_a_mebibyte_at_a_time(mounted, data: Path) -> None:
+    """The mount's read-ahead raised from the kernel's 128 KiB once it is up (set_readahead): one
+    request, and one Python call, per MiB of a sequential read instead of eight."""
+    (data / "big.bin").write_bytes(os.urandom(8 * KB * KB))
+    mount, _, _ = mounted({"DATASET_MOUNT_BLOCK_BASED_CACHE_ENABLED": "true"})
+    dev = os.stat(mount.mountpoint).st_dev
+    setting = Path(f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb")
+    wait_until(lambda: setting.read_text().strip() == str(READAHEAD_KIB), 10, "the read-ahead is raised")
+    sizes: list[int] = []
+    read = mount.ops.read
+    mount.ops.read = lambda path, size, offset, fh: sizes.append(size) or read(path, size, offset, fh)
+    assert (mount.mountpoint / "big.bin").read_bytes() == (data / "big.bin").read_bytes()
+    assert max(sizes) == READAHEAD_KIB * KB and len(sizes) <= 8 * KB * KB // (READAHEAD_KIB * KB) + 2
 
 
 def test_a_change_in_storage_is_not_seen_until_the_ttl_passes(mounted, data: Path) -> None:

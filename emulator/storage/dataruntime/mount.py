@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -29,6 +28,7 @@ from amlemu import forkserver, procinfo
 from amlemu.actions import Action
 from amlemu.errors import BackendError
 from amlemu.storage.dataruntime import placeholderdisk
+from amlemu.storage.dataruntime.mounttable import find_mounts, is_mounted, mount_type, set_readahead
 from amlemu.storage.dataruntime.settings import Settings
 
 RECORD = "mount.json"
@@ -97,53 +97,30 @@ def unmount_tool() -> str:
     return "umount"
 
 
-def is_mounted(mountpoint: str | Path) -> bool:
-    return mount_type(mountpoint) is not None
-
-
-def _unescape(field: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
-
-
-def placeholder_dir(fsname: str) -> str:
-    """The folder name of a placeholder mount's files (placeholders.py): its fsname, as a bind
-    mount has no source of its own, so the mount table finds it by this name (its root)."""
-    return "tree." + re.sub(r"[^A-Za-z0-9_.-]", "_", fsname)
-
-
-def find_mounts(fsname: str) -> list[str]:
-    """The mount points of the mount named `fsname`, in mount order: the FUSE mounts whose source
-    it is, and the binds of its placeholder folder."""
-    points: list[str] = []
-    tree = placeholder_dir(fsname)
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            fields, tail = line.split(), line.split(" - ", 1)[-1].split()
-            fuse = len(tail) > 1 and tail[0].startswith("fuse") and _unescape(tail[1]) == fsname
-            if fuse or _unescape(fields[3]).rsplit("/", 1)[-1] == tree:
-                points.append(_unescape(fields[4]))
-    return points
-
-
-def mount_type(mountpoint: str | Path) -> str | None:
-    """The file system type of the last mount at `mountpoint` (None: nothing mounted there)."""
-    target, found = os.path.realpath(mountpoint), None
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            if _unescape(line.split()[4]) == target:
-                found = line.split(" - ", 1)[-1].split()[0]
-    return found
-
-
 def unique_fsname(prefix: str = "amlemu-dataruntime") -> str:
     """A mount's own source name: `where` finds a moved mount by it, so no two mounts share one."""
     return f"{prefix}:{uuid.uuid4().hex[:16]}"
+
+
+READAHEAD_KIB = 1024
 
 
 def serve(ops: Any, mountpoint: str, settings: Settings, fsname: str = "amlemu-dataruntime") -> None:
     """Serve `ops` at `mountpoint` until it is unmounted (blocks)."""
     import mfusepy  # noqa: PLC0415 - libfuse is loaded only where a mount is served
 
+    ready = ops.on_ready
+
+    def mounted() -> None:  # in the server's init: the kernel sets the read-ahead from its answer
+        def later() -> None:
+            with contextlib.suppress(OSError):
+                os.stat(mountpoint)  # answered once init is done
+                set_readahead(mountpoint, READAHEAD_KIB)
+        threading.Thread(target=later, daemon=True).start()
+        if ready is not None:
+            ready()
+
+    ops.on_ready = mounted
     mfusepy.FUSE(ops, mountpoint, foreground=True, **fuse_options(settings, fsname))
 
 

@@ -35,7 +35,7 @@ from amlemu.storage.dataruntime import placeholderdisk
 from amlemu.storage.dataruntime.cache import DiskCache, mtime_of
 from amlemu.storage.dataruntime.fanotify import FAN_ALLOW, FAN_PRE_ACCESS, Event, Group, deny_response, unsupported
 from amlemu.storage.dataruntime.logs import RuntimeLog
-from amlemu.storage.dataruntime.mount import find_mounts, is_mounted, placeholder_dir
+from amlemu.storage.dataruntime.mounttable import find_mounts, is_mounted, placeholder_dir
 from amlemu.storage.dataruntime.settings import Settings
 
 
