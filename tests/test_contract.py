@@ -170,7 +170,7 @@ def test_agent_enters_a_process_node_through_its_sandbox() -> None:
     config = planned({**AGENT_CONFIG, "backend": "process", "as_root": False})
     argv, env = agent_command(config, "n0", "orted")
     assert config["exec"]["n0"]["record"] == "/h/p/c/n0/pids"  # the sandbox's pid, for stop_processes
-    assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private",
+    assert argv == ["/usr/bin/unshare", "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "slave",
                     "--map-root-user", "/bin/sh", str(SANDBOX), "n0", "/h/nodes/c/n0", "/h/caches/c/n0/data",
                     "/h/process-nodes/.root", "/mnt/azureml/cr/j/r/amlemu-env.sh", "268435456", "orted", "/usr", "/venv"]
     assert env == {"PATH": "/usr/bin:/bin"}

@@ -90,7 +90,10 @@ class ProcessBackend(NodeBackend):
         without root, in a user namespace too (and the host's network: see netns.py)."""
         tools, node = config["tools"], config["hosts"][host]
         network = [tools["nsenter"], f"--net={node['netns']}", "--"] if node.get("netns") else []
-        unshare = [*network, tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "private"]
+        # slave: the host's unmounts reach the sandbox's copies of its mounts (with private, every
+        # node disk and data mount of the host at the sandbox's start stayed mounted in it, their
+        # loop devices held, until the sandbox ended); nothing the sandbox mounts reaches the host.
+        unshare = [*network, tools["unshare"], "--mount", "--uts", "--pid", "--kill-child=SIGKILL", "--propagation", "slave"]
         if not config.get("as_root", True):
             unshare.append("--map-root-user")
         return [*unshare, tools["sh"], str(SANDBOX), host, node["node_dir"], node["cache_dir"], config["sandbox_root"],

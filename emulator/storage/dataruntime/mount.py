@@ -8,6 +8,7 @@ finds it; `plan_unmount` is the cleanup's plan as Actions.
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
 import shutil
@@ -295,7 +296,13 @@ def _release(record: MountRecord) -> None:
 def plan_unmount_under(folder: Path, pattern: str = "*/*/dataruntime/*/*") -> list[Action]:
     """Cleanup's plan for every mount recorded in state folders under `folder` matching `pattern`
     (a home's caches/: <cluster>/<node>/dataruntime/<run>/<input>)."""
-    return [a for record in sorted(folder.glob(f"{pattern}/{RECORD}")) for a in plan_unmount(record.parent)]
+    # glob.glob, not Path.glob: a node's cache removed while it is looked at (a run's nodes let go
+    # beside a cleanup) is skipped, where pathlib's scandir raised FileNotFoundError.
+    plans = []
+    for record in sorted(glob.glob(os.path.join(glob.escape(str(folder)), pattern, RECORD))):
+        with contextlib.suppress(FileNotFoundError):  # unmounted by its run meanwhile: nothing left to do
+            plans += plan_unmount(Path(record).parent)
+    return plans
 
 
 def plan_unmount(state: Path) -> list[Action]:

@@ -34,18 +34,26 @@ def make(cache_dir: Path, size: int) -> tuple[Path | None, str | None]:
     its placeholders in the cache folder instead)."""
     image, point = cache_dir / IMAGE, cache_dir / POINT
     point.mkdir(parents=True, exist_ok=True)
-    with open(image, "wb") as out:
-        os.posix_fallocate(out.fileno(), 0, size)
+    try:
+        with open(image, "wb") as out:
+            os.posix_fallocate(out.fileno(), 0, size)
+    except OSError as exc:  # full, or a file system without fallocate
+        return _undo(image, point, f"fallocate: {exc}")
     for argv in make_argv(image, point):
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         except (OSError, subprocess.TimeoutExpired) as exc:
             done = subprocess.CompletedProcess(argv, 1, "", str(exc))
         if done.returncode != 0:
-            image.unlink(missing_ok=True)
-            point.rmdir()
-            return None, f"{argv[0]}: {(done.stderr or done.stdout).strip().splitlines()[-1:] or done.returncode}"
+            said = (done.stderr or done.stdout).strip().splitlines()
+            return _undo(image, point, f"{argv[0]}: {said[-1] if said else f'exit {done.returncode}'}")
     return point, None
+
+
+def _undo(image: Path, point: Path, why: str) -> tuple[None, str]:
+    image.unlink(missing_ok=True)
+    point.rmdir()
+    return None, why
 
 
 def remove(cache_dir: Path) -> None:
