@@ -46,8 +46,8 @@ class Settings:
     downloader_threads: int = 4
     ignored: tuple[str, ...] = ()  # documented variables given but not emulated (logged at mount)
     # amlemu's own: serve default settings as local placeholders (placeholders.py); false: always FUSE.
-    # An input of more files goes through FUSE, whose listing is lazy: each placeholder is a file made
-    # on the node's disk (0.1-0.9 ms here), which would delay the job's start by its listing's size.
+    # An input of more files goes through FUSE, whose listing is lazy: placeholders wait for the whole
+    # listing (~0.45 ms a blob on Azurite) and are made one file each (~0.07 ms) before a job starts.
     placeholders: bool = True
     placeholder_max_files: int = 10_000
 
