@@ -37,14 +37,20 @@ def find_mounts(fsname: str) -> list[str]:
     return points
 
 
-def mount_type(mountpoint: str | Path) -> str | None:
-    """The file system type of the last mount at `mountpoint` (None: nothing mounted there)."""
+def _last_at(mountpoint: str | Path) -> list[str] | None:
+    """The mount table's line (split) of the last mount at `mountpoint`; None: nothing mounted there."""
     target, found = os.path.realpath(mountpoint), None
     with open("/proc/self/mountinfo", encoding="utf-8") as info:
         for line in info:
             if unescape(line.split()[4]) == target:
-                found = line.split(" - ", 1)[-1].split()[0]
+                found = line.split()
     return found
+
+
+def mount_type(mountpoint: str | Path) -> str | None:
+    """The file system type of the last mount at `mountpoint` (None: nothing mounted there)."""
+    fields = _last_at(mountpoint)
+    return fields[fields.index("-") + 1] if fields else None
 
 
 def set_readahead(mountpoint: str, kib: int) -> bool:
@@ -52,16 +58,11 @@ def set_readahead(mountpoint: str, kib: int) -> bool:
     default (a FUSE server may only lower it at init), so a sequential read was a request and a
     Python call per 128 KiB; 1 MiB here (block mode over a local folder: 246 -> 306 MB/s). Found by
     the mount table. False where it cannot be set (not root)."""
-    target, device = os.path.realpath(mountpoint), None
-    with open("/proc/self/mountinfo", encoding="utf-8") as info:
-        for line in info:
-            fields = line.split()
-            if unescape(fields[4]) == target:
-                device = fields[2]
-    if device is None:
+    fields = _last_at(mountpoint)
+    if fields is None:
         return False
     try:
-        Path(f"/sys/class/bdi/{device}/read_ahead_kb").write_text(str(kib))
+        Path(f"/sys/class/bdi/{fields[2]}/read_ahead_kb").write_text(str(kib))
     except OSError:
         return False
     return True

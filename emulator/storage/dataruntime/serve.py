@@ -36,10 +36,9 @@ def _ready(held: int | None = None) -> None:
         socket.send_fds(out, [READY.encode() + b"\n"], [held])
 
 
-def _placeholders(fs, config: dict, settings: Settings, secrets: tuple[str, ...]) -> bool:  # type: ignore[no-untyped-def]
+def _placeholders(fs, config: dict, settings: Settings, fsname: str, secrets: tuple[str, ...]) -> bool:  # type: ignore[no-untyped-def]
     """Serve the input as placeholders until unmounted; False where they cannot serve it (the FUSE
     mount serves instead)."""
-    fsname = config.get("fsname") or "amlemu-dataruntime"
     if placeholders.ineligible(settings) is not None:
         return False
     mount = placeholders.PlaceholderMount(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings,
@@ -57,12 +56,12 @@ def main(argv: list[str] | None = None) -> int:
     sys.setswitchinterval(0.0005)
     settings = Settings.from_dict(config["settings"])
     fs = fsspec.AbstractFileSystem.from_json(config["fs"])
-    secrets = secrets_of(config["fs"])
-    if _placeholders(fs, config, settings, secrets):
+    secrets, fsname = secrets_of(config["fs"]), config.get("fsname") or "amlemu-dataruntime"
+    if _placeholders(fs, config, settings, fsname, secrets):
         return 0
     ops = DataRuntimeFS(fs, config["root"], Path(config["cache"]), Path(config["logs"]), settings, on_ready=_ready,
                          only=config.get("only"), secrets=secrets)
-    serve(ops, config["mountpoint"], settings, config.get("fsname") or "amlemu-dataruntime")
+    serve(ops, config["mountpoint"], settings, fsname)
     return 0
 
 
