@@ -175,6 +175,7 @@ def assert_nothing_left(emulator: Emulator, backend: str) -> None:
         label = {"label": f"amlemu.home={emulator.home.id}"}
         assert client.containers.list(all=True, filters=label) == [], "the test left containers behind"
         assert client.networks.list(filters=label) == [], "the test left networks behind"
+        assert client.volumes.list(filters=label) == [], "the test left volumes behind"
         assert hostguard.rules(hostguard.comment(emulator.home.id)) == [], "the test left firewall rules behind"
         assert cpugroup.groups(emulator.home.id) == [], "the test left CPU groups behind"
     # Node disks are mounted in the home; process clusters' network namespaces under netns.RUNTIME_ROOT.

@@ -28,6 +28,7 @@ from amlemu.api import Emulator
 from amlemu.backends import dockerengines, hostguard, overlaypeers
 from amlemu.backends.base import LABEL, NodeRequest
 from amlemu.backends.docker import DockerBackend
+from amlemu.backends.dockerplan import container_plan
 from amlemu.cluster import autoscale, placing
 from amlemu.errors import BackendError, CapacityError, ConfigError
 from amlemu.home import Home
@@ -90,23 +91,37 @@ def test_node_requests_name_their_machine_engine_and_overlay(tmp_path: Path) -> 
         emu.store.close()
 
 
-def test_a_machine_on_another_host_is_refused_until_its_nodes_folders_can_go_there(tmp_path: Path) -> None:
-    """Nodes bind this machine's node disks, caches, code snapshots and env files; an engine over ssh://
-    or tcp:// is another host, where Docker would make them empty folders: refused in one line when
-    the compute is made, before anything is created. A unix:// engine is taken to be this machine's."""
+def test_a_node_on_another_host_gets_volumes_of_its_engine_not_this_machines_folders(tmp_path: Path) -> None:
+    """An engine over ssh:// or tcp://, or one added with --files shipped, is another host: Docker there
+    would make this machine's folders empty ones. Its nodes' disk, cache and environment are volumes
+    on its engine, named and labelled as the node; nothing of this machine's node folders is bound.
+    A unix:// engine is taken to be this machine's, as before, unless added as shipped."""
     emu = Emulator(home=tmp_path / "home", backend="docker")
     try:
-        for name, address in (("gpu2", "ssh://me@gpu2.lan"), ("ci3", "tcp://ci3.lan:2376"), ("m2", "unix:///run/m2.sock")):
-            execute(registry.plan_add(emu.store, _machine(name, 2, address=address)))
-        for name, address in (("gpu2", "ssh://me@gpu2.lan"), ("ci3", "tcp://ci3.lan:2376")):
-            for machines in (("local", name), ("all",)):
-                with pytest.raises(ConfigError) as refused:
-                    emu.plan_compute(ClusterSpec("c1", max_nodes=2, machines=machines), "docker")
-                line = str(refused.value)
-                assert "\n" not in line and "would bind this machine's node disks" in line, line
-                assert f"machine {'ci3' if machines == ('all',) else name} ({'tcp://ci3.lan:2376' if machines == ('all',) else address}) is another host" in line, line
-        assert emu.plan_compute(ClusterSpec("c1", max_nodes=2, machines=("local", "m2")), "docker")["backend"] == "docker"
-        assert emu.computes() == []
+        for name, address, files in (("gpu2", "ssh://me@gpu2.lan", ""), ("ci3", "tcp://ci3.lan:2376", ""),
+                                     ("m2", "unix:///run/m2.sock", ""), ("m3", "unix:///run/m3.sock", "shipped"),
+                                     ("m4", "ssh://me@m4.lan", "shared")):
+            execute(registry.plan_add(emu.store, replace(_machine(name, 2, address=address), files=files)))
+        shipped = {}
+        for name in ("gpu2", "ci3", "m2", "m3", "m4"):
+            spec = ClusterSpec(f"c{name}", "STANDARD_D2_V2", max_nodes=2, machines=("local", name))
+            local, there = (autoscale.node_request(emu.home, spec, i, host_gpus=()) for i in range(2))
+            assert not local.ships_files and there.machine == name
+            shipped[name] = there.ships_files
+        assert shipped == {"gpu2": True, "ci3": True, "m2": False, "m3": True, "m4": False}
+        spec = ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=2, machines=("local", "gpu2"))
+        there = replace(autoscale.node_request(emu.home, spec, 1, host_gpus=()), python_env="/opt/envs/e1")
+        plan = container_plan(there, False, False, "amlemu-h-c1-node-1", "overlay", "note")
+        here = {str(there.node_dir), str(there.cache_dir / "data"), "/opt/envs/e1"}
+        assert here.isdisjoint(plan.volumes), plan.volumes
+        assert {k: v for k, v in plan.volumes.items() if not k.startswith("/")} == {
+            "amlemu-h-c1-node-1-disk": {"bind": "/mnt/azureml", "mode": "rw"},
+            "amlemu-h-c1-node-1-cache": {"bind": "/mnt/amlemu/cache", "mode": "ro"},
+            "amlemu-h-c1-node-1-env": {"bind": "/opt/envs/e1", "mode": "ro"}}
+        image = container_plan(there, True, False, "amlemu-h-c1-node-1", "overlay", "note")  # the job's image: its own Python
+        assert "amlemu-h-c1-node-1-env" not in image.volumes and "amlemu-h-c1-node-1-disk" in image.volumes
+        listed = [m for m in registry.stored(emu.store) if m.name in ("gpu2", "m3")]
+        assert [m.ships_files for m in listed] == [True, True]
     finally:
         emu.store.close()
 

@@ -81,6 +81,9 @@ class NodeRequest:
     overlay: str | None = None
     service_address: str | None = None
     advertise: str | None = None  # its machine's address as the cluster's other machines reach it
+    # Its machine does not share this machine's files (another host): its disk, cache and environment
+    # are volumes on its engine, filled and read back through it (backends/shipping.py).
+    ships_files: bool = False
 
     @property
     def name(self) -> str:
@@ -282,6 +285,24 @@ class NodeBackend(abc.ABC):
     def reset_node(self, request: NodeRequest) -> None:
         """After a run, with no job process left: forget what the run left in the node outside its
         disk (which the supervisor empties), so the next run on it starts clean."""
+
+    # --- a node whose disk is not this machine's folder (backends/shipping.py) -----------------
+    def ship_in(self, request: NodeRequest, rel: str) -> int:
+        """Before the job: the node's disk folder `rel` and its new cache entries, from their
+        staging copies here onto the node; the cache files shipped. Nothing where the node's disk
+        and cache are this machine's folders."""
+        return 0
+
+    def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
+        """After the job, no job process left: the node's `rel` back into its staging copy here;
+        the names not taken (links, special files). Nothing to do on this machine's folders."""
+        return []
+
+    def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
+        """One regular file of the node's disk into `dest` while the job runs (its MLflow store)."""
+        from amlemu.backends import nodefs  # noqa: PLC0415
+
+        return nodefs.copy_file(request.node_dir, rel, dest)
 
     @abc.abstractmethod
     def stop_processes(self, request: NodeRequest) -> int:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action
-from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, overlaypeers
+from amlemu.backends import cpugroup, dockerengines as engines, hostguard, nodedisk, overlaypeers, shipping
 from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerexec import ensure_server, exec_argv, resident, setpriv_path
 from amlemu.backends.dockerapi import cgroup_pids, connect, empty_scratch, has_image, kill_job_processes, until_gone
@@ -139,6 +140,8 @@ class DockerBackend(NodeBackend):
         client = self.engine(request)
         with self._lock:
             self._ensure_image(plan.image, client)
+            if request.ships_files:  # its volumes' fillers run the mirror image (shipping.py)
+                self._ensure_image(MIRROR_IMAGE, client)
             # Guarded with every node (idempotent): a network made before guards existed gets one too.
             if request.overlay:  # made before the nodes, on the swarm (cluster/spanning.py)
                 engines.guard(request, self.home.id)
@@ -157,12 +160,14 @@ class DockerBackend(NodeBackend):
         networking = api.create_networking_config(
             {plan.network: api.create_endpoint_config(aliases=list(plan.aliases))})
         try:
+            if request.ships_files:
+                shipping.make_volumes(client, request, plan.name, plan.volumes, plan.labels)
             created = api.create_container(
                 plan.image, command=list(plan.command), name=plan.name, hostname=plan.hostname,
                 labels=plan.labels, environment=plan.environment, host_config=host_config,
                 networking_config=networking, detach=True)
             engines.start(api, created["Id"], retry=bool(request.overlay))
-        except docker.errors.APIError as exc:
+        except (docker.errors.APIError, BackendError) as exc:
             self.remove_node(request)
             raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
         attrs = api.inspect_container(created["Id"])
@@ -177,6 +182,8 @@ class DockerBackend(NodeBackend):
         except Exception as exc:  # noqa: BLE001 - gone; or its machine's engine lost: reaped once it answers
             if not isinstance(exc, docker.errors.NotFound) and not engines.lost(request, exc):
                 raise
+        if request.ships_files:
+            engines.find(lambda: shipping.remove_volumes(self.engine(request), request), request)
         nodedisk.detach(request.node_dir)  # once no container binds it
         shutil.rmtree(request.cache_dir, ignore_errors=True)  # a new node starts with an empty cache
 
@@ -243,8 +250,24 @@ class DockerBackend(NodeBackend):
         """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
         can leave in the container; dockerapi.empty_scratch). A job image's root is its own."""
         container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
+        if container is not None and container.status == "running" and request.ships_files:
+            container.exec_run(shipping.wipe_argv())  # its disk is on its machine (the staging copy is emptied here)
         if container is not None and container.status == "running" and container.attrs["Config"]["Image"] == MIRROR_IMAGE:
             empty_scratch(container, SCRATCH, on_this_machine=not request.engine)
+
+    def ship_in(self, request: NodeRequest, rel: str) -> int:
+        if not request.ships_files:
+            return 0
+        return shipping.push(self.engine(request), request, self.container_name(request), rel,
+                             shipping.filler_labels(request))
+
+    def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
+        return shipping.pull(self.engine(request), request, self.container_name(request), rel) if request.ships_files else []
+
+    def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
+        if not request.ships_files:
+            return super().copy_out(request, rel, dest)
+        return shipping.copy_file(self.engine(request), self.container_name(request), rel, dest)
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""

@@ -229,6 +229,8 @@ def list_nodes(listed: list[tuple[str, list[dict]]]) -> list[NodeInfo]:
     for address, containers in listed:
         for c in containers:
             labels = c["Labels"]
+            if f"{LABEL}.node" not in labels:  # a volume's filler (shipping.py), made and removed in a step
+                continue
             networks = (c.get("NetworkSettings") or {}).get("Networks") or {}
             ip = next(iter(networks.values())).get("IPAddress") if networks else None
             found.append(NodeInfo(cluster=labels[f"{LABEL}.cluster"], name=labels[f"{LABEL}.node"],
@@ -242,7 +244,8 @@ def plan_reap(every: list[tuple[str, Any]], label: str, labelled: Callable[..., 
               remove_container: Callable[..., None]) -> list[Action]:
     """On every engine (dockerengines.Engines.every): the containers labelled `label`, then the
     networks (overlays on this machine's engine, their swarm's manager; a worker's view of one is not
-    removable); an engine that does not answer is kept, and said so."""
+    removable), then the volumes (shipped nodes' disks: shipping.py); an engine that does not answer
+    is kept, and said so."""
     lost = [Action("keep", "engine", address, {"why": "it does not answer; run cleanup again once it does"})
             for address, client in every if client is None]
     containers = [Action("remove", "container", listed_name(c), {"home": c["Labels"].get(f"{LABEL}.home"),
@@ -253,7 +256,10 @@ def plan_reap(every: list[tuple[str, Any]], label: str, labelled: Callable[..., 
                                                      **on(address)}, run=functools.partial(until_gone, n.remove))
                 for address, client in every if client for n in client.networks.list(filters={"label": label})
                 if not (address and n.attrs.get("Driver") == "overlay")]
-    return lost + containers + networks
+    volumes = [Action("remove", "volume", v.name, {"home": (v.attrs.get("Labels") or {}).get(f"{LABEL}.home"),
+                                                   **on(address)}, run=functools.partial(until_gone, v.remove))
+               for address, client in every if client for v in client.volumes.list(filters={"label": label})]
+    return lost + containers + networks + volumes
 
 
 def answering(labelled: Callable[..., list[dict]], label: str, client: Any) -> list[dict]:

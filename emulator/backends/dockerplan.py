@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from amlemu.backends import dockerexec, gpudevices, nodedisk
+from amlemu.backends import dockerexec, gpudevices, nodedisk, shipping
 from amlemu.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode, node_base_env, software_bin,
                                   software_paths)
 
@@ -91,11 +91,14 @@ def container_plan(request: NodeRequest, use_job_image: bool, nvidia_runtime: bo
     """The container of one node: the job's image when the engine has it (else the host mirror),
     its disk, cache, limits, GPUs and labels."""
     volumes = {} if use_job_image else _mirror_mounts()
-    if request.python_env and not use_job_image:  # the job's environment, at its own path
-        volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
-    volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": _disk_mode(request)}
-    # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
-    volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
+    if request.ships_files:  # another host: volumes on its engine, filled through it (shipping.py)
+        volumes.update(shipping.volumes(request, container_name, environment=not use_job_image))
+    else:
+        if request.python_env and not use_job_image:  # the job's environment, at its own path
+            volumes[request.python_env] = {"bind": request.python_env, "mode": "ro"}
+        volumes[str(request.node_dir)] = {"bind": NODE_ROOT, "mode": _disk_mode(request)}
+        # The blob cache: filled by the host, read-only here (a write fails with EROFS), no FUSE.
+        volumes[str(request.cache_dir / "data")] = {"bind": CACHE_ROOT, "mode": "ro"}
     if use_job_image:
         # Open MPI daemons check that the launch agent's path exists on their node: the console
         # script, and the interpreter and file mpirun runs it as (runs/plan.py MPI_AGENT_ARGV).

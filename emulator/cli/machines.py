@@ -45,6 +45,10 @@ _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
 @click.option("--advertise-address", metavar="IP",
               help="that machine's address as this one reaches it: it joins the swarm on it, and this machine's "
                    "firewall tells its nodes' traffic by it (needed for clusters that span machines)")
+@click.option("--files", type=click.Choice([registry.SHARED, registry.SHIPPED]),
+              help="shared: that engine sees this machine's files at their paths (an engine of this machine); "
+                   "shipped: its nodes' disks, caches and environments are volumes there, filled through the "
+                   "engine (another host). Default: shared for unix://, shipped for ssh:// and tcp://")
 @click.option("--tls-ca", type=_tls_file, help="tcp:// only: the CA that signed the engine's certificate")
 @click.option("--tls-cert", type=_tls_file, help="tcp:// only: this client's certificate")
 @click.option("--tls-key", type=_tls_file, help="tcp:// only: this client's key")
@@ -53,7 +57,7 @@ _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
 @click.pass_context
 @handle_errors
 def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, service_address: str | None,
-                advertise_address: str | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None,
+                advertise_address: str | None, files: str | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None,
                 dry_run: bool, output: str) -> None:
     """Add the Docker engine at ADDRESS as machine NAME. ADDRESS: unix:///path/docker.sock,
     ssh://user@host[:port] or tcp://host:port with --tls-ca/--tls-cert/--tls-key (plain tcp is
@@ -63,7 +67,7 @@ def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, s
     address = check_address(address, tls)
     uuids = engines.check_gpu_uuids(gpus)
     network = {"service_address": check_ip(service_address, "--service-address"),
-               "advertise_address": check_ip(advertise_address, "--advertise-address")}
+               "advertise_address": check_ip(advertise_address, "--advertise-address"), "files": files or ""}
     store = emulator_of(ctx).store
     registry.check_new(store, name, address)
     with err_console.status(f"asking the engine at {address}"):
@@ -92,7 +96,7 @@ def _notice_same_engine(store: Any, found: registry.Machine) -> None:
 
 
 def _data(m: registry.Machine) -> dict[str, Any]:
-    return m.to_dict()
+    return {**m.to_dict(), "files": registry.SHIPPED if m.ships_files else registry.SHARED}  # as it applies
 
 
 def _facts(d: dict[str, Any]) -> str:
@@ -109,11 +113,11 @@ def machine_list(ctx: click.Context, output: str) -> None:
     found = registry.machines(emulator_of(ctx).store, engines.local_machine)
 
     def human(data: list[dict[str, Any]]) -> None:
-        table = Table("name", "address", "cores", "memory", "GPUs", "added")
+        table = Table("name", "address", "cores", "memory", "GPUs", "files", "added")
         for d in data:
             added = time.strftime("%Y-%m-%d %H:%M", time.localtime(d["added"])) if d["added"] else "-"
             table.add_row(d["name"], d["address"], f"{d['cores']:g}", f"{d['memory_bytes'] / GIB:.1f} GiB",
-                          str(len(d["gpus"])), added)
+                          str(len(d["gpus"])), d["files"], added)
         console.print(table)
     emit([_data(m) for m in found], output, human)
 

@@ -136,6 +136,7 @@ def on_machine(home: Home, spec: ClusterSpec, request: NodeRequest, host_gpus: t
                    gpus=gpu_list.assign(gpus, ordinal, limits.gpus),
                    overlay=overlay_name(home.id, spec.name) if where.overlay else None,
                    service_address=None if local else machine.service_address or None,
+                   ships_files=machine.ships_files,
                    advertise=_advertise(where, machine) if where.overlay else None)
 
 

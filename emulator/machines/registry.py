@@ -23,6 +23,8 @@ from amlemu.names import MACHINES_ALL, check_machine_name
 
 LOCAL = "local"
 GIB = 1 << 30
+SHARED, SHIPPED = "shared", "shipped"  # Machine.files
+REMOTE_SCHEMES = ("ssh", "tcp")  # an engine on another host; unix:// is taken to be this machine's
 
 
 class StateStore(Protocol):
@@ -48,6 +50,16 @@ class Machine:
     # this machine's firewall knows its traffic by it). "": not given (then no cluster spans it).
     service_address: str = ""
     advertise_address: str = ""
+    # Whether its engine sees this machine's files at their paths ("shared": an engine of this
+    # machine) or its nodes' folders are shipped to it ("shipped": another host); "": by the address.
+    files: str = ""
+
+    @property
+    def ships_files(self) -> bool:
+        """Its nodes' disks, caches and environments go to it through its engine (backends/shipping.py):
+        asked so (`machine add --files shipped`), or an ssh:// or tcp:// engine, another host."""
+        return self.name != LOCAL and (self.files == SHIPPED or
+                                       (not self.files and self.address.partition("://")[0] in REMOTE_SCHEMES))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "gpus", tuple(self.gpus))
@@ -146,8 +158,7 @@ def _no_local() -> Machine:  # not reached: plan_remove refuses `local` first
 
 def resolve(store: StateStore, wanted: Iterable[str]) -> tuple[str, ...]:
     """A compute's --machines, checked against the home's machines at create time: ('all',) is
-    every machine known now; an unknown name is refused listing the known ones, and so is a
-    machine on another host (check_shares_files)."""
+    every machine known now; an unknown name is refused listing the known ones."""
     wanted = tuple(wanted)
     known = names(store)
     if wanted == (MACHINES_ALL,):
@@ -156,27 +167,7 @@ def resolve(store: StateStore, wanted: Iterable[str]) -> tuple[str, ...]:
     if unknown:
         raise ConfigError("--machines", f"no machine named {', '.join(unknown)}",
                           f"known machines: {', '.join(known)} (add one with `amlemu machine add`)")
-    for machine in stored(store):
-        if machine.name in wanted:
-            check_shares_files(machine)
     return wanted
-
-
-REMOTE_SCHEMES = ("ssh", "tcp")  # an engine on another host; unix:// is taken to be this machine's
-
-
-def check_shares_files(machine: Machine) -> None:
-    """A node container binds this machine's folders: its node disk (the code snapshot, the run's
-    env file, outputs), its blob cache, the software the mirror image mounts. An engine on another
-    host has none of them, and Docker makes a missing bind's source an empty folder there: jobs
-    would start without their code, and their outputs would never come back. Refused in one line
-    until the per-node folders are shipped to that machine (docs/machines.md)."""
-    scheme = machine.address.partition("://")[0]
-    if machine.name != LOCAL and scheme in REMOTE_SCHEMES:
-        raise ConfigError("--machines", f"machine {machine.name} ({machine.address}) is another host: its nodes "
-                          "would bind this machine's node disks, blob caches, code snapshots and env files, which "
-                          "do not exist there", "place nodes on engines of this machine (unix://) only for now: "
-                          "docs/machines.md, 'What is and is not emulated'")
 
 
 def check_backend(machines_: Sequence[str], backend: str) -> None:

@@ -18,6 +18,7 @@ from amlemu.cluster.store import Store
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home
 from amlemu.runs import datamounts, rundisk
+from amlemu.runs.contract import job_rel
 from amlemu.runs.metrics import LIVE_DIR
 from amlemu.runs.outcome import POLL
 from amlemu.specs import ClusterSpec
@@ -62,12 +63,32 @@ def quiesce(backend: NodeBackend, requests: list[NodeRequest], run_id: str, run_
 
     def one(request: NodeRequest) -> None:
         backend.stop_processes(request)
-        datamounts.unmount_node(request.cache_dir, run_id, log)  # before anything reads the disk
-        made = rundisk.secure(request.node_dir, run_id)
-        if made:
-            log(f"notice: {request.name}: not collected (links or special files, which Azure ML does not "
-                f"upload as such): {', '.join(made[:10])}")
+        take_back(backend, request, run_id, log)
     each_node(requests, one)
+
+
+def take_back(backend: NodeBackend, request: NodeRequest, run_id: str, log: Log) -> None:
+    """With no job process left on the node: the data runtime's mounts gone, the run's folder here
+    (shipped back from a node on another host), every link or special file in it removed."""
+    datamounts.unmount_node(request.cache_dir, run_id, log)  # before anything reads the disk
+    made = [p for p in backend.ship_out(request, job_rel(run_id)) if not p.startswith(rundisk.PLATFORM_LINKS)]
+    made += rundisk.secure(request.node_dir, run_id)
+    if made:
+        log(f"notice: {request.name}: not collected (links or special files, which Azure ML does not "
+            f"upload as such): {', '.join(made[:10])}")
+
+
+def ship_in(backend: NodeBackend, requests: list[NodeRequest], run_id: str, log: Log) -> bool:
+    """Before the job: each node on another host gets the run's folder and its new cache entries
+    (backends/shipping.py); whether any did."""
+    shipped = [r for r in requests if r.ships_files]
+
+    def one(request: NodeRequest) -> None:
+        count = backend.ship_in(request, job_rel(run_id))
+        log(f"{request.name}: the run's folder shipped to machine {request.machine}"
+            + (f", and {count} new file(s) of its cache" if count else ""))
+    each_node(shipped, one)
+    return bool(shipped)
 
 
 def collect(requests: list[NodeRequest], run_id: str, run_dir: Path, log: Log) -> None:

@@ -20,7 +20,7 @@ from amlemu.cluster.teardown import ours
 from amlemu.errors import AmlEmuError
 from amlemu.home import Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import datamounts, homestore, rundisk
+from amlemu.runs import homestore, nodework, rundisk
 from amlemu.runs.mounts import RunData
 from amlemu.runs.runlogs import tail
 from amlemu.specs import RunStatus
@@ -95,10 +95,7 @@ def _collect_and_release(home: Home, store: Store, record: RunRecord, log) -> No
     for request in requests:  # as the supervisor's quiesce and collect: no job process left first
         try:
             backend.stop_processes(request)
-            datamounts.unmount_node(request.cache_dir, record.id, log)  # the data runtime's servers outlive it
-            made = rundisk.secure(request.node_dir, record.id)
-            if made:
-                log(f"notice: {request.name}: not collected (links or special files): {', '.join(made[:10])}")
+            nodework.take_back(backend, request, record.id, log)  # the data runtime's servers outlive it
             rundisk.collect(request.node_dir, request.name, record.id, home.run_dir(record.id), log)
         except (AmlEmuError, OSError) as exc:  # a node gone or unreadable: the others are still collected
             log(f"warning: {request.name}: {type(exc).__name__}: {exc}")

@@ -101,16 +101,12 @@ def collect(node_dir: Path, node: str, run_id: str, run_dir: Path, log: Callable
         copy.unlink(missing_ok=True)
 
 
-def mirror_stores(node_dirs: dict[str, Path], run_id: str, run_dir: Path, stop: threading.Event) -> None:
+def mirror_stores(backend: Any, requests: list[Any], run_id: str, run_dir: Path, stop: threading.Event) -> None:
     """While the job runs, a copy of each node's MLflow store in the run's record (LIVE_DIR), so
-    metrics are seen before the end; the stores themselves are merged when the job ends."""
+    metrics are seen before the end (backend.copy_out: from the node's disk, wherever it is); the
+    stores themselves are merged when the job ends."""
     live = run_dir / LIVE_DIR
     live.mkdir(exist_ok=True)
     while not stop.wait(1.0):
-        for name, node_dir in node_dirs.items():
-            mirror_store(node_dir, run_id, live / f"{name}.db")
-
-
-def mirror_store(node_dir: Path, run_id: str, dest: Path) -> None:
-    """A copy of the node's MLflow store while the job writes it (metrics seen before the end)."""
-    nodefs.copy_file(node_dir, f"{job_rel(run_id)}/tracking/mlflow.db", dest)
+        for request in requests:
+            backend.copy_out(request, f"{job_rel(run_id)}/tracking/mlflow.db", live / f"{request.name}.db")

@@ -153,6 +153,8 @@ class Supervisor:
         self.mark("node folders and env files laid out")
         self.prepare_data()
         self.mark("inputs ready")
+        if nodework.ship_in(self.backend, self.requests, self.run_id, self.logs.platform):
+            self.mark("node folders shipped to other machines")
         config = agent_config(self.backend, self.requests, self.run_id, self.home.root / "process-nodes" / ".root")
         statefile.write_bytes(self.run_dir / AGENT_CONFIG, agent_file(config), owner_only=True)
         if self.canceled():
@@ -191,7 +193,7 @@ class Supervisor:
                                      args=(self.requests, stop_refresh), daemon=True)
         refresher.start()
         mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
-                                  args=({r.name: r.node_dir for r in self.requests}, self.run_id, self.run_dir, stop_refresh))
+                                  args=(self.backend, self.requests, self.run_id, self.run_dir, stop_refresh))
         mirror.start()
         memory = memwatch.start(self.backend, self.requests, list(plan.ranks), stop_refresh, self.logs.platform)
         cpugroup.start(lambda: self.backend.cpu_sharer(self.requests), stop_refresh)  # docker: one CPU group a cluster
