@@ -277,7 +277,7 @@ def test_another_machines_traffic_is_refused_but_the_swarms_and_a_runs_ports() -
 
 # --- for real: this machine's engine and the rig's, one cluster over both ---------------------------
 ALLREDUCE = """
-import os, socket
+import os, socket, sys
 from mpi4py import MPI
 comm = MPI.COMM_WORLD
 total = comm.allreduce(comm.rank + 1)
@@ -287,6 +287,9 @@ os.makedirs("outputs", exist_ok=True)
 with open(f"outputs/rank-{comm.rank}.txt", "w") as fh:
     fh.write(f"{total} {socket.gethostname()}")
 print("rank", comm.rank, "total", total, "hosts", ",".join(hosts), "addresses", len(set(addresses)), flush=True)
+data, copied, result = sys.argv[1:4]  # a prefetched input, a downloaded one, an output uploaded at the end
+with open(os.path.join(data, "a.txt")) as a, open(copied) as b, open(os.path.join(result, f"rank-{comm.rank}.txt"), "w") as out:
+    out.write(a.read() + b.read())
 if comm.rank < 2:  # Horovod (torch, over MPI) on node 0 here and node 1 on the other machine: 2 imports of torch, not 4
     import torch
     import horovod.torch as hvd
@@ -301,7 +304,7 @@ if comm.rank < 2:  # Horovod (torch, over MPI) on node 0 here and node 1 on the 
 def _ours(client: Any, home_id: str) -> list[str]:
     label = {"label": f"{LABEL}.home={home_id}"}
     return [c.name for c in client.containers.list(all=True, filters=label)] + \
-        [n.name for n in client.networks.list(filters=label)]
+        [n.name for n in client.networks.list(filters=label)] + [v.name for v in client.volumes.list(filters=label)]
 
 
 REACH = """
@@ -412,12 +415,23 @@ def _cleanup_without_state(emu: Emulator) -> None:
     assert done.exit_code == 0, done.output
 
 
-def _add_rig(emu: Emulator, rig_engine: SecondEngine) -> None:
-    """The rig as the home's machine m2, its cores and memory as its engine reports them."""
+def _add_rig(emu: Emulator, rig_engine: SecondEngine, files: str = "") -> None:
+    """The rig as the home's machine m2, its cores and memory as its engine reports them; with
+    files="shipped" as another host would be (its nodes' folders go there through its engine)."""
     state, info = rig_engine.state, rig_engine.client.info()
     execute(registry.plan_add(emu.store, Machine(
         "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
-        service_address=state["host_addr"], advertise_address=state["node_addr"])))
+        service_address=state["host_addr"], advertise_address=state["node_addr"], files=files)))
+
+
+WS = "azureml://datastores/workspaceblobstore/paths"
+DATA = f"""
+inputs:
+  data: {{path: {WS}/shipped, mode: ro_mount}}
+  copied: {{type: uri_file, path: {WS}/shipped/b.txt, mode: download}}
+outputs:
+  result: {{path: {WS}/results, mode: upload}}
+"""
 
 
 @pytest.mark.xdist_group("second-engine")
@@ -427,11 +441,19 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
     local = docker.from_env()
     swarm_before = local.info()["Swarm"]["LocalNodeState"]
     try:
-        _add_rig(emu, second_engine)
+        _add_rig(emu, second_engine, files="shipped")  # as another host: nothing of this machine's node folders there
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"),
                                        idle_seconds_before_scaledown=600))
-        run = emu.submit(JobFactory(tmp_path / "jobs")(ALLREDUCE, nodes=4))
+        fs, root = emu.datastores.filesystem("workspaceblobstore")
+        fs.pipe({f"{root}/shipped/a.txt": b"A", f"{root}/shipped/b.txt": b"B"})
+        run = emu.submit(JobFactory(tmp_path / "jobs")(ALLREDUCE, nodes=4, extra=DATA,
+                                                       args="${{inputs.data}} ${{inputs.copied}} ${{outputs.result}}"))
         assert run.wait(timeout=180) is RunStatus.COMPLETED, (run.events()[-1][2], run.logs(0)[-2000:])
+        assert [fs.cat(f"{root}/results/rank-{rank}.txt") for rank in range(4)] == [b"AB"] * 4  # from both machines
+        lifecycle = (run.dir / "system_logs" / "lifecycle.txt").read_text()
+        assert "c1-node-1: the run's folder shipped to machine m2, and 2 new file(s) of its cache" in lifecycle
+        node = remote.containers.get(f"amlemu-{emu.home.id}-c1-node-1")
+        assert {m["Destination"]: m["Type"] for m in node.attrs["Mounts"]}["/mnt/azureml"] == "volume"
         for rank in range(4):  # every rank's log, from both machines' nodes, agrees
             assert f"rank {rank} total 10 hosts c1-node-0,c1-node-1,c1-node-2,c1-node-3 addresses 4" in run.logs(rank)
         assert sorted(p.read_text() for p in run.outputs.glob("rank-*.txt")) == [f"10 c1-node-{i}" for i in range(4)]
