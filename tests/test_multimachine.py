@@ -521,9 +521,15 @@ def test_machine_add_takes_the_machines_network_addresses(home: Path) -> None:
                   "100.72.0.2", "--dry-run", "-o", "json")
     assert done.exit_code == 0, done.stderr
     [action] = json.loads(done.stdout)["actions"]
-    assert (action["service_address"], action["advertise_address"]) == ("100.72.0.1", "100.72.0.2")
+    assert (action["service_address"], action["advertise_address"], action["files"]) == ("100.72.0.1", "100.72.0.2", "")
     done = amlemu("machine", "add", "m2", socket_address, "--service-address", "gpu2.lan")
     assert done.exit_code == 1 and "--service-address: 'gpu2.lan' is not an IP address" in done.stderr
+    # an engine of this machine added as another host would be: its nodes' folders shipped, listed so
+    assert amlemu("machine", "add", "m2", socket_address, "--files", "shipped").exit_code == 0
+    listed = {m["name"]: m["files"] for m in json.loads(amlemu("machine", "list", "-o", "json").stdout)}
+    assert listed == {"local": "shared", "m2": "shipped"}
+    done = amlemu("machine", "add", "m3", socket_address, "--files", "copied")
+    assert done.exit_code == 2 and "'copied' is not one of 'shared', 'shipped'" in done.stderr
 
 
 def test_the_backend_reaches_an_ssh_engine_through_the_sdks_ssh_transport() -> None:

@@ -141,6 +141,11 @@ def test_a_shipped_nodes_job_folder_goes_there_and_comes_back(tmp_path: Path) ->
         (job / "mounts/ds").symlink_to("/mnt/amlemu/cache/ds")
         assert backend.ship_in(request, rel) == 1
         assert backend.ship_in(request, rel) == 0  # the cache entry is there already
+        (request.cache_dir / "data/ds/gone.txt").write_text("soon gone")
+        assert backend.ship_in(request, None) == 1
+        (request.cache_dir / "data/ds/gone.txt").unlink()  # removed from storage: from the node's listing too
+        assert backend.ship_in(request, None) == 0
+        assert _sh(node, "ls /mnt/amlemu/cache/ds").split() == ["in.txt"]
         there = f"/mnt/azureml/{rel}"
         assert _sh(node, f"cat {there}/exe/wd/train.py {there}/mounts/ds/in.txt") == "print('hi')input"
         assert _sh(node, f"stat -c %a {there}/amlemu-env.sh").strip() == "600"

@@ -287,9 +287,9 @@ class NodeBackend(abc.ABC):
         disk (which the supervisor empties), so the next run on it starts clean."""
 
     # --- a node whose disk is not this machine's folder (backends/shipping.py) -----------------
-    def ship_in(self, request: NodeRequest, rel: str) -> int:
-        """Before the job: the node's disk folder `rel` and its new cache entries, from their
-        staging copies here onto the node; the cache files shipped. Nothing where the node's disk
+    def ship_in(self, request: NodeRequest, rel: str | None) -> int:
+        """Before the job: the node's disk folder `rel` (None: none) and its new cache entries, from
+        their staging copies here onto the node; the cache files shipped. Nothing where the node's disk
         and cache are this machine's folders."""
         return 0
 

@@ -255,7 +255,7 @@ class DockerBackend(NodeBackend):
         if container is not None and container.status == "running" and container.attrs["Config"]["Image"] == MIRROR_IMAGE:
             empty_scratch(container, SCRATCH, on_this_machine=not request.engine)
 
-    def ship_in(self, request: NodeRequest, rel: str) -> int:
+    def ship_in(self, request: NodeRequest, rel: str | None) -> int:
         if not request.ships_files:
             return 0
         return shipping.push(self.engine(request), request, self.container_name(request), rel,

@@ -189,15 +189,42 @@ def fill(client: Any, container: str, kind: str, labels: dict[str, str], archive
         client.api.remove_container(filler["Id"], force=True)
 
 
+def remove_argv(paths: list[str]) -> list[str]:
+    """Removes cache files (paths relative to the volume, as listed here) in a filler that has the
+    volume at FILL_ROOT."""
+    return ["/usr/bin/rm", "-f", "--", *(f"{FILL_ROOT}/{p}" for p in paths if ".." not in p.split("/"))]
+
+
+def remove_files(client: Any, container: str, labels: dict[str, str], paths: list[str]) -> None:
+    """Files out of the node's cache volume: a filler that runs, with this machine's software at its
+    paths as a mirror node has it (the volume is read-only in the node itself)."""
+    from amlemu.backends.base import software_paths  # noqa: PLC0415
+    from amlemu.backends.dockerplan import MIRROR_IMAGE  # noqa: PLC0415
+
+    binds = {p: {"bind": p, "mode": "ro"} for p in software_paths()}
+    binds[volume_name(container, CACHE)] = {"bind": FILL_ROOT, "mode": "rw"}
+    filler = client.api.create_container(
+        MIRROR_IMAGE, command=remove_argv(paths), name=f"{container}-fill-remove", labels=labels,
+        host_config=client.api.create_host_config(binds=binds, network_mode="none"))
+    try:
+        client.api.start(filler["Id"])
+        client.api.wait(filler["Id"], timeout=120)
+    finally:
+        client.api.remove_container(filler["Id"], force=True)
+
+
 def push(client: Any, request: NodeRequest, container: str, rel: str | None, labels: dict[str, str]) -> int:
     """Before a job: the cache entries new since the node's last job into its cache volume, and the
     run's folder `rel` (if given) into its disk. The number of cache files shipped."""
     manifest = request.cache_dir / MANIFEST
     before = json.loads(manifest.read_text()) if manifest.is_file() else {}
     now = listing(request.cache_dir / "data")
-    new = changed(before, now)
+    new, gone = changed(before, now), sorted(set(before) - set(now))
+    if gone:  # removed from storage since: gone from the node's listing too
+        remove_files(client, container, labels, gone)
     if new:
         fill(client, container, CACHE, labels, pack(request.cache_dir / "data", new))
+    if new or gone:
         manifest.write_text(json.dumps(now))
     if rel is not None:
         with pack(request.node_dir, [rel]) as archive:

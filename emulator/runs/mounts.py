@@ -46,6 +46,7 @@ class RunData:
         self.job = job
         self.lazy, self.settings = datamounts.plan_mounts(job, self.bindings)  # the data runtime's mounts
         self.late: set[str] = set()  # nodes that take them (prepare_nodes)
+        self.backend: Any = None  # the nodes' (prepare_nodes): a refresh reaches a node on another host through it
 
     @property
     def mounted(self) -> list[Binding]:
@@ -138,6 +139,7 @@ class RunData:
         A node that cannot take a mount made after it started (`backend.late_mounts`) gets prefetch."""
         if not self.bindings:
             return
+        self.backend = backend
         if self.lazy and requests:  # its thread defaults per core: the node's, as the plan has them
             self.lazy, self.settings = datamounts.plan_mounts(self.job, self.bindings, requests[0].cpus)
         for r in requests if self.lazy and backend is not None and run_dir is not None else []:
@@ -165,16 +167,21 @@ class RunData:
         while not stop.wait(max(1.0, ttl / 2)):
             for request in requests:
                 try:
-                    self.refresh(request.name, NodeCache(request.cache_dir))
+                    if self.refresh(request.name, NodeCache(request.cache_dir)) and request.ships_files and self.backend:
+                        self.backend.ship_in(request, None)  # its cache is a volume there (backends/shipping.py)
                 except AmlEmuError as exc:
                     self.log(f"warning: {exc}")
 
-    def refresh(self, node: str, cache: NodeCache) -> None:
-        """While the job runs: entries past the TTL are revalidated, as a mount would on the next open."""
+    def refresh(self, node: str, cache: NodeCache) -> bool:
+        """While the job runs: entries past the TTL are revalidated, as a mount would on the next open;
+        whether any changed."""
+        changed = False
         for b in [b for b in self.mounted if node not in self.late or b.ref not in {m.ref for m in self.lazy}]:
             report = self._guarded(b, lambda b=b: cache.sync(self.source(b.datastore), b.path, self.policy))
             if report.downloaded or report.removed:
                 self.log(f"{b.ref}: refreshed on {node} after the TTL: {report.line()}")
+                changed = True
+        return changed
 
     # --- after the job -----------------------------------------------------------------------
     def upload_outputs(self, node_dirs: dict[str, Path]) -> None:
