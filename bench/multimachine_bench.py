@@ -2,12 +2,14 @@
 printed as ratios. Not a test: the figures are reported (docs/benchmarks.md).
 
     .venv/bin/python bench/multimachine_bench.py [--nodes 4] [--repeat 3] [--max-nodes 8]
-        [--steps one,two,seed,largest]
+        [--steps one,two,seed,largest] [--files shared|shipped]
 
 The second machine is the test rig (amlemu.machines.rig: a second Docker engine on this machine in
 its own network namespace, reached over a veth link; root only), registered as machine m2. Both
 "machines" share this machine's cores, so the ratio is what the path between machines costs (the
-swarm's VXLAN overlay, the veth link, the second engine's NAT), not more hardware.
+swarm's VXLAN overlay, the veth link, the second engine's NAT), not more hardware. With
+`--files shipped` m2 stands for another host: its nodes' folders are volumes there, shipped through
+its engine before and after each job (backends/shipping.py), and each job reports that stage.
 
 1. one: a --nodes cluster on this machine's engine (its bridge network), warm; each repeat runs
    an mpi4py job, one rank per node: 200 allreduces of one integer (latency) and 20 of 1 MiB of
@@ -80,7 +82,15 @@ def run_job(emu: Emulator, job: Path) -> dict[str, float]:
     if status is not RunStatus.COMPLETED:
         raise RuntimeError(f"run {run.id} {status.value}: {run.events()[-1][2]}")
     line = next(line for line in run.logs(0).splitlines() if line.startswith("BENCH "))
-    return {"wall_s": round(time.monotonic() - began, 2), **json.loads(line[len("BENCH "):])}
+    return {"wall_s": round(time.monotonic() - began, 2), **json.loads(line[len("BENCH "):]), **shipping_s(run)}
+
+
+def shipping_s(run) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """The stage "node folders shipped" of the run's timeline (only where m2's files are shipped)."""
+    for line in (run.dir / "system_logs" / "timeline.txt").read_text().splitlines():
+        if "node folders shipped" in line:
+            return {"shipping_s": float(line.split("(+")[1].split(")")[0])}
+    return {}
 
 
 def measure(emu: Emulator, work: Path, name: str, machines: tuple[str, ...], nodes: int, repeat: int) -> dict:
@@ -90,6 +100,7 @@ def measure(emu: Emulator, work: Path, name: str, machines: tuple[str, ...], nod
     cold = run_job(emu, job)  # nodes made, the swarm joined: what a first job pays
     runs = [run_job(emu, job) for _ in range(repeat)]
     median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+    median.update({f"cold_{k}": v for k, v in cold.items() if k == "shipping_s"})
     return {"machines": list(machines) or ["local"], "nodes": nodes, "cold_wall_s": cold["wall_s"], **median}
 
 
@@ -145,6 +156,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--max-nodes", type=int, default=8)
     parser.add_argument("--steps", default="one,two,seed,largest")
+    parser.add_argument("--files", choices=("shared", "shipped"), default="shared",
+                        help="m2 as an engine of this machine (shared) or as another host (shipped)")
     args = parser.parse_args()
     wanted = set(args.steps.split(","))
     with bench_home("amlemu-multimachine-", "docker") as (work, emu):
@@ -153,8 +166,9 @@ def main() -> int:
             info = rig.client(state).info()
             execute(registry.plan_add(emu.store, Machine(
                 "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
-                service_address=state["host_addr"], advertise_address=state["node_addr"])))
+                service_address=state["host_addr"], advertise_address=state["node_addr"], files=args.files)))
             steps = Steps(emu)
+            steps.results["m2_files"] = args.files
             one = steps.run("one", 900, lambda: measure(emu, work, "one", (), args.nodes, args.repeat)) \
                 if "one" in wanted else None
             two = steps.run("two", 900, lambda: measure(emu, work, "two", ("local", "m2"), args.nodes, args.repeat)) \

@@ -262,7 +262,10 @@ class DockerBackend(NodeBackend):
                              shipping.filler_labels(request))
 
     def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
-        return shipping.pull(self.engine(request), request, self.container_name(request), rel) if request.ships_files else []
+        if not request.ships_files:
+            return []  # a node gone, or its machine lost: its disk with it, as a lost node's on AmlCompute
+        return engines.find(lambda: shipping.pull(self.engine(request), request, self.container_name(request), rel),
+                            request) or []
 
     def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
         if not request.ships_files:

@@ -237,30 +237,27 @@ def pull(client: Any, request: NodeRequest, container: str, rel: str) -> list[st
     """After a job: the node's `rel` back into a fresh staging folder here; the names not taken."""
     import docker  # noqa: PLC0415
 
-    dest = nodefs.fresh_dir(request.node_dir, rel)
     try:
         chunks, _ = client.api.get_archive(container, f"{NODE_ROOT}/{rel}")
     except docker.errors.NotFound:  # the job removed its own folder
         return []
-    return unpack(chunks, dest, posixpath.basename(rel))
+    return unpack(chunks, nodefs.fresh_dir(request.node_dir, rel), posixpath.basename(rel))
 
 
 def copy_file(client: Any, container: str, rel: str, dest: Path) -> bool:
     """One regular file of the node's disk into `dest` (its MLflow store while the job writes it)."""
-    import docker  # noqa: PLC0415
-
     try:
         chunks, _ = client.api.get_archive(container, f"{NODE_ROOT}/{rel}")
-    except docker.errors.APIError:
+        with tarfile.open(fileobj=_Stream(iter(chunks)), mode="r|") as tar:
+            for member in tar:
+                if member.isfile() and member.name == posixpath.basename(rel):
+                    partial = dest.with_name(dest.name + ".part")
+                    with open(partial, "wb") as out:
+                        shutil.copyfileobj(tar.extractfile(member), out)  # type: ignore[misc]
+                    partial.replace(dest)
+                    return True
+    except Exception:  # noqa: BLE001 - not there yet, or its machine lost: the next look, or the end, has it
         return False
-    with tarfile.open(fileobj=_Stream(iter(chunks)), mode="r|") as tar:
-        for member in tar:
-            if member.isfile() and member.name == posixpath.basename(rel):
-                partial = dest.with_name(dest.name + ".part")
-                with open(partial, "wb") as out:
-                    out.write(tar.extractfile(member).read())  # type: ignore[union-attr]
-                partial.replace(dest)
-                return True
     return False
 
 
