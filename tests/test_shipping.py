@@ -104,9 +104,9 @@ def test_a_packed_folder_keeps_its_links_as_links_and_names_every_folder_above(t
 
 
 # --- for real, on this machine's engine ----------------------------------------------------------
-def _request(emu: Emulator) -> NodeRequest:
+def _request(emu: Emulator, python_env: Path) -> NodeRequest:
     spec = ClusterSpec("s1", "STANDARD_D2_V2", max_nodes=1)
-    return replace(autoscale.node_request(emu.home, spec, 0, host_gpus=()), ships_files=True)
+    return replace(autoscale.node_request(emu.home, spec, 0, host_gpus=()), ships_files=True, python_env=str(python_env))
 
 
 def _sh(container: docker.models.containers.Container, script: str) -> str:
@@ -118,7 +118,11 @@ def _sh(container: docker.models.containers.Container, script: str) -> str:
 @pytest.mark.slow
 def test_a_shipped_nodes_job_folder_goes_there_and_comes_back(tmp_path: Path) -> None:
     emu = Emulator(home=tmp_path / "home", backend="docker")
-    backend, request, client = DockerBackend(emu.home), _request(emu), docker.from_env()
+    environment = tmp_path / "envs" / "e1"  # a job environment built here: shipped whole, at its own path
+    (environment / "bin").mkdir(parents=True)
+    (environment / "bin" / "python").symlink_to("/usr/bin/python3")
+    (environment / "marker.txt").write_text("env e1")
+    backend, request, client = DockerBackend(emu.home), _request(emu, environment), docker.from_env()
     run_id, name = "ship_run_1", f"amlemu-{emu.home.id}-s1-node-0"
     rel = job_rel(run_id)
     try:
@@ -126,7 +130,9 @@ def test_a_shipped_nodes_job_folder_goes_there_and_comes_back(tmp_path: Path) ->
         node = client.containers.get(name)
         binds = {m["Destination"]: m for m in node.attrs["Mounts"]}
         assert binds["/mnt/azureml"]["Type"] == binds["/mnt/amlemu/cache"]["Type"] == "volume"
-        assert binds["/mnt/amlemu/cache"]["RW"] is False
+        assert binds["/mnt/amlemu/cache"]["RW"] is False and binds[str(environment)]["Type"] == "volume"
+        assert _sh(node, f"cat {environment}/marker.txt; readlink {environment}/bin/python") == "env e1/usr/bin/python3\n"
+        assert client.containers.list(all=True, filters={"label": f"{LABEL}.filler"}) == []  # its filler went
         assert not any(str(request.node_dir) in m.get("Source", "") or str(request.cache_dir) in m.get("Source", "")
                        for m in node.attrs["Mounts"])
         # the run's folder and the cache, staged here as for any node

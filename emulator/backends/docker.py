@@ -169,7 +169,7 @@ class DockerBackend(NodeBackend):
             engines.start(api, created["Id"], retry=bool(request.overlay))
         except (docker.errors.APIError, BackendError) as exc:
             self.remove_node(request)
-            raise BackendError(f"node {request.name} did not start: {exc.explanation or exc}") from None
+            raise BackendError(f"node {request.name} did not start: {getattr(exc, 'explanation', None) or exc}") from None
         attrs = api.inspect_container(created["Id"])
         self._pids[plan.name] = attrs["State"]["Pid"]
         return attrs["NetworkSettings"]["Networks"][plan.network]["IPAddress"]

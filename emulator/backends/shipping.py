@@ -7,7 +7,8 @@ volumes on its own engine instead, labelled as the node's container is. The host
 stay the staging copies every step already uses, and the engine's archive API carries them across:
 
 - before a job: the run's folder (code snapshot, env file, MLflow store, inputs downloaded) into the
-  node's disk, and the cache entries that are new since the node's last job into its cache volume;
+  node's disk, and the cache entries new or changed since the node's last job into its cache
+  volume (those removed here, removed there);
 - while it runs: the node's MLflow store, copied back once a second (metrics before the end);
 - after it, with no job process left: the run's folder back into the staging copy, read as the
   job's (untrusted): regular files and folders only, every name checked; links, devices and fifos
@@ -170,7 +171,7 @@ def make_volumes(client: Any, request: NodeRequest, container: str, binds: dict[
         if not name.startswith("/"):
             client.volumes.create(name=name, labels=labels)
     if volume_name(container, ENV) in binds:
-        fill(client, container, ENV, labels, pack(Path(request.python_env or ""), ["."]))
+        fill(client, container, ENV, filler_labels(request), pack(Path(request.python_env or ""), ["."]))
 
 
 def fill(client: Any, container: str, kind: str, labels: dict[str, str], archive: BinaryIO) -> None:
