@@ -288,6 +288,7 @@ with open(f"outputs/rank-{comm.rank}.txt", "w") as fh:
     fh.write(f"{total} {socket.gethostname()}")
 print("rank", comm.rank, "total", total, "hosts", ",".join(hosts), "addresses", len(set(addresses)), flush=True)
 data, copied, result = sys.argv[1:4]  # a prefetched input, a downloaded one, an output uploaded at the end
+open("/tmp/left-by-the-job", "w").write("scratch")  # emptied before the node's next job, on either machine
 with open(os.path.join(data, "a.txt")) as a, open(copied) as b, open(os.path.join(result, f"rank-{comm.rank}.txt"), "w") as out:
     out.write(a.read() + b.read())
 if comm.rank < 2:  # Horovod (torch, over MPI) on node 0 here and node 1 on the other machine: 2 imports of torch, not 4
@@ -454,6 +455,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
         assert "c1-node-1: the run's folder shipped to machine m2, and 2 new file(s) of its cache" in lifecycle
         node = remote.containers.get(f"amlemu-{emu.home.id}-c1-node-1")
         assert {m["Destination"]: m["Type"] for m in node.attrs["Mounts"]}["/mnt/azureml"] == "volume"
+        assert node.exec_run(["ls", "-A", "/tmp", "/mnt/azureml"]).output.decode().split() == ["/mnt/azureml:", "/tmp:"]
         for rank in range(4):  # every rank's log, from both machines' nodes, agrees
             assert f"rank {rank} total 10 hosts c1-node-0,c1-node-1,c1-node-2,c1-node-3 addresses 4" in run.logs(rank)
         assert sorted(p.read_text() for p in run.outputs.glob("rank-*.txt")) == [f"10 c1-node-{i}" for i in range(4)]

@@ -167,10 +167,10 @@ def test_a_shipped_nodes_job_folder_goes_there_and_comes_back(tmp_path: Path) ->
         assert (job / "exe/wd/outputs/answer.txt").read_text() == "42\n" and not os.path.lexists(job / "mounts/ds")
         backend.reset_node(request)  # after the run: its disk there is emptied as the staging copy is here
         assert _sh(node, "ls -A /mnt/azureml").strip() == ""
-    finally:
         backend.remove_node(request)
-    label = {"label": [f"{LABEL}.home={emu.home.id}"]}
-    assert client.volumes.list(filters=label) == [] and client.containers.list(all=True, filters=label) == []
-    emu.cleanup()
+        label = {"label": [f"{LABEL}.home={emu.home.id}"]}
+        assert client.volumes.list(filters=label) == [] and client.containers.list(all=True, filters=label) == []
+    finally:
+        emu.cleanup()  # the cluster's network and guard too, whatever failed
+        emu.store.close()
     assert_nothing_left(emu, "docker")
-    emu.store.close()

@@ -156,7 +156,7 @@ class DockerBackend(NodeBackend):
             cpu_shares=plan.cpu_shares, cgroup_parent=plan.cgroup_parent,
             devices=list(plan.devices) or None,
             read_only=plan.read_only, tmpfs=plan.tmpfs, security_opt=list(plan.security_opt),
-            extra_hosts={SERVICE_HOST: self.host_address(request)})  # the run's service link
+            extra_hosts=engines.extra_hosts(SERVICE_HOST, self.host_address(request)))  # the run's service link
         networking = api.create_networking_config(
             {plan.network: api.create_endpoint_config(aliases=list(plan.aliases))})
         try:

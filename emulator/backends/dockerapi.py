@@ -134,6 +134,13 @@ def kill_job_processes(container: Any) -> int:
     return len(victims)
 
 
+def scratch_argv(folders: tuple[str, ...]) -> list[str]:
+    """Empties `folders` inside a node. -xdev: each is a tmpfs of its own, and what is mounted
+    below one (this machine's Python under /root, mirrored read-only) is not the run's: walking it
+    to fail on every file cost 1.2-1.4 s of each job's end on another machine's node."""
+    return ["find", *folders, "-xdev", "-mindepth", "1", "-delete"]
+
+
 def empty_scratch(container: Any, folders: tuple[str, ...], on_this_machine: bool) -> None:
     """Empty a running node's scratch `folders`: from the host through /proc/<pid>/root, without
     following a link (nodefs), as no job process is left; by `find` in the container where the host
@@ -148,6 +155,6 @@ def empty_scratch(container: Any, folders: tuple[str, ...], on_this_machine: boo
             for folder in folders:
                 nodefs.wipe(root / folder.lstrip("/"))
         except PermissionError:
-            container.exec_run(["find", *folders, "-mindepth", "1", "-delete"], user="0")
+            container.exec_run(scratch_argv(folders), user="0")
     except docker.errors.APIError:
         pass  # a node gone meanwhile has nothing left to empty

@@ -264,7 +264,7 @@ def copy_file(client: Any, container: str, rel: str, dest: Path) -> bool:
 
 def wipe_argv() -> list[str]:
     """Empties the node's disk, run inside it once no job process is left (its files are on its machine)."""
-    return ["find", NODE_ROOT, "-mindepth", "1", "-delete"]
+    return ["find", NODE_ROOT, "-xdev", "-mindepth", "1", "-delete"]
 
 
 def filler_labels(request: NodeRequest) -> dict[str, str]:

@@ -179,7 +179,7 @@ class Supervisor:
         env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to, on their network
-            env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests[0]))
+            env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests))
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
