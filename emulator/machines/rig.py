@@ -148,15 +148,6 @@ def unlink_argv(lay: Layout) -> list[str]:
     return ["ip", "link", "del", "dev", lay.veth_host]
 
 
-def engine_config(host_addr: str) -> dict[str, Any]:
-    """The rig's daemon.json (pure). Its DNS is this machine's end of the link, where nothing
-    answers: a name the nodes' engine does not know fails at once, as a LAN's resolver answers.
-    Left to this machine's resolv.conf, whose resolver the namespace cannot reach, every such
-    lookup waited out its timeouts (10-20 s: Open MPI's daemons on the rig's nodes held each warm
-    launch 5-6 s)."""
-    return {"dns": [host_addr]}
-
-
 def dockerd_argv(lay: Layout) -> list[str]:
     """The second engine, entered into the rig's network namespace only (pure)."""
     return ["nsenter", f"--net={lay.netns}", "--", "dockerd",
@@ -215,6 +206,7 @@ def up(home: str | Path | None) -> dict[str, Any]:
     began = time.monotonic()
     lay.rig_dir.mkdir(parents=True, exist_ok=True)
     lay.runtime.mkdir(parents=True, exist_ok=True)
+    lay.config.write_text("{}\n")
     try:
         with open(RUNTIME_ROOT / ".lock", "a") as lock:  # two rigs at once must not pick one subnet
             fcntl.flock(lock, fcntl.LOCK_EX)
@@ -223,7 +215,6 @@ def up(home: str | Path | None) -> dict[str, Any]:
             for argv in link_argvs(lay, subnet):
                 _run(argv, "making the rig's link")
         host, node = ends(subnet)
-        lay.config.write_text(json.dumps(engine_config(host)) + "\n")
         state = {"rig_id": lay.rig_id, "home": str(lay.rig_dir.parent), "address": lay.address,
                  "netns": str(lay.netns), "veth_host": lay.veth_host, "veth_node": lay.veth_node, "subnet": str(subnet),
                  "host_addr": host, "node_addr": node, "data_root": str(lay.data_root),
