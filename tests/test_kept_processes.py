@@ -12,7 +12,8 @@ import docker
 import pytest
 
 from amlemu.backends import dockerengines
-from amlemu.backends.base import LABEL, software_paths
+from amlemu.backends.base import LABEL
+from amlemu.backends.software import software_paths
 from amlemu.backends.dockerapi import kill_job_processes
 from amlemu.backends.dockerexec import KEPT_ONLY, setpriv_path
 from amlemu.backends.dockerplan import MIRROR_IMAGE

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from amlemu.backends.base import NodeRequest, node_base_env
+from amlemu.backends.base import NodeRequest
+from amlemu.backends.software import node_base_env
 from amlemu.cli import cli
 from amlemu.runs.launchers import TF_PORT, node_command
 from amlemu.runs.plan import AGENT, MPI_AGENT, MPI_AGENT_ARGV, LaunchPlan, plan_launch

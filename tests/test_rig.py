@@ -18,7 +18,8 @@ from rigfixture import SecondEngine
 
 from amlemu.actions import document, execute
 from amlemu.backends import overlaypeers
-from amlemu.backends.base import LABEL, software_paths
+from amlemu.backends.base import LABEL
+from amlemu.backends.software import software_paths
 from amlemu.backends.dockerplan import MIRROR_IMAGE
 from amlemu.machines import rig, rigproc, swarm
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 import abc
 import ipaddress
 import socket
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -13,6 +12,7 @@ from typing import Any, ClassVar
 import psutil
 
 from amlemu.actions import Action, execute
+from amlemu.backends import nodefs
 from amlemu.errors import BackendError
 from amlemu.home import Home
 
@@ -26,30 +26,6 @@ CACHE_ROOT = "/mnt/amlemu/cache"
 # a blob host: azureml-core's Run.upload_file rebuilds `<account>.blob.<suffix>` from the URL it
 # is handed, so the one name serves the API and the uploads.
 SERVICE_HOST = "amlemu-service.blob.internal"
-
-
-def software_paths() -> list[str]:
-    """This machine's software, mirrored read-only at the same paths onto nodes that use it (so
-    every path in the venv holds). Only what programs need: /etc/ssl/certs, not /etc/ssl/private."""
-    paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
-             str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
-    return [p for p in dict.fromkeys(paths) if Path(p).exists()]
-
-
-def node_base_env(software_bin: str | None) -> dict[str, str]:
-    """What a node's shell has before the run's variables: a container's image defaults. With
-    `software_bin` (the emulator's venv, mirrored onto the node) first on PATH."""
-    env = {"HOME": "/root", "LANG": "C.UTF-8", "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
-    if software_bin:
-        env["PATH"] = f"{software_bin}:/usr/local/bin:/usr/bin:/bin"
-    return env
-
-
-def software_bin(request: NodeRequest | None = None) -> str:
-    """First on a mirrored node's PATH: the job's environment's bin folder, else the emulator's venv's."""
-    if request is not None and request.python_env:
-        return str(Path(request.python_env, "bin"))
-    return str(Path(sys.prefix, "bin"))
 
 
 @dataclass(frozen=True)
@@ -236,11 +212,9 @@ class NodeBackend(abc.ABC):
     def callback_mca(self, requests: list[NodeRequest]) -> dict[str, str]:
         """Open MPI's settings (as mpirun's environment, which its daemons inherit) that keep mpirun
         and its daemons on the networks the run's nodes reach this machine on (host_address: the
-        cluster's bridge; over machines, the swarm's gateway bridge here and each other machine's
-        link). Without them each daemon tries every address of this machine in turn before the one
-        it may reach: each refused by the firewall, 0.05-0.5 s of a launch here (more with more
-        networks: a VPN, other clusters; over two machines each refusal cost its daemon a retry, 1-2 s
-        of a warm launch), and an address whose packets are dropped would cost a TCP timeout."""
+        cluster's bridge; over machines, docker_gwbridge here and each other machine's link). Else
+        each daemon tries every address of this machine, each refused by the firewall: 0.05-0.5 s
+        of a launch (1-2 s over two machines); a dropped one would cost a TCP timeout."""
         addresses = {self.host_address(r) for r in requests} - {None} if self.guards_host else set()
         networks = [str(ipaddress.ip_interface(f"{entry.address}/{entry.netmask}").network)
                     for found in psutil.net_if_addrs().values() if addresses for entry in found
@@ -287,22 +261,17 @@ class NodeBackend(abc.ABC):
         """After a run, with no job process left: forget what the run left in the node outside its
         disk (which the supervisor empties), so the next run on it starts clean."""
 
-    # --- a node whose disk is not this machine's folder (backends/shipping.py) -----------------
+    # --- a node whose disk is not this machine's folder: nothing to ship here (backends/shipping.py)
     def ship_in(self, request: NodeRequest, rel: str | None) -> int:
-        """Before the job: the node's disk folder `rel` (None: none) and its new cache entries, from
-        their staging copies here onto the node; the cache files shipped. Nothing where the node's disk
-        and cache are this machine's folders."""
+        """Before the job: the disk's folder `rel` and new cache entries onto the node; files shipped."""
         return 0
 
     def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
-        """After the job, no job process left: the node's `rel` back into its staging copy here;
-        the names not taken (links, special files). Nothing to do on this machine's folders."""
+        """After the job: the node's `rel` back into its staging copy here; the names not taken."""
         return []
 
     def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
         """One regular file of the node's disk into `dest` while the job runs (its MLflow store)."""
-        from amlemu.backends import nodefs  # noqa: PLC0415
-
         return nodefs.copy_file(request.node_dir, rel, dest)
 
     @abc.abstractmethod

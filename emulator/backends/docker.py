@@ -18,7 +18,6 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from amlemu.actions import Action
@@ -32,7 +31,7 @@ from amlemu.errors import BackendError
 from amlemu.home import default_cache
 
 
-class DockerBackend(NodeBackend):
+class DockerBackend(shipping.Shipped, NodeBackend):  # Shipped: nodes on another host
     name = "docker"
     auto_priority = 10  # the closest to AmlCompute: `auto` takes it when an engine answers
     can_partition = can_slow = enforces_limits = True  # its own bridge network; a CFS quota, a memory limit
@@ -254,23 +253,6 @@ class DockerBackend(NodeBackend):
             container.exec_run(shipping.wipe_argv())  # its disk is on its machine (the staging copy is emptied here)
         if container is not None and container.status == "running" and container.attrs["Config"]["Image"] == MIRROR_IMAGE:
             empty_scratch(container, SCRATCH, on_this_machine=not request.engine)
-
-    def ship_in(self, request: NodeRequest, rel: str | None) -> int:
-        if not request.ships_files:
-            return 0
-        return shipping.push(self.engine(request), request, self.container_name(request), rel,
-                             shipping.filler_labels(request))
-
-    def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
-        if not request.ships_files:
-            return []  # a node gone, or its machine lost: its disk with it, as a lost node's on AmlCompute
-        return engines.find(lambda: shipping.pull(self.engine(request), request, self.container_name(request), rel),
-                            request) or []
-
-    def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
-        if not request.ships_files:
-            return super().copy_out(request, rel, dest)
-        return shipping.copy_file(self.engine(request), self.container_name(request), rel, dest)
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import ClassVar
 
 from amlemu.backends import dockerexec, gpudevices, nodedisk, shipping
-from amlemu.backends.base import (CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode, node_base_env, software_bin,
-                                  software_paths)
+from amlemu.backends.base import CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest, PlannedNode
+from amlemu.backends.software import node_base_env, software_bin, software_paths
 
 MIRROR_IMAGE = "amlemu/node-host-mirror:1"
 CPU_PERIOD = 100_000  # microseconds

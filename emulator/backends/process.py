@@ -29,7 +29,8 @@ from amlemu import procinfo, statefile
 from amlemu.actions import Action
 from amlemu.backends import netns
 from amlemu.backends import nodedisk
-from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, PlannedNode, node_base_env, software_bin
+from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, PlannedNode
+from amlemu.backends.software import node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node

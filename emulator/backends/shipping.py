@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from amlemu.backends import nodefs
+from amlemu.backends import dockerengines, nodefs
 from amlemu.backends.base import CACHE_ROOT, LABEL, NODE_ROOT, NodeRequest
 from amlemu.errors import BackendError
 
@@ -199,7 +199,7 @@ def remove_argv(paths: list[str]) -> list[str]:
 def remove_files(client: Any, container: str, labels: dict[str, str], paths: list[str]) -> None:
     """Files out of the node's cache volume: a filler that runs, with this machine's software at its
     paths as a mirror node has it (the volume is read-only in the node itself)."""
-    from amlemu.backends.base import software_paths  # noqa: PLC0415
+    from amlemu.backends.software import software_paths  # noqa: PLC0415
     from amlemu.backends.dockerplan import MIRROR_IMAGE  # noqa: PLC0415
 
     binds = {p: {"bind": p, "mode": "ro"} for p in software_paths()}
@@ -282,3 +282,27 @@ def remove_volumes(client: Any, request: NodeRequest) -> None:
             volume.remove(force=True)
         except docker.errors.NotFound:
             pass
+
+
+class Shipped:
+    """The docker backend's ship_in, ship_out and copy_out (NodeBackend's) for its nodes on
+    another host; its other nodes' disks are this machine's folders, as NodeBackend's are."""
+
+    def engine(self, request: NodeRequest) -> Any: ...  # DockerBackend's
+    def container_name(self, request: NodeRequest) -> str: ...  # DockerBackend's
+
+    def ship_in(self, request: NodeRequest, rel: str | None) -> int:
+        if not request.ships_files:
+            return 0
+        return push(self.engine(request), request, self.container_name(request), rel, filler_labels(request))
+
+    def ship_out(self, request: NodeRequest, rel: str) -> list[str]:
+        if not request.ships_files:
+            return []  # a node gone, or its machine lost: its disk with it, as a lost node's on AmlCompute
+        return dockerengines.find(lambda: pull(self.engine(request), request, self.container_name(request), rel),
+                                  request) or []
+
+    def copy_out(self, request: NodeRequest, rel: str, dest: Path) -> bool:
+        if not request.ships_files:
+            return nodefs.copy_file(request.node_dir, rel, dest)
+        return copy_file(self.engine(request), self.container_name(request), rel, dest)

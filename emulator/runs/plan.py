@@ -23,7 +23,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from amlemu.backends.base import NodeBackend, NodeRequest, node_base_env, software_paths
+from amlemu.backends.base import NodeBackend, NodeRequest
+from amlemu.backends.software import node_base_env, software_paths
 from amlemu.runs.contract import (
     Binding,
     NodeSlot,
