@@ -23,6 +23,7 @@ from amlemu.backends import shipping
 from amlemu.backends.base import LABEL, NodeRequest
 from amlemu.backends.docker import DockerBackend
 from amlemu.cluster import autoscale
+from amlemu.errors import BackendError
 from amlemu.runs.contract import job_rel
 from amlemu.specs import ClusterSpec
 
@@ -73,6 +74,29 @@ def test_a_folder_the_archive_names_twice_does_not_lead_the_host_out(tmp_path: P
                              _member("abc/exe/f.txt", data=b"in")), dest, "abc")
     assert (dest / "exe" / "f.txt").read_bytes() == b"in" and not (dest / "exe").is_symlink()
     assert list(outside.iterdir()) == []
+
+
+def test_a_run_folder_cut_short_keeps_what_came_and_says_so(tmp_path: Path) -> None:
+    """The engine's stream ends mid-file (its machine gone, its engine failing): one line naming the
+    node, and the files that came whole are kept for collection."""
+    raw = b"".join(_archive(_member("abc", tarfile.DIRTYPE), _member("abc/outputs/a.txt", data=b"a" * 100),
+                            _member("abc/outputs/b.txt", data=b"b" * 5000)))
+
+    class Api:
+        @staticmethod
+        def get_archive(container: str, path: str) -> tuple[list[bytes], dict]:
+            assert (container, path) == ("amlemu-h-c1-node-1", "/mnt/azureml/cr/j/abc")
+            return [raw[:2048]], {}
+
+    class Client:
+        api = Api()
+
+    request = NodeRequest("h", "c1", 1, 1.0, 1 << 30, 1.0, tmp_path / "node", tmp_path / "cache", ships_files=True)
+    (tmp_path / "node").mkdir()
+    with pytest.raises(BackendError, match="^node c1-node-1: its run's folder came back in part: "):
+        shipping.pull(Client(), request, "amlemu-h-c1-node-1", "cr/j/abc")
+    assert (tmp_path / "node/cr/j/abc/outputs/a.txt").read_bytes() == b"a" * 100
+    assert not (tmp_path / "node/cr/j/abc/outputs/b.txt").exists()  # cut short: not taken as whole
 
 
 def test_the_cache_ships_only_what_is_new_or_changed(tmp_path: Path) -> None:

@@ -129,8 +129,12 @@ def unpack(chunks: Iterable[bytes], dest: Path, strip: str) -> list[str]:
             else:
                 target = _folder(dest, posixpath.dirname(rel)) / posixpath.basename(rel)
                 nodefs.remove(target)  # a folder of the same name, in an archive made to collide
-                with open(target, "wb") as out:
-                    shutil.copyfileobj(tar.extractfile(member), out, 1 << 20)  # type: ignore[misc]
+                try:
+                    with open(target, "wb") as out:
+                        shutil.copyfileobj(tar.extractfile(member), out, 1 << 20)  # type: ignore[misc]
+                except BaseException:
+                    target.unlink(missing_ok=True)  # a file cut short is not collected as if whole
+                    raise
                 os.chmod(target, member.mode & 0o777)
                 os.utime(target, ns=(int(member.mtime * 1e9),) * 2)
     return skipped
@@ -240,9 +244,11 @@ def pull(client: Any, request: NodeRequest, container: str, rel: str) -> list[st
 
     try:
         chunks, _ = client.api.get_archive(container, f"{NODE_ROOT}/{rel}")
+        return unpack(chunks, nodefs.fresh_dir(request.node_dir, rel), posixpath.basename(rel))
     except docker.errors.NotFound:  # the job removed its own folder
         return []
-    return unpack(chunks, nodefs.fresh_dir(request.node_dir, rel), posixpath.basename(rel))
+    except (docker.errors.APIError, tarfile.TarError) as exc:  # what came so far is kept
+        raise BackendError(f"node {request.name}: its run's folder came back in part: {exc}") from None
 
 
 def copy_file(client: Any, container: str, rel: str, dest: Path) -> bool:

@@ -71,7 +71,11 @@ def take_back(backend: NodeBackend, request: NodeRequest, run_id: str, log: Log)
     """With no job process left on the node: the data runtime's mounts gone, the run's folder here
     (shipped back from a node on another host), every link or special file in it removed."""
     datamounts.unmount_node(request.cache_dir, run_id, log)  # before anything reads the disk
-    made = [p for p in backend.ship_out(request, job_rel(run_id)) if not p.startswith(rundisk.PLATFORM_LINKS)]
+    try:
+        made = [p for p in backend.ship_out(request, job_rel(run_id)) if not p.startswith(rundisk.PLATFORM_LINKS)]
+    except (OSError, AmlEmuError) as exc:  # its staging disk full, its engine failing: what came is kept
+        log(f"warning: {request.name}: {exc}")
+        made = []
     made += rundisk.secure(request.node_dir, run_id)
     if made:
         log(f"notice: {request.name}: not collected (links or special files, which Azure ML does not "
