@@ -137,15 +137,16 @@ def largest(emu: Emulator, work: Path, max_nodes: int) -> dict:
     sizes, nodes = {}, 4
     while nodes <= max_nodes:
         name = f"big{nodes}"
-        emu.create_compute(ClusterSpec(name, "STANDARD_D2_V2", max_nodes=nodes, machines=("local", "m2"),
-                                       idle_seconds_before_scaledown=0))
-        try:
+        try:  # a size refused when the compute is made (the quota: AMLEMU_MAX_INSTANCES) ends the step too
+            emu.create_compute(ClusterSpec(name, "STANDARD_D2_V2", max_nodes=nodes, machines=("local", "m2"),
+                                           idle_seconds_before_scaledown=0))
             sizes[nodes] = run_job(emu, write_job(work / "jobs", name, nodes))["wall_s"]
         except Exception as exc:  # noqa: BLE001 - the largest is the last that worked
             sizes[nodes] = f"failed: {exc}"
             break
         finally:
-            emu.delete_compute(name)
+            if name in [c.spec.name for c in emu.computes()]:
+                emu.delete_compute(name)
         nodes *= 2
     return {"seconds_by_nodes": sizes, "largest": max((n for n, s in sizes.items() if isinstance(s, float)), default=0)}
 
