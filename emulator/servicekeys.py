@@ -138,6 +138,37 @@ def load_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]
     return (cert, key) if isinstance(key, ec.EllipticCurvePrivateKey) and cert.not_valid_after_utc > now_utc() else None
 
 
+def make_ca(common: str, days: int) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A CA of its own (a certificate that signs others, valid `days`) and its key."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = cert_name(common)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
+            .serial_number(x509.random_serial_number()).not_valid_before(now_utc() - datetime.timedelta(hours=1))
+            .not_valid_after(now_utc() + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
+                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
+            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+            .sign(key, hashes.SHA256()))
+    return cert, key
+
+
+def issue_client_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, common: str,
+                      days: int) -> tuple[bytes, str]:
+    """A client certificate (TLS client auth: a Docker engine's --tlsverify) signed by the CA: (its
+    PEM, its key's PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (x509.CertificateBuilder().subject_name(cert_name(common)).issuer_name(ca_cert.subject)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now_utc() - datetime.timedelta(hours=1))
+            .not_valid_after(now_utc() + datetime.timedelta(days=days))
+            .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+            .sign(ca_key, hashes.SHA256()))
+    return cert.public_bytes(serialization.Encoding.PEM), pem_key(key)
+
+
 def issue_server_cert(ca_cert: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, hosts: list[str],
                       days: int) -> tuple[bytes, str]:
     """A server certificate for `hosts` signed by the CA: (its PEM, its key's PEM)."""

@@ -149,7 +149,7 @@ def test_mpirun_and_its_daemons_talk_on_the_clusters_network_only(emu: Emulator,
     spec = cluster()
     backend = get_backend(emu.default_backend, emu.home)
     request = autoscale.node_request(emu.home, spec, 0)
-    mca = backend.callback_mca([request])
+    mca = backend.callback_mca(request)
     if not backend.guards_host:  # process nodes: their own namespace, mpirun reached on its loopback
         assert mca == {}
         return

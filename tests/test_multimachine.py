@@ -33,6 +33,7 @@ from amlemu.cluster import autoscale, placing
 from amlemu.errors import BackendError, CapacityError, ConfigError
 from amlemu.home import Home
 from amlemu.machines import registry, rig, swarm
+from amlemu.machines.address import TlsFiles
 from amlemu.machines.registry import Machine
 from amlemu.specs import ClusterSpec
 from amlemu.specs import RunStatus
@@ -424,13 +425,16 @@ def _cleanup_without_state(emu: Emulator) -> None:
     assert done.exit_code == 0, done.output
 
 
-def _add_rig(emu: Emulator, rig_engine: SecondEngine, files: str = "") -> None:
-    """The rig as the home's machine m2, its cores and memory as its engine reports them; with
-    files="shipped" as another host would be (its nodes' folders go there through its engine)."""
+def _add_rig(emu: Emulator, rig_engine: SecondEngine, over_tcp: bool = False) -> None:
+    """The rig as the home's machine m2, its cores and memory as its engine reports them: by its
+    socket (an engine of this machine, sharing its files), or `over_tcp` as another host is added,
+    at tcp://<its address>:2376 with TLS (its nodes' folders shipped through its engine)."""
     state, info = rig_engine.state, rig_engine.client.info()
-    execute(registry.plan_add(emu.store, Machine(
-        "m2", state["address"], float(info["NCPU"]), int(info["MemTotal"]), added=time.time(),
-        service_address=state["host_addr"], advertise_address=state["node_addr"], files=files)))
+    where = {"address": state["tcp_address"], "tls": TlsFiles(**state["tls"])} if over_tcp else {"address": state["address"]}
+    machine = Machine("m2", cores=float(info["NCPU"]), memory_bytes=int(info["MemTotal"]), added=time.time(),
+                      service_address=state["host_addr"], advertise_address=state["node_addr"], **where)
+    assert machine.ships_files is over_tcp
+    execute(registry.plan_add(emu.store, machine))
 
 
 WS = "azureml://datastores/workspaceblobstore/paths"
@@ -450,7 +454,7 @@ def test_an_mpi_job_across_two_machines(second_engine: SecondEngine, tmp_path: P
     local = docker.from_env()
     swarm_before = local.info()["Swarm"]["LocalNodeState"]
     try:
-        _add_rig(emu, second_engine, files="shipped")  # as another host: nothing of this machine's node folders there
+        _add_rig(emu, second_engine, over_tcp=True)  # as another host: TLS, nothing of this machine's node folders there
         emu.create_compute(ClusterSpec("c1", "STANDARD_D2_V2", max_nodes=4, machines=("local", "m2"),
                                        idle_seconds_before_scaledown=600))
         fs, root = emu.datastores.filesystem("workspaceblobstore")

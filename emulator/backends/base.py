@@ -209,17 +209,20 @@ class NodeBackend(abc.ABC):
         self.open_port(request, run_id, port)
         return port
 
-    def callback_mca(self, requests: list[NodeRequest]) -> dict[str, str]:
+    def callback_mca(self, request: NodeRequest) -> dict[str, str]:
         """Open MPI's settings (as mpirun's environment, which its daemons inherit) that keep mpirun
-        and its daemons on the networks the run's nodes reach this machine on (host_address: the
-        cluster's bridge; over machines, docker_gwbridge here and each other machine's link). Else
-        each daemon tries every address of this machine, each refused by the firewall: 0.05-0.5 s
-        of a launch (1-2 s over two machines); a dropped one would cost a TCP timeout."""
-        addresses = {self.host_address(r) for r in requests} - {None} if self.guards_host else set()
-        networks = [str(ipaddress.ip_interface(f"{entry.address}/{entry.netmask}").network)
-                    for found in psutil.net_if_addrs().values() if addresses for entry in found
-                    if entry.family == socket.AF_INET and entry.address in addresses and entry.netmask]
-        return {"OMPI_MCA_oob_tcp_if_include": ",".join(dict.fromkeys(networks))} if networks else {}
+        and its daemons on the cluster's own network. Without them each daemon tries every address of
+        this machine in turn before the one it may reach: each refused by the firewall, 0.05-0.5 s of
+        a launch here (more with more networks: a VPN, other clusters), and an address whose packets
+        are dropped would cost a TCP timeout. None on a network that spans machines (overlay): its
+        daemons have no interface on this machine's networks (the docker backend opens mpirun's port
+        there at every address of this machine instead: dockerengines.open_port)."""
+        address = None if request.overlay or not self.guards_host else self.host_address(request)
+        for found in psutil.net_if_addrs().values() if address else ():
+            for entry in found:
+                if entry.family == socket.AF_INET and entry.address == address and entry.netmask:
+                    return {"OMPI_MCA_oob_tcp_if_include": str(ipaddress.ip_interface(f"{address}/{entry.netmask}").network)}
+        return {}
 
     def open_port(self, request: NodeRequest, run_id: str, port: int) -> None:
         """Let the run's nodes reach `port` at host_address until close_ports; nothing by default."""
@@ -256,6 +259,9 @@ class NodeBackend(abc.ABC):
         if not nodedisk.propagates(request.node_dir):
             return "its disk is not a shared mount (as root, node disks of their own size are: AMLEMU_NODE_DISK_GB)"
         return None
+
+    def cut_off(self, request: NodeRequest) -> None:
+        """The node's machine is cut off (runs/machinewatch.py): nothing waits on reaching it again."""
 
     def reset_node(self, request: NodeRequest) -> None:
         """After a run, with no job process left: forget what the run left in the node outside its

@@ -52,6 +52,10 @@ class DockerBackend(shipping.Shipped, NodeBackend):  # Shipped: nodes on another
         """The engine of the node's machine (issue 31; this machine's unless placed elsewhere)."""
         return self.engines.client(request.engine, request.engine_tls)
 
+    def cut_off(self, request: NodeRequest) -> None:
+        if request.engine:
+            self.engines.cut_off(request.engine)
+
     @staticmethod
     def nvidia_runtime() -> bool:
         """Whether the engine can honour GPU device requests: dockerd registers its `gpu` device

@@ -29,7 +29,7 @@ def connect(address: str = "", tls: tuple[str, str, str] | None = None, version:
     try:
         if address:
             config = docker.tls.TLSConfig(client_cert=tls[1:], ca_cert=tls[0], verify=True) if tls else None
-            client = docker.DockerClient(base_url=address, tls=config, timeout=30, use_ssh_client=False)
+            client = remote_client(docker, address, config, 30)
         else:
             client = docker.from_env(timeout=30, version=version)
         client.ping()
@@ -39,6 +39,22 @@ def connect(address: str = "", tls: tuple[str, str, str] | None = None, version:
                                "machine (`amlemu machine list`)") from None
         raise BackendError(f"no Docker engine answers ({type(exc).__name__}); start dockerd "
                            f"(`make setup` does) or use --backend process") from None
+    return client
+
+
+def remote_client(docker: Any, address: str, tls: Any, timeout: int) -> Any:
+    """A DockerClient for another machine's engine; with `tls` (a TLSConfig) trusting the engine's
+    CA alone. requests lets REQUESTS_CA_BUNDLE (which `amlemu env` sets for the service) replace a
+    session's CA in every request, so the engine's certificate was refused: the client does not read
+    the environment, and the API version is asked so before the client is made."""
+    version = "auto"
+    if tls is not None:
+        probe = docker.APIClient(base_url=address, tls=tls, timeout=timeout, version="1.24")  # the SDK's oldest
+        probe.trust_env = False
+        version = probe.version()["ApiVersion"]
+        probe.close()
+    client = docker.DockerClient(base_url=address, tls=tls, timeout=timeout, use_ssh_client=False, version=version)
+    client.api.trust_env = tls is None
     return client
 
 

@@ -35,6 +35,7 @@ from amlemu.backends.dockerapi import connect, listed_name, until_gone
 from amlemu.errors import BackendError
 
 RECORD = "docker-engines.json"  # in the home (DockerBackend.engines): every other engine it placed a node on
+ANY_ADDRESS = "0.0.0.0/0"
 GWBRIDGE = "docker_gwbridge"  # where a swarm's overlay containers leave their engine (this machine's bridge)
 REMOTE_NOTE = "a node on another machine's engine: its processes are not this machine's (no memory or CPU-group reading)"
 # Kill every process in the node but its init and the idle sleep, from inside it (pid 1 is tini); a
@@ -84,9 +85,21 @@ class Engines:
         self._parents: dict[str, str] = {}  # each engine's cgroup parent for nodes ("": the engine's own)
         self._asking = threading.Lock()
         self._lock = threading.Lock()
+        self._cut: set[str] = set()  # engines of machines cut off from this one (cut_off)
+
+    def cut_off(self, address: str) -> None:
+        """The engine's machine is cut off (runs/machinewatch.py): no call waits on it any more. A
+        pooled connection to it would wait out the client's timeout (30 s) on every first call."""
+        with self._lock:
+            self._cut.add(address)
+            client = self._clients.pop(address, None)
+        if client is not None:
+            client.close()
 
     def client(self, address: str = "", tls: tuple[str, str, str] | None = None) -> Any:
         with self._lock:
+            if address in self._cut:
+                raise BackendError(f"the Docker engine at {address} is on a machine cut off from this one")
             if address not in self._clients:
                 if address:
                     self._remember(address, tls)
@@ -202,12 +215,16 @@ def guard(request: NodeRequest, home_id: str) -> None:
 
 def open_port(request: NodeRequest, gateway_here: str | None, port: int, home_id: str, run_id: str) -> None:
     """A port a run opened (its service link, mpirun's), for every way in of the cluster's overlay
-    nodes: this machine's gateway bridge (to its address `gateway_here`), and each other machine the
+    nodes: this machine's gateway bridge (where `gateway_here` is its gateway), and each other machine the
     cluster is closed to (the supervisor opens mpirun's port for node 0 alone, on any machine)."""
     if hostguard.supported("lo") is not None:
         return
     if gateway_here and hostguard.supported(GWBRIDGE) is None:
-        hostguard.open_port(GWBRIDGE, gateway_here, port, home_id, request.cluster, run_id)
+        # At every address of this machine: mpirun publishes them all to daemons that have no interface
+        # on this machine's networks (callback_mca), and a daemon refused at each address but the
+        # gateway's retried, 1-2 s of a launch. Only what listens at that port answers (mpirun, or the
+        # service link at the gateway alone).
+        hostguard.open_port(GWBRIDGE, ANY_ADDRESS, port, home_id, request.cluster, run_id)
     for source in {*hostguard.sources(home_id, request.cluster), *([request.advertise] if request.engine else [])}:
         hostguard.open_source_port(source, None, port, home_id, request.cluster, run_id)
 

@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 
 import psutil
 
+from amlemu.backends.dockerapi import remote_client
 from amlemu.errors import ConfigError, MachineError
 from amlemu.lazydeps import import_docker
 from amlemu.machines.address import TlsFiles
@@ -126,7 +127,7 @@ def connect(address: str, tls: TlsFiles | None = None, timeout: int = TIMEOUT) -
     _reach(address, timeout)
     client = None
     try:  # the client asks the engine for its API version as it is made: that is the first contact
-        client = docker.DockerClient(base_url=address, tls=config, timeout=timeout, use_ssh_client=False)
+        client = remote_client(docker, address, config, timeout)
         client.ping()
     except Exception as exc:  # noqa: BLE001 - any failure means: no engine answers there
         if client is not None:

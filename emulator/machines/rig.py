@@ -8,7 +8,9 @@ this machine's end. Its dockerd is entered with `nsenter --net=` (not `ip netns 
 remounts /sys in a new mount namespace and hides the cgroup mounts: "Devices cgroup isn't
 mounted"), with its own socket, data root, exec root, pidfile and config, no default bridge, and
 the engine labels amlemu=1, amlemu.home=<home id>. It sees this machine's files, so the docker
-backend's mirror image (this machine's software mounted read-only) works on it as on the first.
+backend's mirror image (this machine's software mounted read-only) works on it as on the first. It
+also serves tcp://<its address>:2376 with TLS (a CA of its own, clients verified): reached there, it
+is added as a machine on another host would be, its nodes' folders shipped (backends/shipping.py).
 
 Everything it makes is named after the home's id and recorded in <home>/rig/rig.json; `down`
 removes it all (the engine's containers, the engine by its pid and its helpers by theirs, mounts
@@ -31,6 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives import serialization
+
+from amlemu import servicekeys, statefile
 from amlemu.backends.base import LABEL
 from amlemu.errors import AmlEmuError, BackendError
 from amlemu.backends import netns
@@ -41,6 +46,7 @@ RUNTIME_ROOT = Path("/run/amlemu/rig")  # <home id>/: the socket, exec root and 
 POOL = ipaddress.ip_network("100.72.0.0/16")  # shared address space (RFC 6598): no Docker pool, rarely a LAN
 TOOLS = ("ip", "nsenter", "dockerd", "umount", "unshare")
 READY_S = 30.0
+TLS_PORT, TLS_DAYS = 2376, 30  # its engine's TCP socket (Docker's TLS port), and how long the rig's certificates last
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,10 @@ class Layout:
     @property
     def config(self) -> Path:
         return self.rig_dir / "daemon.json"  # empty: this machine's /etc/docker/daemon.json is the first engine's
+
+    @property
+    def tls_dir(self) -> Path:
+        return self.rig_dir / "tls"  # its engine's TCP socket's CA, certificates and keys (tls_files)
 
     @property
     def netns(self) -> Path:
@@ -148,12 +158,33 @@ def unlink_argv(lay: Layout) -> list[str]:
     return ["ip", "link", "del", "dev", lay.veth_host]
 
 
-def dockerd_argv(lay: Layout) -> list[str]:
-    """The second engine, entered into the rig's network namespace only (pure)."""
+def dockerd_argv(lay: Layout, tcp_addr: str | None = None) -> list[str]:
+    """The second engine, entered into the rig's network namespace only (pure). With `tcp_addr`
+    (the rig's end of the link) it also serves tcp://<addr>:2376 with TLS, clients verified: reached
+    there, it is an engine on another host as `machine add` takes one (tests/test_multimachine.py)."""
+    tls = [] if tcp_addr is None else [
+        "--host", f"tcp://{tcp_addr}:{TLS_PORT}", "--tlsverify", "--tlscacert", str(lay.tls_dir / "ca.pem"),
+        "--tlscert", str(lay.tls_dir / "server.pem"), "--tlskey", str(lay.tls_dir / "server-key.pem")]
     return ["nsenter", f"--net={lay.netns}", "--", "dockerd",
-            "--config-file", str(lay.config), "--host", lay.address, "--data-root", str(lay.data_root),
+            "--config-file", str(lay.config), "--host", lay.address, *tls, "--data-root", str(lay.data_root),
             "--exec-root", str(lay.exec_root), "--pidfile", str(lay.pidfile), "--bridge", "none",
             "--label", f"{LABEL}=1", "--label", f"{LABEL}.home={lay.rig_id}"]
+
+
+def tls_files(lay: Layout, tcp_addr: str) -> dict[str, str]:
+    """A CA of the rig's own, the engine's certificate for `tcp_addr` and a client's, written under
+    the rig (keys owner-only); the client's files, as `machine add --tls-ca/--tls-cert/--tls-key`
+    takes them (Docker's "Protect the Docker daemon socket", with a CA made here)."""
+    ca, ca_key = servicekeys.make_ca(f"amlemu rig {lay.rig_id}", TLS_DAYS)
+    server, server_key = servicekeys.issue_server_cert(ca, ca_key, [tcp_addr], TLS_DAYS)
+    client, client_key = servicekeys.issue_client_cert(ca, ca_key, f"amlemu {lay.rig_id}", TLS_DAYS)
+    folder = lay.tls_dir
+    statefile.write_bytes(folder / "ca.pem", ca.public_bytes(serialization.Encoding.PEM))
+    statefile.write_bytes(folder / "server.pem", server)
+    statefile.write_text(folder / "server-key.pem", server_key, owner_only=True)
+    statefile.write_bytes(folder / "client.pem", client)
+    statefile.write_text(folder / "client-key.pem", client_key, owner_only=True)
+    return {"ca": str(folder / "ca.pem"), "cert": str(folder / "client.pem"), "key": str(folder / "client-key.pem")}
 
 
 def missing() -> str | None:
@@ -215,12 +246,14 @@ def up(home: str | Path | None) -> dict[str, Any]:
             for argv in link_argvs(lay, subnet):
                 _run(argv, "making the rig's link")
         host, node = ends(subnet)
+        lay.tls_dir.mkdir(parents=True, exist_ok=True)
         state = {"rig_id": lay.rig_id, "home": str(lay.rig_dir.parent), "address": lay.address,
                  "netns": str(lay.netns), "veth_host": lay.veth_host, "veth_node": lay.veth_node, "subnet": str(subnet),
                  "host_addr": host, "node_addr": node, "data_root": str(lay.data_root),
-                 "exec_root": str(lay.exec_root), "log": str(lay.log), "labels": {LABEL: "1", f"{LABEL}.home": lay.rig_id}}
+                 "exec_root": str(lay.exec_root), "log": str(lay.log), "labels": {LABEL: "1", f"{LABEL}.home": lay.rig_id},
+                 "tcp_address": f"tcp://{node}:{TLS_PORT}", "tls": tls_files(lay, node)}
         started = time.monotonic()
-        engine = rigproc.start(dockerd_argv(lay), lay)
+        engine = rigproc.start(dockerd_argv(lay, node), lay)
         state["pid"] = engine.pid
         lay.state_file.write_text(json.dumps(state, indent=1))  # recorded before waiting: down finds it
         rig = rigproc.wait_ready(lay, engine, READY_S)
@@ -269,7 +302,7 @@ def start_engine(home: str | Path | None) -> dict[str, Any]:
         raise BackendError(f"rig: no rig in {lay.rig_dir} (`up` makes one)")
     if rigproc.answers(lay, state.get("pid")):
         return state
-    engine = rigproc.start(dockerd_argv(lay), lay)
+    engine = rigproc.start(dockerd_argv(lay, state["node_addr"] if state.get("tls") else None), lay)
     state["pid"] = engine.pid
     lay.state_file.write_text(json.dumps(state, indent=1))  # before waiting: down finds it
     rigproc.wait_ready(lay, engine, READY_S).close()

@@ -109,4 +109,6 @@ def mirror_stores(backend: Any, requests: list[Any], run_id: str, run_dir: Path,
     live.mkdir(exist_ok=True)
     while not stop.wait(1.0):
         for request in requests:
+            if stop.is_set():  # the job ended meanwhile: its stores are merged, not copied
+                return
             backend.copy_out(request, f"{job_rel(run_id)}/tracking/mlflow.db", live / f"{request.name}.db")

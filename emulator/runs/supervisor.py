@@ -179,7 +179,7 @@ class Supervisor:
         env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to, on their network
-            env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests))
+            env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests[0]))
         # Running is set before the launch: a cancel racing with it then finds nothing started.
         self.set(RunStatus.RUNNING, f"launching {self.job.process_count} process(es) on {len(plan.nodes)} node(s)"
                  + (" (mpirun)" if plan.launcher == "mpirun" else " (started by each node)"))
@@ -203,13 +203,15 @@ class Supervisor:
                       due=policy_schedule(self.store, self.cluster.spec.name, self.run_id, [r.name for r in self.requests]),
                       out_of_memory=lambda: memory.reason is not None, sleep=gang.nap)
         outcome = watch.until_done(gang.poll)
+        for request in [r for r in self.requests if r.name in self.machines.cut]:
+            self.backend.cut_off(request)  # its nodes are lost: nothing below waits on its engine
         if outcome is not Outcome.EXITED or gang.poll():  # a failed process: the others go, as mpirun stops its ranks
             self.stop(gang)
         exit_code = gang.wait()
         services.stop()
         stop_refresh.set()
         refresher.join(timeout=30)
-        mirror.join(timeout=30)
+        mirror.join(timeout=3)  # live copies only (merged from the nodes below): one may wait on a machine cut off
         memwatch.keep(self.home.root, self.job, self.run_id, memory)
         self.memory_reason = memory.reason
         if outcome is Outcome.EXITED and self.preempted():  # the kill ended the job before a poll saw the fault

@@ -18,13 +18,13 @@ from pathlib import Path
 import certifi
 import psutil
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from amlemu import statefile
 from amlemu.errors import ConfigError
 from amlemu.servicefile import is_loopback
-from amlemu.servicekeys import alt_names, cert_name, issue_server_cert, now_utc, pem_key
+from amlemu.servicekeys import alt_names, issue_server_cert, make_ca, now_utc, pem_key
 
 CA_YEARS, SERVER_DAYS = 10, 365
 
@@ -61,17 +61,7 @@ def _load_or_make_ca(folder: Path) -> tuple[x509.Certificate, ec.EllipticCurvePr
                               "trust it through the new ca-bundle.pem `amlemu env` points at") from None
         if isinstance(key, ec.EllipticCurvePrivateKey) and cert.not_valid_after_utc > now_utc():
             return cert, key
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = cert_name(f"amlemu local CA {folder.parent.name}")
-    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
-            .serial_number(x509.random_serial_number()).not_valid_before(now_utc() - datetime.timedelta(hours=1))
-            .not_valid_after(now_utc() + datetime.timedelta(days=365 * CA_YEARS))
-            .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                                         content_commitment=False, key_encipherment=False, data_encipherment=False,
-                                         key_agreement=False, encipher_only=False, decipher_only=False), critical=True)
-            .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
-            .sign(key, hashes.SHA256()))
+    cert, key = make_ca(f"amlemu local CA {folder.parent.name}", 365 * CA_YEARS)
     statefile.write_text(key_path, pem_key(key), owner_only=True)
     statefile.write_bytes(cert_path, cert.public_bytes(serialization.Encoding.PEM))
     return cert, key
