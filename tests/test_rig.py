@@ -53,6 +53,10 @@ def test_the_rig_link_and_engine_commands() -> None:
     assert (options["--data-root"], options["--exec-root"]) == ("/h/rig/data", "/run/amlemu/rig/0123abcd/exec")
     assert (options["--bridge"], options["--config-file"]) == ("none", "/h/rig/daemon.json")
     assert f"{LABEL}.home=0123abcd" in argv
+    tls = rig.dockerd_argv(lay, "100.72.0.6")  # also over tcp://, clients verified by the rig's own CA
+    hosts = [tls[i + 1] for i, a in enumerate(tls) if a == "--host"]
+    assert hosts == ["unix:///run/amlemu/rig/0123abcd/docker.sock", "tcp://100.72.0.6:2376"] and "--tlsverify" in tls
+    assert tls[tls.index("--tlscacert") + 1] == "/h/rig/tls/ca.pem" and tls[tls.index("--tlskey") + 1] == "/h/rig/tls/server-key.pem"
 
 
 def test_mounts_left_under_the_rig_are_unmounted_deepest_first() -> None:
@@ -101,7 +105,8 @@ def test_the_rig_needs_root_and_says_so_in_one_line(monkeypatch: pytest.MonkeyPa
 
 def test_an_engine_that_does_not_start_fails_in_one_line_and_leaves_nothing(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rig, "dockerd_argv", lambda lay: ["nsenter", f"--net={lay.netns}", "--", "false", lay.address])
+    monkeypatch.setattr(rig, "dockerd_argv", lambda lay, tcp_addr=None: ["nsenter", f"--net={lay.netns}", "--", "false",
+                                                                         lay.address])
     with pytest.raises(rig.BackendError, match="the second dockerd exited") as failed:
         rig.up(tmp_path)
     assert "\n" not in str(failed.value)
