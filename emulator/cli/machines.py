@@ -57,8 +57,8 @@ _tls_file = click.Path(dir_okay=False, resolve_path=True, path_type=Path)
 @click.pass_context
 @handle_errors
 def machine_add(ctx: click.Context, name: str, address: str, gpus: str | None, service_address: str | None,
-                advertise_address: str | None, files: str | None, tls_ca: Path | None, tls_cert: Path | None, tls_key: Path | None,
-                dry_run: bool, output: str) -> None:
+                advertise_address: str | None, files: str | None, tls_ca: Path | None, tls_cert: Path | None,
+                tls_key: Path | None, dry_run: bool, output: str) -> None:
     """Add the Docker engine at ADDRESS as machine NAME. ADDRESS: unix:///path/docker.sock,
     ssh://user@host[:port] or tcp://host:port with --tls-ca/--tls-cert/--tls-key (plain tcp is
     refused). The engine is asked once for its cores and memory (`docker info`); one that does not
