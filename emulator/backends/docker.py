@@ -26,7 +26,7 @@ from amlemu.backends.mirrorfs import mirror_rootfs
 from amlemu.backends.dockerexec import ensure_server, exec_argv, resident, setpriv_path
 from amlemu.backends.dockerapi import cgroup_pids, connect, empty_scratch, has_image, kill_job_processes, until_gone
 from amlemu.backends.dockerplan import CPU_PERIOD, CPU_WEIGHT, MIRROR_IMAGE, SCRATCH, ContainerPlan, container_plan
-from amlemu.backends.base import LABEL, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
+from amlemu.backends.base import LABEL, NODE_ROOT, SERVICE_HOST, NodeBackend, NodeInfo, NodeRequest
 from amlemu.errors import BackendError
 from amlemu.home import default_cache
 
@@ -250,13 +250,14 @@ class DockerBackend(shipping.Shipped, NodeBackend):  # Shipped: nodes on another
         return engines.node_env(self.client, request)
 
     def reset_node(self, request: NodeRequest) -> None:
-        """Empty the mirror image's scratch folders (its root is read-only, so these are all a run
-        can leave in the container; dockerapi.empty_scratch). A job image's root is its own."""
+        """Empty the mirror image's scratch folders (its root is read-only, so these are all a run can
+        leave in the container; dockerapi.empty_scratch; a job image's root is its own), and a node on
+        another host's disk, which is its machine's (the run empties the staging copy here)."""
         container = engines.find(lambda: self.engine(request).containers.get(self.container_name(request)), request)
-        if container is not None and container.status == "running" and request.ships_files:
-            container.exec_run(shipping.wipe_argv())  # its disk is on its machine (the staging copy is emptied here)
-        if container is not None and container.status == "running" and container.attrs["Config"]["Image"] == MIRROR_IMAGE:
-            empty_scratch(container, SCRATCH, on_this_machine=not request.engine)
+        folders = (SCRATCH if container and container.attrs["Config"]["Image"] == MIRROR_IMAGE else ()) + \
+            ((NODE_ROOT,) if request.ships_files else ())
+        if container is not None and container.status == "running" and folders:
+            empty_scratch(container, folders, on_this_machine=not request.engine)
 
     def stop_processes(self, request: NodeRequest) -> int:
         """Kill, by host pid, every process in the container except its init and idle sleep."""

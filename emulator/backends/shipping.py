@@ -268,11 +268,6 @@ def copy_file(client: Any, container: str, rel: str, dest: Path) -> bool:
     return False
 
 
-def wipe_argv() -> list[str]:
-    """Empties the node's disk, run inside it once no job process is left (its files are on its machine)."""
-    return ["find", NODE_ROOT, "-xdev", "-mindepth", "1", "-delete"]
-
-
 def filler_labels(request: NodeRequest) -> dict[str, str]:
     """A filler's labels: the home's (the reaper's), not a node's (it is no node to list)."""
     return {LABEL: "1", f"{LABEL}.home": request.home_id, f"{LABEL}.filler": request.name}

@@ -46,7 +46,6 @@ class RunData:
         self.job = job
         self.lazy, self.settings = datamounts.plan_mounts(job, self.bindings)  # the data runtime's mounts
         self.late: set[str] = set()  # nodes that take them (prepare_nodes)
-        self.backend: Any = None  # the nodes' (prepare_nodes): a refresh reaches a node on another host through it
 
     @property
     def mounted(self) -> list[Binding]:
@@ -139,7 +138,6 @@ class RunData:
         A node that cannot take a mount made after it started (`backend.late_mounts`) gets prefetch."""
         if not self.bindings:
             return
-        self.backend = backend
         if self.lazy and requests:  # its thread defaults per core: the node's, as the plan has them
             self.lazy, self.settings = datamounts.plan_mounts(self.job, self.bindings, requests[0].cpus)
         for r in requests if self.lazy and backend is not None and run_dir is not None else []:
@@ -158,7 +156,7 @@ class RunData:
         with ThreadPoolExecutor(len(requests)) as pool:
             list(pool.map(one, requests))
 
-    def refresh_while(self, requests: list[Any], stop: threading.Event) -> None:
+    def refresh_while(self, requests: list[Any], stop: threading.Event, backend: Any) -> None:
         """With a finite TTL, mounted inputs are revalidated while the job runs (a change shows
         within TTL + TTL/2); with the default (the job's lifetime) nothing is refreshed."""
         ttl = self.policy.ttl if self.mounted else None
@@ -167,8 +165,8 @@ class RunData:
         while not stop.wait(max(1.0, ttl / 2)):
             for request in requests:
                 try:
-                    if self.refresh(request.name, NodeCache(request.cache_dir)) and request.ships_files and self.backend:
-                        self.backend.ship_in(request, None)  # its cache is a volume there (backends/shipping.py)
+                    if self.refresh(request.name, NodeCache(request.cache_dir)) and request.ships_files:
+                        backend.ship_in(request, None)  # its cache is a volume there (backends/shipping.py)
                 except AmlEmuError as exc:
                     self.log(f"warning: {exc}")
 

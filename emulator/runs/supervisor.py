@@ -190,7 +190,7 @@ class Supervisor:
         self.store.update_run(self.run_id, launch_pid=gang.pgid)
         stop_refresh = threading.Event()
         refresher = threading.Thread(target=self.data.refresh_while if self.data else None,
-                                     args=(self.requests, stop_refresh), daemon=True)
+                                     args=(self.requests, stop_refresh, self.backend), daemon=True)
         refresher.start()
         mirror = threading.Thread(target=rundisk.mirror_stores, daemon=True,
                                   args=(self.backend, self.requests, self.run_id, self.run_dir, stop_refresh))
