@@ -116,14 +116,14 @@ def _shippable(member: tarfile.TarInfo) -> tarfile.TarInfo | None:
 
 def unpack(chunks: Iterable[bytes], dest: Path, strip: str) -> list[str]:
     """A node's archive (docker get_archive's stream) extracted into `dest`, what `kept` allows
-    only; returns the names left out (relative to `strip`). Folders are made without following a
-    link: `dest` is a fresh folder the host made."""
+    only; returns the names left out (relative to `strip` when under it, else as the archive names
+    them). Folders are made without following a link: `dest` is a fresh folder the host made."""
     skipped: list[str] = []
     with tarfile.open(fileobj=_Stream(iter(chunks)), mode="r|") as tar:
         for member in tar:
             rel = kept(member, strip)
             if rel is None:
-                skipped.append(posixpath.relpath(posixpath.normpath(member.name), strip))
+                skipped.append(posixpath.normpath(member.name).removeprefix(strip + "/"))
             elif member.isdir():
                 _folder(dest, rel)
             else:
