@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from amlemu.backends import netns
+from amlemu.backends.process import ProcessBackend
+from amlemu.home import Home
 
 
 def _bindings(path: Path) -> int:
@@ -46,3 +48,19 @@ def test_remove_unbinds_every_binding_stacked_at_the_path(stacked: int) -> None:
     finally:
         netns.remove(path)
     assert _bindings(path) == 0 and not path.exists()
+
+
+def test_cleanup_of_all_homes_finds_the_namespaces_of_a_home_already_deleted(tmp_path: Path) -> None:
+    """A home removed before its cleanup leaves its clusters' namespaces (kernel objects, bound under
+    /run): this home's cleanup leaves them alone, `cleanup --all-homes` removes them."""
+    gone = netns.RUNTIME_ROOT / f"test-{uuid.uuid4().hex[:8]}" / "c1"
+    netns.create(gone)
+    try:
+        backend = ProcessBackend(Home.at(tmp_path / "home"))
+        assert str(gone) not in [a.detail.get("path") for a in backend.plan_reap()]
+        [action] = [a for a in backend.plan_reap(all_homes=True) if a.detail.get("path") == str(gone)]
+        assert (action.verb, action.what, action.name) == ("remove", "network namespace", "c1")
+        action.run()  # type: ignore[misc]
+        assert _bindings(gone) == 0 and not gone.parent.exists()
+    finally:
+        netns.remove(gone)

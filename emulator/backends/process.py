@@ -267,14 +267,16 @@ class ProcessBackend(NodeBackend):
             shutil.rmtree(folder, ignore_errors=True)
 
     def plan_reap(self, all_homes: bool = False) -> list[Action]:
-        """This home's process nodes: their processes, then their folders (other homes are not ours
-        to find: a process node is known only to the home that holds its folder)."""
+        """This home's process nodes: their processes, then their folders (other homes' are not ours
+        to find: a process node is known only to the home that holds its folder); its network
+        namespaces, and with `all_homes` those every home left (a home deleted before its cleanup)."""
         nodes = [Action("remove", "process node", node.name, self._node_parts(node.cluster, node.name),
                         run=functools.partial(self._remove_found, node.cluster, node.name))
                  for node in self.list_nodes()]
+        homes = sorted(netns.RUNTIME_ROOT.glob("[!.]*")) if all_homes else [netns.RUNTIME_ROOT / self.home.id]
         networks = [Action("remove", "network namespace", path.name, {"path": str(path)},
                            run=functools.partial(netns.remove, path), always=True)  # a kernel object: never left
-                    for path in sorted((netns.RUNTIME_ROOT / self.home.id).glob("[!.]*"))]  # not the locks
+                    for home in homes for path in sorted(home.glob("[!.]*"))]  # not the locks
         return nodes + networks
 
     def plan_remove_node(self, request: NodeRequest) -> list[Action]:
