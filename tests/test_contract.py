@@ -119,6 +119,18 @@ def test_mpi_launch_is_built_by_the_platform() -> None:
     assert argv[-3:] == ["/bin/bash", "-c", "python train.py"]
 
 
+def test_hwlocs_device_discovery_is_off_for_the_platform_and_out_of_the_ranks_environment() -> None:
+    """mpirun and each node's daemon skip hwloc's PCI walk (~40 ms of CPU each here); the ranks get
+    the job's environment, without the variable; a job that sets it keeps hwloc as it asked."""
+    argv = launch_argv(_job(), "run1", NODES, agent="a", as_root=True)
+    assert argv[argv.index("orte_launch_agent") + 1] == "env HWLOC_COMPONENTS=-linuxio,-pci orted"
+    assert argv[-6:] == ["/usr/bin/env", "-u", "HWLOC_COMPONENTS", "/bin/bash", "-c", "python train.py"]
+    assert contract.mpirun_env(_job()) == {"HWLOC_COMPONENTS": "-linuxio,-pci"}
+    own = _job(environment_variables={"HWLOC_COMPONENTS": "-gl"})
+    argv = launch_argv(own, "run1", NODES, agent="a", as_root=True)
+    assert "orte_launch_agent" not in argv and "/usr/bin/env" not in argv and contract.mpirun_env(own) == {}
+
+
 def test_only_mpi_jobs_are_launched_by_mpirun() -> None:
     for kind in (DistributionType.PYTORCH, DistributionType.TENSORFLOW, DistributionType.NONE):
         with pytest.raises(ValueError, match="not launched by mpirun"):

@@ -19,7 +19,7 @@ from __future__ import annotations
 import marshal
 import os
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ from amlemu.runs.contract import (
     Rank,
     bindings,
     launch_argv,
+    mpirun_env,
     node_env,
     node_env_file,
     rank_layout,
@@ -82,6 +83,7 @@ class LaunchPlan:
     services: tuple[ServicePlan, ...] = ()  # the job's services: beside it, for its lifetime
     data_mounts: tuple[DataMount, ...] = ()  # ro_mount inputs the data runtime's mount serves on every node
     data_runtime: dict[str, Any] | None = None  # its settings (from the job's DATASET_MOUNT_* variables)
+    launch_env: dict[str, str] = field(default_factory=dict)  # mpirun's own, beside the host's (contract.mpirun_env)
 
     def node_environment(self, node: NodePlan) -> dict[str, str]:
         """The whole environment of a node's processes (the env file the node's shell sources)."""
@@ -90,7 +92,7 @@ class LaunchPlan:
     def to_dict(self) -> dict[str, Any]:
         return {
             "run_id": self.run_id, "compute": self.compute, "backend": self.backend,
-            "launcher": self.launcher, "launch": list(self.argv),
+            "launcher": self.launcher, "launch": list(self.argv), "launch_env": self.launch_env,
             "processes": [{**asdict(p), "argv": list(p.argv), "unset": list(p.unset), "launch": list(p.launch)}
                           for p in self.processes],
             "env": self.env,
@@ -135,7 +137,8 @@ def plan_launch(job: JobSpec, run_id: str, compute: str, backend: str, requests:
                     node_gpus=len(requests[0].gpus)),
         ranks=tuple(rank_layout(job, slots)), data=data,
         notices=(*notices, *cache_notices), services=plan_services(job, run_id, slots, agent=AGENT),
-        data_mounts=mounts, data_runtime=settings.to_dict() if settings else None)
+        data_mounts=mounts, data_runtime=settings.to_dict() if settings else None,
+        launch_env=mpirun_env(job) if mpirun else {})
 
 
 def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str, sandbox_root: Path) -> dict[str, Any]:

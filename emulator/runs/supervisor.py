@@ -176,7 +176,7 @@ class Supervisor:
             return self.restart()
         # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
         statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
-        env = {**os.environ, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
+        env = {**os.environ, **plan.launch_env, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to, on their network
             env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests[0]))
