@@ -4,6 +4,7 @@ JSON document."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -84,6 +85,8 @@ def bench_home(prefix: str, backend: str) -> Iterator[tuple[Path, Emulator]]:
 
 
 BUSY = "while True: pass"
+# N busy loops in one process group: the first forks the others (they share its session).
+BUSY_GROUP = "import os, sys\nfor _ in range(int(sys.argv[1]) - 1):\n    if os.fork() == 0:\n        break\nwhile True:\n    pass\n"
 
 
 @contextmanager
@@ -91,8 +94,14 @@ def background_load(processes: int, containers: int = 0) -> Iterator[None]:
     """Other work on this machine for the duration, as on a CI runner or a laptop (the benchmark is
     measured quiet and loaded, and says which): `processes` busy loops, and `containers` busy
     containers under the engine's default cgroup parent (other containers of the machine, which
-    shared one CPU weight with docker nodes before they got their own). Ended by pid and id."""
-    busy = [subprocess.Popen([sys.executable, "-c", BUSY]) for _ in range(processes)]
+    shared one CPU weight with docker nodes before they got their own). Ended by pid and id.
+
+    The busy loops are a session of their own, as other work is (another terminal, a build): where
+    the kernel groups tasks by session (autogroup), a session shares the CPU with the others as
+    one. In the benchmark's session they were one more task beside its bare mpirun's ranks, which
+    an emulated job, in its own session, never is."""
+    busy = [subprocess.Popen([sys.executable, "-c", BUSY_GROUP, str(processes)], start_new_session=True)] \
+        if processes else []
     started: list[Any] = []
     try:
         if containers:
@@ -110,7 +119,7 @@ def background_load(processes: int, containers: int = 0) -> Iterator[None]:
         for container in started:
             container.remove(force=True)
         for proc in busy:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)  # the group it leads: it and the loops it forked
             proc.wait()
 
 
