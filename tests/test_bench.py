@@ -19,7 +19,8 @@ from amlemu.backends import hostguard
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
-from common import Steps  # noqa: E402 - bench/common.py
+import psutil  # noqa: E402
+from common import Steps, background_load  # noqa: E402 - bench/common.py
 
 
 class NoRuns:
@@ -68,3 +69,23 @@ def cmdline(pid: str) -> bytes:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:  # ended meanwhile
         return b""
+
+
+def test_the_background_load_is_a_session_of_its_own_and_ends_whole() -> None:
+    """Other work is another session (the kernel's autogroup shares the CPU by session): its busy
+    loops are not in the benchmark's, whose bare mpirun they would otherwise share a group with."""
+    def loops() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True) if "os.fork" in " ".join(p.cmdline())]
+
+    def gone(pid: int) -> bool:
+        try:
+            return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE  # ended, its parent not yet told
+        except psutil.NoSuchProcess:
+            return True
+
+    with background_load(3):
+        wait_until(lambda: len(loops()) == 3, 10, "three busy loops")
+        pids = [p.pid for p in loops()]
+        sessions = {os.getsid(pid) for pid in pids}
+        assert len(sessions) == 1 and os.getsid(0) not in sessions
+    wait_until(lambda: all(gone(pid) for pid in pids), 10, "every busy loop ended")
