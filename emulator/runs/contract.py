@@ -39,7 +39,7 @@ NODE_MLFLOW_EXPERIMENT_ID = "1"
 # hwloc's I/O discovery reads every PCI device's configuration through sysfs: ~40 ms of CPU for each
 # MPI daemon and for mpirun in a VM, twice that on a busy machine, for a map of devices nothing here
 # places by (a node's GPUs are its container's). Off for the platform's processes; the ranks' own
-# environment stays as the job declared it (a job that sets the variable keeps hwloc's default).
+# environment stays as the job declared it (a job that sets the variable keeps its own).
 HWLOC_VAR, HWLOC_NO_IO = "HWLOC_COMPONENTS", "-linuxio,-pci"
 
 
@@ -263,8 +263,8 @@ def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str,
     if len(nodes) != job.instance_count:
         raise ValueError(f"{job.instance_count} nodes needed, {len(nodes)} given")
     per_node = job.process_count // job.instance_count
-    quiet = mpirun_env(job)
-    program = ["/usr/bin/env", "-u", HWLOC_VAR] if quiet else []  # ranks inherit their daemon's environment
+    no_io = bool(mpirun_env(job))
+    program = ["/usr/bin/env", "-u", HWLOC_VAR] if no_io else []  # ranks inherit their daemon's environment
     launch = MpiLaunch(program=[*program, *process_argv(job, run_id)], nprocs=job.process_count,
                        hosts=[(node.name, per_node) for node in nodes], as_root=as_root,
                        tag_output=True)
@@ -278,7 +278,7 @@ def launch_argv(job: JobSpec, run_id: str, nodes: list[NodeSlot], *, agent: str,
                 # for each (is it this machine?) before launching, ~80 s for 128 docker nodes here.
                 "--mca", "if_base_do_not_resolve", "1",
                 "--map-by", "slot", "-wdir", node_workdir(run_id), *mpi_options]
-    if quiet:
+    if no_io:
         platform += ["--mca", "orte_launch_agent", f"env {HWLOC_VAR}={HWLOC_NO_IO} orted"]
     return argv[:at] + platform + argv[at:]
 
