@@ -123,6 +123,44 @@ def _job(folder: Path, compute: str, nodes: int) -> Path:
     return job
 
 
+def env_pins(conda_yaml: str) -> dict[str, str]:
+    """name -> version of the `name==version` and `name=version` pins of a conda file. Pure."""
+    pins = {}
+    for line in conda_yaml.splitlines():
+        item = line.split("#", 1)[0].strip().removeprefix("- ").strip()
+        name, sep, version = item.replace("==", "=").partition("=")
+        if sep and name and version and " " not in name:
+            pins[name.strip()] = version.strip()
+    return pins
+
+
+def seed_job(folder: Path, host: dict[str, str]) -> tuple[Path, str]:
+    """The seed's job as it is when this machine has the versions its environment pins, else a copy
+    whose environment pins this machine's (python, torch, torchvision: a GPU image's own torch),
+    and what was changed. `host`: name -> this machine's version."""
+    import yaml  # noqa: PLC0415 - the project's dependency; this script's pure parts import nothing
+
+    wanted = env_pins((REPO / "trainer" / "environment.yml").read_text())
+    differ = {name: (wanted[name], host[name]) for name in ("python", "torch", "torchvision")
+              if name in wanted and not host[name].startswith(wanted[name])}
+    if not differ:
+        return REPO / "trainer" / "job.yml", ""
+    job = yaml.safe_load((REPO / "trainer" / "job.yml").read_text())
+    (folder / "environment.yml").write_text(yaml.safe_dump({
+        "name": "gpu-check-seed", "dependencies": [f"python={host['python']}", "pip", {"pip": [
+            f"torch=={host['torch']}", f"torchvision=={host['torchvision']}", "horovod==0.28.1", "mpi4py"]}]}))
+    job.update(code=str(REPO / "trainer"), environment={**job["environment"], "conda_file": "environment.yml"})
+    (folder / "job.yml").write_text(yaml.safe_dump(job, sort_keys=False))
+    return folder / "job.yml", "this machine's " + ", ".join(f"{n} {h} (not {w})" for n, (w, h) in differ.items())
+
+
+def host_versions() -> dict[str, str]:
+    from importlib.metadata import version  # noqa: PLC0415
+
+    return {"python": ".".join(map(str, sys.version_info[:2])), "torch": version("torch").split("+")[0],
+            "torchvision": version("torchvision").split("+")[0]}
+
+
 def check_nodes(backend: str = "docker") -> tuple[bool, str]:
     sys.path.insert(0, str(REPO))
     from amlemu.api import Emulator  # noqa: PLC0415
@@ -156,9 +194,13 @@ def check_nodes(backend: str = "docker") -> tuple[bool, str]:
                     continue
                 if layout.train:
                     data = mnist.prepare().root
-                    run = emu.submit(REPO / "trainer" / "job.yml", overrides=[
-                        f"inputs.data_dir.path={data}", "inputs.epochs=1", "compute=gpucheck",
-                        f"resources.instance_count={layout.nodes}"])
+                    job, changed = seed_job(Path(tmp), host_versions())
+                    # The data runtime's FUSE mount where this machine has FUSE, else a download.
+                    mode = "ro_mount" if Path("/dev/fuse").exists() else "download"
+                    said += [f"seed job: {changed}"] if changed else []
+                    run = emu.submit(job, overrides=[
+                        f"inputs.data_dir.path={data}", f"inputs.data_dir.mode={mode}", "inputs.epochs=1",
+                        "compute=gpucheck", f"resources.instance_count={layout.nodes}"])
                     status = run.wait(timeout=600)
                     summary_file = run.outputs / "summary.json"
                     summary = json.loads(summary_file.read_text()) if summary_file.exists() else {}

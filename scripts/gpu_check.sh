@@ -12,6 +12,12 @@
 #   (b) nccl       a Horovod allreduce of a CUDA tensor over NCCL
 #   (c) pytest     pytest -m gpu examples (the plugin's GPU-per-node test), on docker nodes
 #
+# Offline (a GPU machine that reaches no package index, as the lent device machines): with
+# AMLEMU_GPU_BUNDLE=DIR (made here by scripts/gpu_bundle.sh, carried there) the setup is
+# scripts/gpu_offline_setup.sh instead: the machine's own python3 and CUDA torch, the bundle's
+# wheels and Debian packages, Horovod built from the bundle's source. The nodes are docker's where an
+# engine answers, else the process backend's (AMLEMU_GPU_CHECK_BACKEND chooses).
+#
 # One report line per step (ok/FAILED, seconds, its last output line); exit 0 when all passed,
 # 1 when any failed, 2 without an NVIDIA GPU (then it installs nothing). Each step's full output:
 # ~/.cache/amlemu/gpu-check/. Safe to run again: every install is checked first and cached, so a
@@ -21,7 +27,14 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-export AMLEMU_VENV=${AMLEMU_VENV:-$ROOT/.venv}
+BUNDLE=${AMLEMU_GPU_BUNDLE:-}
+if [ -n "$BUNDLE" ]; then  # the machine's python3 is the one with CUDA torch; pip finds sources in the bundle
+  BUNDLE=$(cd "$BUNDLE" && pwd)
+  export AMLEMU_VENV=${AMLEMU_VENV:-$(python3 -c 'import sys; print(sys.prefix)')}
+  export PIP_NO_INDEX=1 PIP_FIND_LINKS=$BUNDLE/sdists
+else
+  export AMLEMU_VENV=${AMLEMU_VENV:-$ROOT/.venv}
+fi
 export AMLEMU_CACHE=${AMLEMU_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/amlemu}
 PY=$AMLEMU_VENV/bin/python
 LOGS=$AMLEMU_CACHE/gpu-check
@@ -86,15 +99,21 @@ horovod_nccl() {
 # A skipped GPU test is no pass: the plugin skips it where it sees no GPU.
 pytest_gpu() {
   local out rc=0
-  out=$(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu examples --aml-backend docker --aml-strict 2>&1) || rc=$?
+  out=$(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu examples --aml-backend "$BACKEND" --aml-strict 2>&1) || rc=$?
   echo "$out"
   [ "$rc" = 0 ] && grep -Eq '[0-9]+ passed' <<<"$out" && ! grep -Eq '[0-9]+ skipped' <<<"$out"
 }
 
-step check setup env AMLEMU_HOROVOD_GPU_OPERATIONS=NCCL bash "$ROOT/scripts/setup.sh" || finish " (setup failed: nothing checked)"
+if [ -n "$BUNDLE" ]; then  # offline: a failed part of the setup still leaves the rest worth checking
+  step check setup bash "$ROOT/scripts/gpu_offline_setup.sh" "$BUNDLE"
+else
+  step check setup env AMLEMU_HOROVOD_GPU_OPERATIONS=NCCL bash "$ROOT/scripts/setup.sh" || finish " (setup failed: nothing checked)"
+fi
+BACKEND=${AMLEMU_GPU_CHECK_BACKEND:-$(docker info >/dev/null 2>&1 && echo docker || echo process)}
+echo "gpu-check: nodes on the $BACKEND backend"
 step check torch-cuda torch_cuda || finish " (no CUDA torch: the rest not checked)"
 step check horovod-nccl horovod_nccl
-step check "(a) nodes" "$PY" "$ROOT/scripts/gpu_check.py" nodes docker
+step check "(a) nodes" "$PY" "$ROOT/scripts/gpu_check.py" nodes "$BACKEND"
 step check "(b) nccl" "$PY" "$ROOT/scripts/gpu_check.py" nccl
 if [ "$NGPU" -lt 2 ]; then
   step info "2 ranks/1 GPU" "$PY" "$ROOT/scripts/gpu_check.py" nccl-shared

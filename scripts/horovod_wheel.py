@@ -108,7 +108,9 @@ def gpu_visible() -> bool:
 
 def find_cuda_home(env: dict[str, str]) -> str | None:
     """The CUDA toolkit to compile horovod's kernels with, or None for a CPU-only torch."""
-    for candidate in (env.get("CUDA_HOME"), env.get("HOROVOD_CUDA_HOME"), "/usr/local/cuda"):
+    nvcc = shutil.which("nvcc", path=env.get("PATH", ""))  # a toolkit on PATH only (some images)
+    on_path = str(Path(nvcc).resolve().parent.parent) if nvcc else None
+    for candidate in (env.get("CUDA_HOME"), env.get("HOROVOD_CUDA_HOME"), "/usr/local/cuda", on_path):
         if candidate and Path(candidate, "bin", "nvcc").exists():
             return str(Path(candidate).resolve())
     return None

@@ -9,7 +9,7 @@ import pytest
 
 from amlemu.api import Emulator
 from amlemu.backends import docker as docker_backend
-from amlemu.backends import get_backend, gpudevices
+from amlemu.backends import get_backend, gpudevices, software
 from amlemu.cluster import autoscale
 from amlemu.specs import ClusterSpec
 
@@ -74,3 +74,42 @@ def test_process_nodes_number_gpus_as_nvidia_smi_does(tmp_path: Path) -> None:
                                      host_gpus=("0", "1"))
     env = get_backend("process", emu.home).node_env(request)
     assert (env["CUDA_VISIBLE_DEVICES"], env["CUDA_DEVICE_ORDER"]) == ("1", "PCI_BUS_ID")
+
+
+MOUNTINFO = """\
+22 1 8:1 / / rw,relatime - ext4 /dev/sda1 rw
+40 22 0:40 / /usr/local/nvidia ro,nosuid - overlay none ro
+41 40 0:41 / /usr/local/nvidia/lib64/extra ro - tmpfs none ro
+42 22 0:42 / /opt/my\\040env/lib rw - tmpfs none rw
+43 22 0:43 / /usrlocal rw - tmpfs none rw
+44 22 0:44 / /usr rw - tmpfs none rw
+"""
+
+
+def test_a_sandbox_mirrors_the_mounts_inside_this_machines_software_parents_first() -> None:
+    """A GPU driver mounted at /usr/local/nvidia (as on Kubernetes' and the lent GPU machines) was an
+    empty folder in a process node: the sandbox binds /usr alone."""
+    paths = ["/usr", "/opt/my env"]
+    assert software.submounts(paths, MOUNTINFO) == [
+        "/usr", "/opt/my env", "/usr/local/nvidia", "/opt/my env/lib", "/usr/local/nvidia/lib64/extra"]
+    assert software.submounts(["/etc/ssl/certs"], MOUNTINFO) == ["/etc/ssl/certs"]
+
+
+def test_a_process_node_finds_libraries_where_this_machine_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An image's LD_LIBRARY_PATH (CUDA's images point it at the driver) reaches the node as far as
+    the node sees those folders; the loader's cache goes into its sandbox."""
+    mirrored = ["/usr", "/opt/venv"]
+    assert software.mirrored_library_path("/usr/local/nvidia/lib64:/home/me/lib:relative:/opt/venv/lib:/usr/local/nvidia/lib64",
+                                          mirrored) == "/usr/local/nvidia/lib64:/opt/venv/lib"
+    assert software.mirrored_library_path("", mirrored) == ""
+    assert software.mirrored_library_path("/usrx/lib", mirrored) == ""
+    emu = Emulator(home=tmp_path / "home")
+    request = autoscale.node_request(emu.home, ClusterSpec("gpu", "Standard_NC6s_v3"), 0, host_gpus=("0",))
+    backend = get_backend("process", emu.home)
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/lib/nvidia-test:/root/secret-lib")
+    assert backend.node_env(request)["LD_LIBRARY_PATH"] == "/usr/lib/nvidia-test"
+    monkeypatch.delenv("LD_LIBRARY_PATH")
+    assert "LD_LIBRARY_PATH" not in backend.node_env(request)
+    sandbox = backend.agent_entry(request)["software"]
+    assert [p for p in sandbox if p.startswith("/etc/ld.so")] == software.loader_config()
+    assert Path("/etc/ld.so.cache").exists() and "/etc/ld.so.cache" in sandbox

@@ -55,6 +55,9 @@ def test_find_cuda_home(tmp_path: Path) -> None:
     assert hw.find_cuda_home({"CUDA_HOME": str(tmp_path)}) != str(tmp_path.resolve())  # no nvcc there
     (tmp_path / "bin" / "nvcc").write_text("")
     assert hw.find_cuda_home({"CUDA_HOME": str(tmp_path)}) == str(tmp_path.resolve())
+    (tmp_path / "bin" / "nvcc").chmod(0o755)  # a toolkit found by its nvcc on PATH alone (some images)
+    found = hw.find_cuda_home({"PATH": f"/nonexistent:{tmp_path / 'bin'}"})
+    assert found == str(tmp_path.resolve()) or Path("/usr/local/cuda/bin/nvcc").exists()
 
 
 def test_build_runs_without_build_isolation() -> None:

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 # In a fresh process, uvicorn imported first as `amlemu serve` does: MLflow then turns its security
 # middleware on (decided at its import), which refuses foreign Host names and Origins.
 SCRIPT = r"""
@@ -76,3 +78,23 @@ def test_the_seed_template_is_named_by_the_installed_mlflows_version() -> None:
 
     assert mlflow_version() == version("mlflow")
     assert template_path().name == f"seed-{version('mlflow')}.db"
+
+
+def test_mlflows_version_is_read_from_mlflow_skinny_where_that_is_what_is_installed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slim images (and the GPU check's offline bundle) have mlflow-skinny, MLflow's tracking client
+    without its UI: its dist-info names the version."""
+    import importlib.util
+    from importlib.machinery import ModuleSpec
+
+    from amlemu.runs import homestore
+
+    (tmp_path / "mlflow").mkdir()
+    (tmp_path / "mlflow" / "__init__.py").write_text("")
+    (tmp_path / "mlflow_skinny-9.8.7.dist-info").mkdir()
+    (tmp_path / "mlflow_tracing-9.8.7.dist-info").mkdir()
+    spec = ModuleSpec("mlflow", None, origin=str(tmp_path / "mlflow" / "__init__.py"))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert homestore.mlflow_version() == "9.8.7"
+    (tmp_path / "mlflow-9.8.6.dist-info").mkdir()
+    assert homestore.mlflow_version() == "9.8.6"  # the full distribution first, as it is the one that names the store

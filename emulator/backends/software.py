@@ -2,6 +2,7 @@
 mounts read-only at the same paths, and the variables a node's shell starts with."""
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,6 +17,50 @@ def software_paths() -> list[str]:
     paths = ["/usr", "/etc/alternatives", "/etc/openmpi", "/etc/ssl/certs", "/etc/ssl/openssl.cnf",
              str(Path(sys.base_prefix).resolve()), str(Path(sys.prefix).resolve())]
     return [p for p in dict.fromkeys(paths) if Path(p).exists()]
+
+
+def submounts(paths: list[str], mountinfo: str) -> list[str]:
+    """`paths` followed by the mount points strictly inside them (from /proc/self/mountinfo's text),
+    parents first: a sandbox binds each path alone, and a mount inside one (a GPU driver's folder
+    mounted at /usr/local/nvidia) would otherwise be an empty folder there. Pure."""
+    found = []
+    for line in mountinfo.splitlines():
+        fields = line.split()
+        if len(fields) > 4:
+            point = fields[4].encode().decode("unicode_escape")  # mountinfo escapes spaces as \040
+            if any(point.startswith(root.rstrip("/") + "/") for root in paths):
+                found.append(point)
+    return [*paths, *sorted(dict.fromkeys(p for p in found if p not in paths), key=lambda p: p.count("/"))]
+
+
+def sandbox_software() -> list[str]:
+    """What a process node's sandbox mirrors: the software paths and the mounts inside them."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        mountinfo = ""
+    return submounts(software_paths(), mountinfo)
+
+
+# The dynamic loader's own configuration: a process node (a sandbox with this machine's /usr) finds
+# libraries where this machine does, e.g. a GPU driver's libcuda outside /usr/lib (/usr/local/nvidia).
+LOADER_CONFIG = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
+
+
+def loader_config() -> list[str]:
+    return [p for p in LOADER_CONFIG if Path(p).exists()]
+
+
+def mirrored_library_path(value: str, mirrored: list[str]) -> str:
+    """The LD_LIBRARY_PATH entries of `value` that a mirrored node can see (under `mirrored`, the
+    software paths): an image's ENV LD_LIBRARY_PATH, as CUDA's images point at their driver. Pure."""
+    def seen(entry: str) -> bool:
+        return any(entry == root or entry.startswith(root.rstrip("/") + "/") for root in mirrored)
+    return ":".join(e for e in dict.fromkeys(value.split(":")) if e.startswith("/") and seen(e))
+
+
+def host_library_path() -> str:
+    return mirrored_library_path(os.environ.get("LD_LIBRARY_PATH", ""), software_paths())
 
 
 def node_base_env(software_bin: str | None) -> dict[str, str]:

@@ -19,7 +19,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from contextlib import closing
-from importlib.metadata import version
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from amlemu import statefile
@@ -35,13 +35,25 @@ def template_path() -> Path:
     return default_cache() / "mlflow" / f"seed-{mlflow_version()}.db"
 
 
+MLFLOW_DISTS = ("mlflow", "mlflow_skinny")  # the full one, or its tracking client alone (slim images)
+
+
 def mlflow_version() -> str:
     """The installed MLflow's version, from the name of its dist-info folder beside the package:
     found without importing MLflow or scanning every distribution (`importlib.metadata.version`
     took 6-7 ms a call, three calls a run)."""
     spec = importlib.util.find_spec("mlflow")
-    found = list(Path(spec.origin).parent.parent.glob("mlflow-*.dist-info")) if spec and spec.origin else []
-    return found[0].name[len("mlflow-"):-len(".dist-info")] if len(found) == 1 else version("mlflow")
+    site = Path(spec.origin).parent.parent if spec and spec.origin else None
+    for dist in MLFLOW_DISTS:
+        found = list(site.glob(f"{dist}-*.dist-info")) if site else []
+        if len(found) == 1:
+            return found[0].name[len(dist) + 1:-len(".dist-info")]
+    for dist in MLFLOW_DISTS:
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    raise PackageNotFoundError("mlflow (neither mlflow nor mlflow-skinny is installed)")
 
 
 def store_path(home_root: Path) -> Path:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from amlemu.backends.base import NodeBackend, NodeRequest
-from amlemu.backends.software import node_base_env, software_paths
+from amlemu.backends.software import node_base_env, sandbox_software
 from amlemu.runs.contract import (
     Binding,
     NodeSlot,
@@ -154,7 +154,7 @@ def agent_config(backend: NodeBackend, requests: list[NodeRequest], run_id: str,
                      if k in ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR") or k.startswith("DOCKER_")},
         "env_file": node_env_file(run_id),
         "sandbox_root": str(sandbox_root),
-        "software": software_paths(),
+        "software": sandbox_software(),
         "hosts": {r.name: backend.agent_entry(r) for r in requests},
     }
     config["exec"] = exec_table(type(backend), config)
