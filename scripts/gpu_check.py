@@ -109,6 +109,26 @@ def timeline_ops(timeline: str) -> set[str]:
     return {e["name"] for e in events if isinstance(e, dict) and e.get("ph") == "B" and "name" in e}
 
 
+def failure_logs(run_dir: Path, keep: Path | None, lines: int = 15) -> str:
+    """A failed run's logs: the last lines of each (what mpirun and the platform said, where a
+    rank wrote nothing), and the logs copied under `keep` when given (the device machine's
+    output folder: the temporary home goes with the check)."""
+    said = []
+    for log in sorted([*run_dir.glob("system_logs/*"), *run_dir.glob("user_logs/*.txt")]):
+        tail = log.read_text(errors="replace").strip().splitlines()[-lines:]
+        if tail and log.suffix == ".txt":  # launch.json (the launch's argv and variables) is kept only
+            said.append(f"--- {log.relative_to(run_dir)}\n" + "\n".join(tail))
+        if keep is not None:
+            dest = keep / run_dir.name / log.relative_to(run_dir)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(log.read_bytes())
+    return "\n".join(said)
+
+
+def _keep() -> Path | None:
+    return Path(os.environ["AMLEMU_GPU_CHECK_LOGS"]) if os.environ.get("AMLEMU_GPU_CHECK_LOGS") else None
+
+
 def _job(folder: Path, compute: str, nodes: int) -> Path:
     (folder / "src").mkdir(parents=True, exist_ok=True)
     (folder / "src" / "probe.py").write_text(PROBE)
@@ -191,6 +211,7 @@ def check_nodes(backend: str = "docker") -> tuple[bool, str]:
                 if problems:
                     ok = False
                     said.append("; ".join(problems))
+                    print(failure_logs(run.dir, _keep()), file=sys.stderr, flush=True)
                     continue
                 if layout.train:
                     data = mnist.prepare().root
@@ -207,6 +228,8 @@ def check_nodes(backend: str = "docker") -> tuple[bool, str]:
                     trained = (status is RunStatus.COMPLETED and summary.get("device") == "cuda"
                                and summary.get("params_in_sync") and (summary.get("test_accuracy") or 0) >= 0.9)
                     ok = ok and bool(trained)
+                    if not trained:
+                        print(failure_logs(run.dir, _keep()), file=sys.stderr, flush=True)
                     last = (run.logs(0).strip().splitlines() or [""])[-1][-200:]
                     said.append(f"seed job on {layout.nodes} node(s): {status.value}, device {summary.get('device')}, "
                                 f"accuracy {summary.get('test_accuracy', 0):.4f}, "
