@@ -131,3 +131,18 @@ def test_where_the_engine_has_the_image_the_dry_run_names_the_layered_image(emu:
         assert [n["image"] for n in plan["nodes"]] == [tag] and plan["nodes"][0]["image_note"] is None
     finally:
         client.images.remove(base, force=True)
+
+
+def test_a_job_submitted_from_inside_a_slurm_job_or_an_mpi_rank_still_gets_its_own_cluster(
+        emu: Emulator, cluster, make_job, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The platform's mpirun took the submitter's SLURM allocation for its own ("All nodes which are
+    allocated for this job are already filled": seen on a lent GPU machine, whose commands run in
+    one): the emulated cluster is mpirun's whole allocation, as on AmlCompute."""
+    for name, value in {"SLURM_JOBID": "7", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "login1", "SLURM_TASKS_PER_NODE": "1",
+                        "SLURM_JOB_NUM_NODES": "1", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0",
+                        "PMIX_RANK": "0"}.items():
+        monkeypatch.setenv(name, value)
+    cluster()
+    run = emu.submit(make_job(PRINT, nodes=2, per_node=1))
+    assert run.wait(timeout=180) is RunStatus.COMPLETED, run.record.error
+    assert [run.logs(rank).split() for rank in (0, 1)] == [["rank", "0"], ["rank", "1"]]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from amlemu.runs.mpi import MpiLaunch, host_list, launch_env, mpirun_argv
+from amlemu.runs.mpi import MpiLaunch, host_list, launch_env, mpirun_argv, platform_env
 
 
 def test_local_launch() -> None:
@@ -35,3 +35,10 @@ def test_invalid_launches_are_refused(kwargs, message) -> None:
 
 def test_host_list() -> None:
     assert host_list([("a", 1)]) == "a:1"
+
+
+def test_the_platforms_mpirun_leaves_out_what_names_another_allocation_or_mpi_job() -> None:
+    host = {"PATH": "/bin", "HOME": "/root", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "n1", "PBS_NODEFILE": "/f",
+            "LSB_JOBID": "3", "PE_HOSTFILE": "/h", "NSLOTS": "4", "OMPI_COMM_WORLD_RANK": "0",
+            "OMPI_MCA_orte_default_hostfile": "/h", "PMIX_RANK": "0", "FLUX_JOB_ID": "f1", "MY_OMPI_NOTE": "kept"}
+    assert platform_env(host) == {"PATH": "/bin", "HOME": "/root", "MY_OMPI_NOTE": "kept"}

@@ -57,3 +57,16 @@ def launch_env(launch: MpiLaunch, base: dict[str, str] | None = None) -> dict[st
     env = dict(os.environ if base is None else base)
     env.update(launch.env)
     return env
+
+
+# What makes an Open MPI launch take another allocation or job for its own: a resource manager's
+# job (SLURM, PBS/Torque, LSF, Grid Engine, Flux) or an MPI job this process runs in (OMPI_*, PMIx,
+# PMI). The emulated cluster is mpirun's whole allocation, as on AmlCompute, where nothing of the
+# submitting machine reaches the nodes' mpirun.
+FOREIGN_PREFIXES = ("OMPI_", "PMIX_", "PMI_", "SLURM_", "PBS_", "LSB_", "FLUX_", "SGE_", "HYDRA_", "I_MPI_")
+FOREIGN_NAMES = frozenset({"PE_HOSTFILE", "NSLOTS"})
+
+
+def platform_env(environ: dict[str, str]) -> dict[str, str]:
+    """This machine's environment less what would give the platform's mpirun another allocation. Pure."""
+    return {k: v for k, v in environ.items() if not k.startswith(FOREIGN_PREFIXES) and k not in FOREIGN_NAMES}

@@ -22,7 +22,7 @@ from amlemu.envs.software import missing_import, plan_software, realize
 from amlemu.errors import AmlEmuError
 from amlemu.home import AGENT_CONFIG_VARIABLE, Home, default_cache
 from amlemu.jobs.jobspec_io import job_from_record
-from amlemu.runs import homestore, machinewatch, memwatch, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
+from amlemu.runs import homestore, machinewatch, memwatch, mpi, nodework, rundisk, servicelink, servicerun, statuswrite, watchdog
 from amlemu.runs.gang import Gang
 from amlemu.runs.metrics import plot_run
 from amlemu.runs.mounts import RunData
@@ -176,7 +176,7 @@ class Supervisor:
             return self.restart()
         # What ran, as the dry run shows it; owner-only: the job's variables may hold secrets.
         statefile.write_json(self.run_dir / "system_logs" / "launch.json", plan.to_dict(), owner_only=True, indent=2)
-        env = {**os.environ, **plan.launch_env, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
+        env = {**mpi.platform_env(dict(os.environ)), **plan.launch_env, AGENT_CONFIG_VARIABLE: str(self.run_dir / AGENT_CONFIG)}
         port = self.backend.callback_port(self.requests[0], self.run_id) if plan.launcher == "mpirun" else None
         if port:  # the one port of this machine its nodes' MPI daemons may call back to, on their network
             env.update(OMPI_MCA_oob_tcp_static_ipv4_ports=str(port), **self.backend.callback_mca(self.requests[0]))
