@@ -156,8 +156,9 @@ def env_pins(conda_yaml: str) -> dict[str, str]:
 
 def seed_job(folder: Path, host: dict[str, str]) -> tuple[Path, str]:
     """The seed's job as it is when this machine has the versions its environment pins, else a copy
-    whose environment pins this machine's (python, torch, torchvision: a GPU image's own torch),
-    and what was changed. `host`: name -> this machine's version."""
+    that runs in the emulator's own environment (this machine's python, torch and Horovod: a GPU
+    image's own CUDA torch, which no package index serves there), and what was changed.
+    `host`: name -> this machine's version."""
     import yaml  # noqa: PLC0415 - the project's dependency; this script's pure parts import nothing
 
     wanted = env_pins((REPO / "trainer" / "environment.yml").read_text())
@@ -166,12 +167,11 @@ def seed_job(folder: Path, host: dict[str, str]) -> tuple[Path, str]:
     if not differ:
         return REPO / "trainer" / "job.yml", ""
     job = yaml.safe_load((REPO / "trainer" / "job.yml").read_text())
-    (folder / "environment.yml").write_text(yaml.safe_dump({
-        "name": "gpu-check-seed", "dependencies": [f"python={host['python']}", "pip", {"pip": [
-            f"torch=={host['torch']}", f"torchvision=={host['torchvision']}", "horovod==0.28.1", "mpi4py"]}]}))
-    job.update(code=str(REPO / "trainer"), environment={**job["environment"], "conda_file": "environment.yml"})
+    job.pop("environment")
+    job["code"] = str(REPO / "trainer")
     (folder / "job.yml").write_text(yaml.safe_dump(job, sort_keys=False))
-    return folder / "job.yml", "this machine's " + ", ".join(f"{n} {h} (not {w})" for n, (w, h) in differ.items())
+    return folder / "job.yml", "in this machine's environment: " + ", ".join(
+        f"{n} {h} (not {w})" for n, (w, h) in differ.items())
 
 
 def host_versions() -> dict[str, str]:

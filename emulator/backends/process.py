@@ -74,7 +74,7 @@ class ProcessBackend(NodeBackend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        missing = [tool for tool in SANDBOX_TOOLS if not shutil.which(tool)]
+        missing = [tool for tool in SANDBOX_TOOLS if not shutil.which(tool)] + [p for p in ("/bin/sh",) if not Path(p).exists()]
         if not sys.platform.startswith("linux") or missing:
             return False, (f"needs Linux and {', '.join(missing or SANDBOX_TOOLS)} (util-linux, coreutils, "
                            f"tini) for the nodes' sandboxes")

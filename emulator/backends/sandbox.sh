@@ -85,7 +85,7 @@ printf 'root:x:0:\n' >"$root/etc/group"
 printf '127.0.0.1 localhost %s amlemu-service.blob.internal\n' "$host" >"$root/etc/hosts"
 printf '%s\n' "$host" >"$root/etc/hostname"
 
-hostname "$host"
+hostname "$host" 2>/dev/null || printf '%s' "$host" >/proc/sys/kernel/hostname  # no hostname(1) on some images
 
 exec /usr/bin/env -i "$chroot" "$root" \
     "$setpriv" --bounding-set=-all --inh-caps=-all --no-new-privs -- \
