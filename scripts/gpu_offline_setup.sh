@@ -40,7 +40,10 @@ debs() {
     pkg=$(dpkg-deb -f "$deb" Package)
     files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {sub(/^\./, "", $6); print $6}' | grep -v '^/usr/share/doc/')
     present=$(while read -r f; do [ -e "$f" ] && echo "$f"; done <<<"$files" | head -n 1)
-    if [ -n "$present" ]; then kept+=("$pkg"); else dpkg-deb -x "$deb" / && unpacked+=("$pkg"); fi
+    # --keep-directory-symlink: a Debian 12 package's ./bin/ and ./lib/ go into /usr's through the
+    # usrmerge links (dpkg-deb -x replaced the /bin link with a folder, and /bin/sh was gone).
+    if [ -n "$present" ]; then kept+=("$pkg")
+    else dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C / && unpacked+=("$pkg"); fi
   done
   echo "unpacked: ${unpacked[*]:-none}"
   echo "already there: ${kept[*]:-none}"

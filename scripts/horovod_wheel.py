@@ -45,6 +45,12 @@ STANDARD_PATCHES: tuple[tuple[str, str, int], ...] = (
     ("horovod/common/ops/cuda/CMakeLists.txt", "CMAKE_CUDA_STANDARD", 17),
 )
 
+# Headers horovod 0.28.1 uses without including them, which GCC 13's libstdc++ no longer brings in
+# through others (seen on Ubuntu 24.04's GCC 13: "'string' in namespace 'std' does not name a type").
+MISSING_INCLUDES: tuple[tuple[str, str, str], ...] = (
+    ("horovod/common/group_table.h", "#include <queue>\n", "#include <string>\n"),
+)
+
 # Keep RelWithDebInfo's optimisation (setup.py fixes the build type) but not its -g: compiling the
 # debug info costs time, and it was stripped from the wheel afterwards anyway.
 NO_DEBUG_INFO = ('set(CMAKE_CXX_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG")\n'
@@ -86,10 +92,14 @@ def patch_once(text: str, old: str, new: str, where: str) -> str:
 
 
 def patch_sources(source: Path, *, cuda: bool) -> None:
-    """The C++ standards torch needs, no debug info, and, without `cuda`, a CPU-only torch part."""
+    """The C++ standards torch needs, the includes GCC 13 needs, no debug info, and, without `cuda`,
+    a CPU-only torch part."""
     for relpath, variable, standard in STANDARD_PATCHES:
         path = source / relpath
         path.write_text(raise_standard(path.read_text(), variable, standard))
+    for relpath, anchor, include in MISSING_INCLUDES:
+        path = source / relpath
+        path.write_text(patch_once(path.read_text(), anchor, anchor + include, relpath))
     top = source / "CMakeLists.txt"
     top.write_text(patch_once(top.read_text(), "project(horovod CXX)\n", "project(horovod CXX)\n" + NO_DEBUG_INFO,
                               "CMakeLists.txt"))

@@ -121,6 +121,7 @@ def _sdist_tree(root: Path) -> Path:
         "horovod/torch/CMakeLists.txt": "set(CMAKE_CXX_STANDARD 14)\n",
         "horovod/common/ops/cuda/CMakeLists.txt": "set(CMAKE_CUDA_STANDARD 14)\n",
         "cmake/Modules/FindPytorch.cmake": 'string(TOUPPER "${Pytorch_CUDA}" Pytorch_CUDA)\n',
+        "horovod/common/group_table.h": "#include <mutex>\n#include <queue>\n#include <unordered_map>\n",
     }
     for relpath, text in files.items():
         (root / relpath).parent.mkdir(parents=True, exist_ok=True)
@@ -135,6 +136,7 @@ def test_no_build_carries_debug_info_and_a_cpu_build_turns_torchs_cuda_off(tmp_p
     assert top.index("project(horovod CXX)") < top.index('CMAKE_CXX_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG"')
     assert "set(CMAKE_CXX_STANDARD 17)" in top
     assert "set(Pytorch_CUDA FALSE)" in (cpu / "cmake/Modules/FindPytorch.cmake").read_text()
+    assert "#include <queue>\n#include <string>\n" in (cpu / "horovod/common/group_table.h").read_text()  # GCC 13
     gpu = _sdist_tree(tmp_path / "gpu")
     hw.patch_sources(gpu, cuda=True)
     assert 'CMAKE_CUDA_FLAGS_RELWITHDEBINFO "-O2 -DNDEBUG"' in (gpu / "CMakeLists.txt").read_text()

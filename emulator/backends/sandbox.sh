@@ -59,7 +59,7 @@ done
 for dev in null zero full random urandom tty /dev/nvidia*; do
     dev=/dev/${dev#/dev/}
     [ -e "$dev" ] || continue
-    : >"$root$dev"
+    if [ -d "$dev" ]; then mkdir -p "$root$dev"; else : >"$root$dev"; fi  # /dev/nvidia-caps is a folder
     queue bind "$dev" "$root$dev"
 done
 queue "mode=1777,size=$shm" amlemu-shm "$root/dev/shm" tmpfs  # resources.shm_size
