@@ -255,9 +255,7 @@ def check_nccl(ranks: int | None = None) -> tuple[bool, str]:
                 "-x", "NCCL_DEBUG", sys.executable, str(script)]
         if os.geteuid() == 0:
             argv.insert(1, "--allow-run-as-root")
-        from amlemu.runs.mpi import platform_env  # noqa: PLC0415 - not a SLURM job's allocation (the lent machines run in one)
-
-        env = {**platform_env(dict(os.environ)), "HOROVOD_TIMELINE": str(timeline), "NCCL_DEBUG": "INFO"}
+        env = {**os.environ, "HOROVOD_TIMELINE": str(timeline), "NCCL_DEBUG": "INFO"}
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=180, env=env)
         except subprocess.TimeoutExpired:

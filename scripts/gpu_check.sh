@@ -21,9 +21,8 @@
 # One report line per step (ok/FAILED, seconds, its last output line); exit 0 when all passed,
 # 1 when any failed, 2 without an NVIDIA GPU (then it installs nothing). Each step's full output:
 # ~/.cache/amlemu/gpu-check/. Safe to run again: every install is checked first and cached, so a
-# second run spends its time on the checks. Aimed at under 10 minutes on 1 GPU and 16 cores, the
-# first run's downloads and Horovod build included (an estimate: not yet run on a GPU; the NCCL
-# build took 9 minutes on 2 busy cores).
+# second run spends its time on the checks. First run on a GPU (1 x H200, 16 cores, offline, process
+# nodes: docs/testing.md): 3 minutes, 100 s of it Horovod's NCCL build.
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
