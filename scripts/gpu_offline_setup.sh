@@ -14,7 +14,8 @@
 set -uo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-BUNDLE=$(cd "${1:?usage: gpu_offline_setup.sh BUNDLE}" && pwd)
+BUNDLE=$(cd "${1:?usage: gpu_offline_setup.sh BUNDLE [PART...]}" && pwd)
+FS=${AMLEMU_GPU_ROOTFS:-}  # where the packages go: / (empty) but in the tests
 PY=${AMLEMU_VENV:?}/bin/python
 CACHE=${AMLEMU_CACHE:?}
 
@@ -39,11 +40,11 @@ debs() {
   for deb in "$BUNDLE"/debs/*.deb; do
     pkg=$(dpkg-deb -f "$deb" Package)
     files=$(dpkg-deb -c "$deb" | awk '$1 !~ /^d/ {sub(/^\./, "", $6); print $6}' | grep -v '^/usr/share/doc/')
-    present=$(while read -r f; do [ -e "$f" ] && echo "$f"; done <<<"$files" | head -n 1)
+    present=$(while read -r f; do [ -e "$FS$f" ] && echo "$f"; done <<<"$files" | head -n 1)
     # --keep-directory-symlink: a Debian 12 package's ./bin/ and ./lib/ go into /usr's through the
     # usrmerge links (dpkg-deb -x replaced the /bin link with a folder, and /bin/sh was gone).
     if [ -n "$present" ]; then kept+=("$pkg")
-    else dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C / && unpacked+=("$pkg"); fi
+    else dpkg-deb --fsys-tarfile "$deb" | tar -x --keep-directory-symlink -C "${FS:-/}" && unpacked+=("$pkg"); fi
   done
   echo "unpacked: ${unpacked[*]:-none}"
   echo "already there: ${kept[*]:-none}"
@@ -52,10 +53,11 @@ debs() {
   for link in mpirun:mpirun.openmpi mpiexec:mpiexec.openmpi mpicc:mpicc.openmpi mpicxx:mpic++.openmpi \
               mpic++:mpic++.openmpi mpiCC:mpic++.openmpi; do
     target=/usr/bin/${link#*:}
-    [ -e "/usr/bin/${link%%:*}" ] || { [ -e "$target" ] && ln -s "$target" "/usr/bin/${link%%:*}"; }
+    [ -e "$FS/usr/bin/${link%%:*}" ] || { [ -e "$FS$target" ] && ln -s "$target" "$FS/usr/bin/${link%%:*}"; }
   done
   local inc=/usr/lib/x86_64-linux-gnu/openmpi/include
-  [ -e /usr/include/x86_64-linux-gnu/mpi ] || { [ -d "$inc" ] && ln -s "$inc" /usr/include/x86_64-linux-gnu/mpi; }
+  [ -e "$FS/usr/include/x86_64-linux-gnu/mpi" ] || { [ -d "$FS$inc" ] && ln -s "$inc" "$FS/usr/include/x86_64-linux-gnu/mpi"; }
+  [ -n "$FS" ] && return
   ldconfig
   command -v mpirun && mpirun --version | head -n 1
 }
@@ -84,6 +86,10 @@ shell() {
 }
 
 status=0
+for part in "${@:2}"; do  # the parts named after BUNDLE alone (the tests: debs into a folder)
+  "$part" || status=1
+done
+[ $# -gt 1 ] && exit "$status"
 shell || status=1
 facts
 debs || status=1

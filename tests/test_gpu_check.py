@@ -83,3 +83,38 @@ def test_the_seed_job_runs_as_it_is_where_this_machine_has_its_pins_else_in_this
     assert "environment" not in written and written["code"] == str(REPO / "trainer")
     assert {k: v for k, v in written.items() if k not in ("code",)} == \
         {k: v for k, v in original.items() if k not in ("code", "environment")}
+
+
+def _deb(folder: Path, package: str, files: dict[str, str]) -> Path:
+    (folder / package / "DEBIAN").mkdir(parents=True)
+    (folder / package / "DEBIAN" / "control").write_text(
+        f"Package: {package}\nVersion: 1.0\nArchitecture: all\nMaintainer: t <t@example.com>\nDescription: test\n")
+    for path, text in files.items():
+        (folder / package / path).parent.mkdir(parents=True, exist_ok=True)
+        (folder / package / path).write_text(text)
+    subprocess.run(["dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(folder / package),
+                    str(folder / "bundle" / "debs" / f"{package}.deb")], check=True, capture_output=True)
+    return folder / "bundle" / "debs" / f"{package}.deb"
+
+
+def test_the_offline_setup_unpacks_only_missing_packages_and_keeps_the_usrmerge_links(tmp_path: Path) -> None:
+    """A Debian 12 package holds ./bin/...: unpacked with dpkg-deb -x on the lent GPU machine, it
+    replaced the image's /bin link with a folder, and /bin/sh was gone. A package whose files the
+    machine has stays packed: the image's own copy is kept."""
+    (tmp_path / "bundle" / "debs").mkdir(parents=True)
+    _deb(tmp_path, "newtool", {"bin/newtool": "new", "usr/share/doc/newtool/copyright": "c"})
+    _deb(tmp_path, "oldtool", {"usr/bin/oldtool": "debian's"})
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "usr" / "bin").mkdir(parents=True)
+    (rootfs / "bin").symlink_to("usr/bin")
+    (rootfs / "usr" / "bin" / "sh").write_text("the image's shell")
+    (rootfs / "usr" / "bin" / "oldtool").write_text("the image's")
+    done = subprocess.run(["bash", str(REPO / "scripts" / "gpu_offline_setup.sh"), str(tmp_path / "bundle"), "debs"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "AMLEMU_GPU_ROOTFS": str(rootfs), "AMLEMU_VENV": str(tmp_path / "venv"),
+                               "AMLEMU_CACHE": str(tmp_path / "cache")})
+    assert done.returncode == 0, done.stderr
+    assert "unpacked: newtool" in done.stdout and "already there: oldtool" in done.stdout
+    assert (rootfs / "bin").is_symlink() and (rootfs / "usr" / "bin" / "newtool").read_text() == "new"
+    assert (rootfs / "bin" / "sh").read_text() == "the image's shell"
+    assert (rootfs / "usr" / "bin" / "oldtool").read_text() == "the image's"
