@@ -2,7 +2,7 @@
 after the script installed the CUDA torch and the NCCL Horovod). Each prints one line and exits 0
 (ok) or 1 (failed); the shell script times them and prints the report.
 
-    python scripts/gpu_check.py nodes   # (a) the seed's job on emulated docker nodes with GPUs
+    python scripts/gpu_check.py nodes [docker|process]  # (a) the seed's job on emulated nodes with GPUs
     python scripts/gpu_check.py nccl    # (b) a Horovod allreduce over NCCL on the GPU(s)
     python scripts/gpu_check.py nccl-shared  # (info) 2 ranks on one GPU: what NCCL says
 

@@ -7,10 +7,10 @@
 #                  with CUDA and NCCL (a CUDA toolkit from PyPI's wheels when there is no nvcc), MNIST
 #   torch-cuda     torch is a CUDA build and computes on the GPU
 #   horovod-nccl   Horovod has NCCL operations (rebuilt and reinstalled if the venv's has none)
-#   (a) nodes      the seed's job on emulated docker nodes with 1 GPU each; each rank sees only its
+#   (a) nodes      the seed's job on emulated nodes (docker's, else process) with 1 GPU each; each rank sees only its
 #                  own GPU (with one GPU: see scripts/gpu_check.py for what runs instead)
 #   (b) nccl       a Horovod allreduce of a CUDA tensor over NCCL
-#   (c) pytest     pytest -m gpu examples (the plugin's GPU-per-node test), on docker nodes
+#   (c) pytest     pytest -m gpu examples (the plugin's GPU-per-node test), on the same nodes
 #
 # Offline (a GPU machine that reaches no package index, as the lent device machines): with
 # AMLEMU_GPU_BUNDLE=DIR (made here by scripts/gpu_bundle.sh, carried there) the setup is
@@ -101,6 +101,7 @@ pytest_gpu() {
   # The examples that hold GPU tests (the others import SDKs an offline bundle leaves out).
   local files
   mapfile -t files < <(cd "$ROOT" && grep -l 'mark\.gpu' examples/test_*.py)
+  [ "${#files[@]}" -gt 0 ] || { echo "no GPU test under examples/"; return 1; }
   out=$(cd "$ROOT" && "$PY" -m pytest -p no:cacheprovider -q -rs -m gpu "${files[@]}" --aml-backend "$BACKEND" --aml-strict 2>&1) || rc=$?
   echo "$out"
   [ "$rc" = 0 ] && grep -Eq '[0-9]+ passed' <<<"$out" && ! grep -Eq '[0-9]+ skipped' <<<"$out"
