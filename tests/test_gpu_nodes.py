@@ -110,6 +110,5 @@ def test_a_process_node_finds_libraries_where_this_machine_does(tmp_path: Path, 
     assert backend.node_env(request)["LD_LIBRARY_PATH"] == "/usr/lib/nvidia-test"
     monkeypatch.delenv("LD_LIBRARY_PATH")
     assert "LD_LIBRARY_PATH" not in backend.node_env(request)
-    sandbox = backend.agent_entry(request)["software"]
-    assert [p for p in sandbox if p.startswith("/etc/ld.so")] == software.loader_config()
-    assert Path("/etc/ld.so.cache").exists() and "/etc/ld.so.cache" in sandbox
+    sandbox = software.sandbox_software()
+    assert Path("/etc/ld.so.cache").exists() and "/etc/ld.so.cache" in sandbox and "/usr" in sandbox

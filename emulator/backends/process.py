@@ -30,7 +30,7 @@ from amlemu.actions import Action
 from amlemu.backends import netns
 from amlemu.backends import nodedisk
 from amlemu.backends.base import NodeBackend, NodeInfo, NodeRequest, PlannedNode
-from amlemu.backends.software import host_library_path, loader_config, node_base_env, software_bin
+from amlemu.backends.software import host_library_path, node_base_env, software_bin
 
 NODE_FILE = "node.json"  # in the node's state folder: its plan
 PIDS_FILE = "pids"  # (pid, start time) of each agent started on the node
@@ -74,7 +74,7 @@ class ProcessBackend(NodeBackend):
 
     @classmethod
     def available(cls) -> tuple[bool, str]:
-        missing = [tool for tool in SANDBOX_TOOLS if not shutil.which(tool)] + [p for p in ("/bin/sh",) if not Path(p).exists()]
+        missing = [tool for tool in SANDBOX_TOOLS if not shutil.which(tool)] + ([] if Path("/bin/sh").exists() else ["/bin/sh"])
         if not sys.platform.startswith("linux") or missing:
             return False, (f"needs Linux and {', '.join(missing or SANDBOX_TOOLS)} (util-linux, coreutils, "
                            f"tini) for the nodes' sandboxes")
@@ -170,8 +170,7 @@ class ProcessBackend(NodeBackend):
         return {"node_dir": str(request.node_dir), "cache_dir": str(request.cache_dir / "data"),
                 "state_dir": str(self.state_dir(request.cluster, request.name)), "shm_bytes": request.shm_bytes,
                 **({"netns": str(network)} if network is not None else {}),
-                # the loader's configuration and the job's environment, read-only
-                "software": [*loader_config(), *([request.python_env] if request.python_env else [])]}
+                "software": [request.python_env] if request.python_env else []}  # the job's environment, read-only
 
     def late_mounts(self, request: NodeRequest) -> str | None:
         return None  # each launch's sandbox binds the disk recursively, mounts made in it included
@@ -183,8 +182,7 @@ class ProcessBackend(NodeBackend):
         # This machine's software with the emulator's venv first (as a docker node's mirror image
         # has it), and its own GPUs only ("" hides every GPU from a node that has none). The indices
         # are nvidia-smi's, which are in PCI bus order; CUDA's own default order is fastest first.
-        # This machine's LD_LIBRARY_PATH, as far as the node sees it: an image's ENV, which a node
-        # of that image has too.
+        # And this machine's LD_LIBRARY_PATH, as far as the node sees it (an image's ENV).
         library_path = host_library_path()
         return {**node_base_env(software_bin(request)), "CUDA_VISIBLE_DEVICES": ",".join(request.gpus),
                 "CUDA_DEVICE_ORDER": "PCI_BUS_ID", **({"LD_LIBRARY_PATH": library_path} if library_path else {})}

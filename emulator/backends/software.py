@@ -7,6 +7,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from amlemu.storage.dataruntime.mounttable import unescape
+
 if TYPE_CHECKING:
     from amlemu.backends.base import NodeRequest
 
@@ -23,23 +25,9 @@ def submounts(paths: list[str], mountinfo: str) -> list[str]:
     """`paths` followed by the mount points strictly inside them (from /proc/self/mountinfo's text),
     parents first: a sandbox binds each path alone, and a mount inside one (a GPU driver's folder
     mounted at /usr/local/nvidia) would otherwise be an empty folder there. Pure."""
-    found = []
-    for line in mountinfo.splitlines():
-        fields = line.split()
-        if len(fields) > 4:
-            point = fields[4].encode().decode("unicode_escape")  # mountinfo escapes spaces as \040
-            if any(point.startswith(root.rstrip("/") + "/") for root in paths):
-                found.append(point)
-    return [*paths, *sorted(dict.fromkeys(p for p in found if p not in paths), key=lambda p: p.count("/"))]
-
-
-def sandbox_software() -> list[str]:
-    """What a process node's sandbox mirrors: the software paths and the mounts inside them."""
-    try:
-        mountinfo = Path("/proc/self/mountinfo").read_text()
-    except OSError:
-        mountinfo = ""
-    return submounts(software_paths(), mountinfo)
+    points = [unescape(fields[4]) for fields in map(str.split, mountinfo.splitlines()) if len(fields) > 4]
+    inside = [p for p in dict.fromkeys(points) if p not in paths and any(p.startswith(r.rstrip("/") + "/") for r in paths)]
+    return [*paths, *sorted(inside, key=lambda p: p.count("/"))]
 
 
 # The dynamic loader's own configuration: a process node (a sandbox with this machine's /usr) finds
@@ -47,8 +35,14 @@ def sandbox_software() -> list[str]:
 LOADER_CONFIG = ("/etc/ld.so.cache", "/etc/ld.so.conf", "/etc/ld.so.conf.d")
 
 
-def loader_config() -> list[str]:
-    return [p for p in LOADER_CONFIG if Path(p).exists()]
+def sandbox_software() -> list[str]:
+    """What a process node's sandbox mirrors: the software paths, the mounts inside them, and the
+    loader's configuration."""
+    try:
+        mountinfo = Path("/proc/self/mountinfo").read_text()
+    except OSError:
+        mountinfo = ""
+    return [*submounts(software_paths(), mountinfo), *(p for p in LOADER_CONFIG if Path(p).exists())]
 
 
 def mirrored_library_path(value: str, mirrored: list[str]) -> str:
