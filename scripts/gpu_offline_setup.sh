@@ -3,7 +3,6 @@
 # in place of scripts/setup.sh when AMLEMU_GPU_BUNDLE names a folder that scripts/gpu_bundle.sh
 # made). As root, on a machine of its own that is thrown away after the check:
 #
-#   shell    /bin/sh where the machine has none (a link to dash or bash)
 #   facts    what the machine has that the check depends on (printed first, for the report)
 #   debs     the bundle's Debian packages whose files are not there yet, unpacked at / (a package
 #            whose files are present, under any package's name, is left alone: nothing the image
@@ -78,19 +77,11 @@ mnist() {
   "$PY" -m pytest_amlemu.mnist prepare
 }
 
-# /bin/sh, which Debian and Ubuntu always have (make, the sandbox's script and every `sh -c` need it):
-# the lent machines' image had none.
-shell() {
-  [ -e /bin/sh ] && return
-  ln -s "$(command -v dash || command -v bash)" /bin/sh && echo "/bin/sh was missing: now a link to $(readlink /bin/sh)"
-}
-
 status=0
 for part in "${@:2}"; do  # the parts named after BUNDLE alone (the tests: debs into a folder)
   "$part" || status=1
 done
 [ $# -gt 1 ] && exit "$status"
-shell || status=1
 facts
 debs || status=1
 wheels || status=1
