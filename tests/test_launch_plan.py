@@ -135,9 +135,10 @@ def test_where_the_engine_has_the_image_the_dry_run_names_the_layered_image(emu:
 
 def test_a_job_submitted_from_inside_a_slurm_job_or_an_mpi_rank_still_gets_its_own_cluster(
         emu: Emulator, cluster, make_job, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The platform's mpirun took the submitter's SLURM allocation for its own ("All nodes which are
-    allocated for this job are already filled": seen on a lent GPU machine, whose commands run in
-    one): the emulated cluster is mpirun's whole allocation, as on AmlCompute."""
+    """The platform's mpirun took the submitter's MPI settings or SLURM allocation for its own ("All
+    nodes which are allocated for this job are already filled": seen on a lent GPU machine, whose
+    environment sets OMPI_MCA_plm=isolated; SLURM's variables do the same): the emulated cluster is
+    mpirun's whole allocation, as on AmlCompute."""
     for name, value in {"SLURM_JOBID": "7", "SLURM_JOB_ID": "7", "SLURM_NODELIST": "login1", "SLURM_TASKS_PER_NODE": "1",
                         "SLURM_JOB_NUM_NODES": "1", "OMPI_COMM_WORLD_SIZE": "1", "OMPI_COMM_WORLD_RANK": "0",
                         "PMIX_RANK": "0"}.items():

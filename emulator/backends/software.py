@@ -21,12 +21,17 @@ def software_paths() -> list[str]:
     return [p for p in dict.fromkeys(paths) if Path(p).exists()]
 
 
+def within(path: str, roots: list[str]) -> bool:
+    """Whether `path` is one of `roots` or inside one. Pure."""
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
 def submounts(paths: list[str], mountinfo: str) -> list[str]:
     """`paths` followed by the mount points strictly inside them (from /proc/self/mountinfo's text),
     parents first: a sandbox binds each path alone, and a mount inside one (a GPU driver's folder
     mounted at /usr/local/nvidia) would otherwise be an empty folder there. Pure."""
     points = [unescape(fields[4]) for fields in map(str.split, mountinfo.splitlines()) if len(fields) > 4]
-    inside = [p for p in dict.fromkeys(points) if p not in paths and any(p.startswith(r.rstrip("/") + "/") for r in paths)]
+    inside = [p for p in dict.fromkeys(points) if p not in paths and within(p, paths)]
     return [*paths, *sorted(inside, key=lambda p: p.count("/"))]
 
 
@@ -48,9 +53,7 @@ def sandbox_software() -> list[str]:
 def mirrored_library_path(value: str, mirrored: list[str]) -> str:
     """The LD_LIBRARY_PATH entries of `value` that a mirrored node can see (under `mirrored`, the
     software paths): an image's ENV LD_LIBRARY_PATH, as CUDA's images point at their driver. Pure."""
-    def seen(entry: str) -> bool:
-        return any(entry == root or entry.startswith(root.rstrip("/") + "/") for root in mirrored)
-    return ":".join(e for e in dict.fromkeys(value.split(":")) if e.startswith("/") and seen(e))
+    return ":".join(e for e in dict.fromkeys(value.split(":")) if e.startswith("/") and within(e, mirrored))
 
 
 def host_library_path() -> str:
