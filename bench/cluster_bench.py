@@ -204,8 +204,12 @@ def mnist_step(emu: Emulator, root: Path, threads: dict[str, str], repeat: int) 
             torch_threads[name] = summary.get("threads", {}).get("torch")
     medians = {name: statistics.median(values) for name, values in sps.items()}
     first = next(iter(baselines))
+    # Per round too: the emulated run against the baseline runs beside it, so a drift in this
+    # machine's speed between rounds cancels (the ratio of medians mixes rounds).
+    pairs = {name: round(statistics.median(e / b for e, b in zip(sps["emulator"], sps[name])), 3) for name in baselines}
     return {**medians, "ratio": round(medians["emulator"] / medians[first], 3),
             **{f"ratio_vs_{name[5:]}": round(medians["emulator"] / medians[name], 3) for name in list(baselines)[1:]},
+            "pair_ratio": pairs[first], **{f"pair_ratio_vs_{name[5:]}": pairs[name] for name in list(baselines)[1:]},
             "torch_threads_per_rank": torch_threads, "runs": sps}
 
 
