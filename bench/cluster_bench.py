@@ -19,9 +19,11 @@ reported: say both with the figures. Goals: issue 30 (docs/benchmarks.md).
 3. Horovod MNIST samples/s on the emulator vs the same trainer run bare: the headline baseline is
    `mpirun -np 2` with the emulator's own mpirun options and the emulated ranks' thread settings
    (OMP_NUM_THREADS), so the ratio measures the emulator (containers, launch agent, mounts), not a
-   threading or MPI-polling difference; also reported: that baseline with MPI's TCP transport
-   only (emulated nodes, like real ones, talk over a network, where 2 ranks on one machine use
-   shared memory), bare `horovodrun -np 2` with those thread settings, and as a user would run it;
+   threading or MPI-polling difference. It is given as the ratio of the medians and as
+   `pair_ratio`, the median of each round's ratio, which a drift of this machine's speed between
+   rounds does not move. Also reported: that baseline with MPI's TCP transport only (emulated
+   nodes, like real ones, talk over a network, where 2 ranks on one machine use shared memory),
+   bare `horovodrun -np 2` with those thread settings, and as a user would run it;
 4. the largest cluster (up to --max-nodes), one rank per node: with mpi4py's allreduce (the
    lightest real MPI program: what the emulator costs per node) and with torch + Horovod ranks
    (where a rank's memory decides), the seconds per size and the memory an idle node holds.
